@@ -1,0 +1,229 @@
+//! Typed settings, read once at start: defaults < TOML file (`RAILHOOK_CONFIG`) < plain
+//! `DATABASE_URL` / `KAFKA_BROKERS` / `REDIS_URL` < `RAILHOOK_*` environment variables.
+//!
+//! Validation happens here, before any role starts, so a mistake is reported as one clear
+//! message naming the setting rather than as a failure deep inside a connection attempt.
+//! Secrets (`database_url`, `admin_token`) are [`SecretString`]s: they never print through
+//! `Debug`, so a logged `Settings` cannot leak them.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+
+/// Everything a Railhook process can be told.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Settings {
+    /// Postgres connection string (`DATABASE_URL` or `RAILHOOK_DATABASE_URL`).
+    pub database_url: SecretString,
+    /// Redis, for the monthly quota and distributed limits.
+    pub redis_url: String,
+    /// Comma-separated Kafka bootstrap servers.
+    pub kafka_brokers: String,
+    /// Where the REST API listens.
+    pub http_addr: SocketAddr,
+    /// Where roles without the REST API serve `/metrics`.
+    pub metrics_addr: SocketAddr,
+    /// Bearer token for tenant management (`/v1/organizations`, `/v1/projects`).
+    pub admin_token: Option<SecretString>,
+    /// CIDRs that the SSRF guard lets through, comma-separated (e.g. `127.0.0.0/8` in tests).
+    pub allow_private_targets: String,
+    pub slot: String,
+    pub publication: String,
+    pub topic_prefix: String,
+    /// Largest accepted request body; larger ones get `413`.
+    pub max_payload_bytes: usize,
+    /// Most events accepted by one `POST /v1/events/batch`.
+    pub max_batch_size: usize,
+    /// How long a rotated-out signing secret keeps signing alongside the new one.
+    pub secret_rotation_overlap_seconds: u64,
+    pub db_max_connections: u32,
+    /// Upper bound on one quota round trip to Redis; past it the charge is skipped.
+    pub quota_timeout_ms: u64,
+    /// `text` or `json`.
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The defaults, as a serialisable layer under the file and the environment.
+#[derive(Serialize)]
+struct Defaults {
+    redis_url: &'static str,
+    kafka_brokers: &'static str,
+    http_addr: &'static str,
+    metrics_addr: &'static str,
+    allow_private_targets: &'static str,
+    slot: &'static str,
+    publication: &'static str,
+    topic_prefix: &'static str,
+    max_payload_bytes: usize,
+    max_batch_size: usize,
+    secret_rotation_overlap_seconds: u64,
+    db_max_connections: u32,
+    quota_timeout_ms: u64,
+    log_format: LogFormat,
+}
+
+const DEFAULTS: Defaults = Defaults {
+    redis_url: "redis://127.0.0.1:6379",
+    kafka_brokers: "127.0.0.1:9092",
+    http_addr: "127.0.0.1:8080",
+    metrics_addr: "127.0.0.1:9464",
+    allow_private_targets: "",
+    slot: "railhook_outbox",
+    publication: "railhook_outbox",
+    topic_prefix: "railhook.",
+    max_payload_bytes: 1024 * 1024,
+    max_batch_size: 500,
+    secret_rotation_overlap_seconds: 24 * 3600,
+    db_max_connections: 20,
+    quota_timeout_ms: 100,
+    log_format: LogFormat::Text,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("configuration: {field} {problem}")]
+    Invalid {
+        field: &'static str,
+        problem: String,
+    },
+}
+
+fn invalid(field: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        problem: problem.into(),
+    }
+}
+
+impl Settings {
+    /// Reads the process environment (and `RAILHOOK_CONFIG`, if set).
+    pub fn load() -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(DEFAULTS));
+        if let Ok(path) = std::env::var("RAILHOOK_CONFIG") {
+            figment = figment.merge(Toml::file_exact(PathBuf::from(path)));
+        }
+        let figment = figment
+            .merge(Env::raw().only(&["DATABASE_URL", "KAFKA_BROKERS", "REDIS_URL"]))
+            .merge(Env::prefixed("RAILHOOK_").ignore(&["CONFIG"]));
+        Self::from_figment(figment)
+    }
+
+    pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let settings: Settings = figment.extract().map_err(Box::new)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let db = self.database_url.expose_secret();
+        if !(db.starts_with("postgres://") || db.starts_with("postgresql://")) {
+            return Err(invalid(
+                "database_url",
+                "must be a postgres:// or postgresql:// URL",
+            ));
+        }
+        if !(self.redis_url.starts_with("redis://") || self.redis_url.starts_with("rediss://")) {
+            return Err(invalid("redis_url", "must be a redis:// or rediss:// URL"));
+        }
+        if self.kafka_brokers.trim().is_empty() {
+            return Err(invalid("kafka_brokers", "must name at least one host:port"));
+        }
+        if let Some(token) = &self.admin_token
+            && token.expose_secret().len() < 16
+        {
+            return Err(invalid("admin_token", "must be at least 16 characters"));
+        }
+        for (field, value) in [("slot", &self.slot), ("publication", &self.publication)] {
+            let ok = !value.is_empty()
+                && value.len() <= 63
+                && value
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !ok {
+                return Err(invalid(
+                    field,
+                    "must be 1-63 characters of a-z, 0-9 and '_'",
+                ));
+            }
+        }
+        if self.max_payload_bytes == 0 {
+            return Err(invalid("max_payload_bytes", "must be greater than 0"));
+        }
+        if !(1..=10_000).contains(&self.max_batch_size) {
+            return Err(invalid("max_batch_size", "must be between 1 and 10000"));
+        }
+        if self.db_max_connections == 0 {
+            return Err(invalid("db_max_connections", "must be greater than 0"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(DEFAULTS));
+        for (k, v) in pairs {
+            figment = figment.merge((*k, *v));
+        }
+        Settings::from_figment(figment)
+    }
+
+    #[test]
+    fn defaults_plus_database_url_is_enough() {
+        let s = with(&[("database_url", "postgres://localhost/x")]).expect("valid");
+        assert_eq!(s.http_addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.slot, "railhook_outbox");
+        assert_eq!(s.max_payload_bytes, 1024 * 1024);
+    }
+
+    #[test]
+    fn missing_database_url_names_the_field() {
+        let err = with(&[]).expect_err("must fail").to_string();
+        assert!(err.contains("database_url"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let cases = [
+            (("database_url", "mysql://x"), "database_url"),
+            (("redis_url", "http://x"), "redis_url"),
+            (("admin_token", "short"), "admin_token"),
+            (("slot", "Bad-Slot"), "slot"),
+            (("http_addr", "not an address"), "http_addr"),
+        ];
+        for ((k, v), field) in cases {
+            let mut pairs = vec![("database_url", "postgres://localhost/x")];
+            pairs.retain(|(pk, _)| *pk != k);
+            pairs.push((k, v));
+            let err = with(&pairs).expect_err(field).to_string();
+            assert!(err.contains(field), "{err}");
+        }
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let s = with(&[
+            ("database_url", "postgres://u:hunter2@localhost/x"),
+            ("admin_token", "a-very-secret-admin-token"),
+        ])
+        .expect("valid");
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("hunter2") && !shown.contains("a-very-secret"));
+    }
+}

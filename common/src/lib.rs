@@ -1,0 +1,14 @@
+//! Railhook's shared domain: what every role (ingest, relay, worker) agrees on.
+//!
+//! Values are parsed at the edge into the newtypes defined here; inside the system a value
+//! that exists is valid. Module names follow the product vocabulary (see
+//! `docs/ARCHITECTURE.md`).
+
+pub mod config;
+pub mod db;
+pub mod event_type;
+pub mod ids;
+pub mod secrets;
+pub mod telemetry;
+
+pub use event_type::{EventType, EventTypePattern};

@@ -1,0 +1,80 @@
+//! Endpoint signing secrets and project API keys.
+//!
+//! Signing secrets follow Standard Webhooks: `whsec_` + base64 of 24 random bytes, so the
+//! official verifier libraries accept them as they are. API keys are `rh_` + a visible
+//! 8-character prefix + `_` + 32 random characters; only their SHA-256 is stored, which is
+//! enough for a key with ~190 bits of entropy (no password-style stretching needed), and
+//! lookups stay a single indexed read.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use rand::Rng;
+use rand::distr::Alphanumeric;
+use sha2::{Digest, Sha256};
+
+pub const SIGNING_SECRET_PREFIX: &str = "whsec_";
+pub const API_KEY_PREFIX: &str = "rh_";
+
+/// A fresh `whsec_…` signing secret.
+pub fn generate_signing_secret() -> String {
+    let bytes: [u8; 24] = rand::rng().random();
+    format!("{SIGNING_SECRET_PREFIX}{}", STANDARD.encode(bytes))
+}
+
+/// A freshly minted API key: shown to its owner once, then only its hash is kept.
+pub struct NewApiKey {
+    /// The whole key, to hand to the caller exactly once.
+    pub plaintext: String,
+    /// The visible part (`rh_ab12cd34`), safe to list and log.
+    pub prefix: String,
+    pub hash: Vec<u8>,
+}
+
+pub fn generate_api_key() -> NewApiKey {
+    let mut rng = rand::rng();
+    let visible: String = (&mut rng)
+        .sample_iter(Alphanumeric)
+        .take(8)
+        .map(|c| char::from(c).to_ascii_lowercase())
+        .collect();
+    let hidden: String = (&mut rng)
+        .sample_iter(Alphanumeric)
+        .take(32)
+        .map(char::from)
+        .collect();
+    let prefix = format!("{API_KEY_PREFIX}{visible}");
+    let plaintext = format!("{prefix}_{hidden}");
+    let hash = hash_api_key(&plaintext);
+    NewApiKey {
+        plaintext,
+        prefix,
+        hash,
+    }
+}
+
+/// The stored form of an API key.
+pub fn hash_api_key(plaintext: &str) -> Vec<u8> {
+    Sha256::digest(plaintext.as_bytes()).to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signing_secret_is_whsec_base64_of_24_bytes() {
+        let s = generate_signing_secret();
+        let raw = s.strip_prefix(SIGNING_SECRET_PREFIX).expect("prefix");
+        assert_eq!(STANDARD.decode(raw).expect("base64").len(), 24);
+        assert_ne!(s, generate_signing_secret());
+    }
+
+    #[test]
+    fn api_key_hash_matches_and_prefix_is_visible_part() {
+        let k = generate_api_key();
+        assert!(k.plaintext.starts_with(&k.prefix));
+        assert_eq!(k.prefix.len(), 11);
+        assert_eq!(hash_api_key(&k.plaintext), k.hash);
+        assert_ne!(hash_api_key(&generate_api_key().plaintext), k.hash);
+    }
+}

@@ -1,0 +1,58 @@
+# Shared helpers for the local infrastructure scripts. Sourced, not run.
+# Everything lives under $RAILHOOK_STATE (default: <repo>/.local, git-ignored); the connection
+# settings of whatever is running are kept in one env file, $RAILHOOK_STATE/env.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+STATE="${RAILHOOK_STATE:-$ROOT/.local}"
+ENV_FILE="$STATE/env"
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+TANSU_VERSION="0.6.0"
+TANSU_ROOT="${TANSU_ROOT:-/opt/railhook-tools/tansu-$TANSU_VERSION}"
+TANSU_BIN="$TANSU_ROOT/bin/tansu"
+mkdir -p "$STATE"
+
+log() { printf '[railhook-local] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# A free TCP port on 127.0.0.1, chosen by the kernel.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# set_env KEY VALUE: records one connection setting in the env file (replacing an old one).
+set_env() {
+  touch "$ENV_FILE"
+  grep -v "^export $1=" "$ENV_FILE" > "$ENV_FILE.tmp" || true
+  printf 'export %s=%q\n' "$1" "$2" >> "$ENV_FILE.tmp"
+  mv "$ENV_FILE.tmp" "$ENV_FILE"
+}
+
+unset_env() {
+  [ -f "$ENV_FILE" ] || return 0
+  grep -v "^export $1=" "$ENV_FILE" > "$ENV_FILE.tmp" || true
+  mv "$ENV_FILE.tmp" "$ENV_FILE"
+}
+
+# wait_for DESCRIPTION SECONDS COMMAND...: polls COMMAND until it succeeds or time runs out.
+wait_for() {
+  local what="$1" secs="$2"; shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || die "$what not ready after ${secs}s"
+    sleep 0.2
+  done
+}
+
+apt_updated=""
+apt_install() {
+  if [ -z "$apt_updated" ]; then
+    log "apt-get update"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    apt_updated=1
+  fi
+  log "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -1,0 +1,80 @@
+//! Who is calling. Two kinds of caller exist: the operator with the admin token (tenant
+//! management only) and a project, identified by one of its API keys. A project key decides
+//! the project for every query it makes; there is no way to name another project's rows, and
+//! a row of another project answers `404`, exactly like a row that does not exist.
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use railhook_common::ids::{OrganizationId, ProjectId};
+use railhook_common::secrets::hash_api_key;
+use secrecy::ExposeSecret;
+use subtle::ConstantTimeEq;
+
+use crate::problem::ApiError;
+use crate::state::AppState;
+
+fn bearer(parts: &Parts) -> Option<&str> {
+    let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// The operator, proven by the admin token.
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let (Some(expected), Some(given)) = (&state.admin_token, bearer(parts)) else {
+            return Err(ApiError::Unauthorized);
+        };
+        let same: bool = expected
+            .expose_secret()
+            .as_bytes()
+            .ct_eq(given.as_bytes())
+            .into();
+        if same {
+            Ok(Admin)
+        } else {
+            Err(ApiError::Unauthorized)
+        }
+    }
+}
+
+/// A project, proven by one of its unrevoked API keys.
+#[derive(Debug, Clone)]
+pub struct Project {
+    pub id: ProjectId,
+    pub organization_id: OrganizationId,
+    pub monthly_quota: i64,
+}
+
+impl FromRequestParts<AppState> for Project {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let key = bearer(parts).ok_or(ApiError::Unauthorized)?;
+        // The hash is looked up by equality on a unique index: no timing signal about how
+        // much of a key matched.
+        let row = sqlx::query!(
+            r#"SELECT p.id AS project_id, p.organization_id, o.monthly_quota
+               FROM api_keys k
+               JOIN projects p ON p.id = k.project_id
+               JOIN organizations o ON o.id = p.organization_id
+               WHERE k.key_hash = $1 AND k.revoked_at IS NULL"#,
+            &hash_api_key(key)
+        )
+        .fetch_optional(&state.pool)
+        .await?
+        .ok_or(ApiError::Unauthorized)?;
+        Ok(Project {
+            id: ProjectId::from_trusted(row.project_id),
+            organization_id: OrganizationId::from_trusted(row.organization_id),
+            monthly_quota: row.monthly_quota,
+        })
+    }
+}

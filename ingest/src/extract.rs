@@ -1,0 +1,57 @@
+//! Request extractors whose rejections speak problem+json.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use crate::problem::ApiError;
+
+/// `Json<T>`, but a bad body becomes a 400/413/415/422 problem naming what is wrong.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    match rejection {
+        JsonRejection::JsonDataError(e) => ApiError::validation("body", e.body_text()),
+        JsonRejection::JsonSyntaxError(e) => ApiError::MalformedJson(e.body_text()),
+        JsonRejection::MissingJsonContentType(_) => ApiError::UnsupportedMediaType,
+        JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::PayloadTooLarge("the request body is larger than this route accepts".into())
+        }
+        other => ApiError::MalformedJson(other.body_text()),
+    }
+}
+
+/// `Query<T>`, with a bad query string reported as a validation problem.
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| ApiQuery(q.0))
+            .map_err(|e: QueryRejection| ApiError::validation("query", e.body_text()))
+    }
+}

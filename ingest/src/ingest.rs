@@ -1,0 +1,487 @@
+//! The Event ingest transaction: the start of Railhook's delivery guarantee.
+//!
+//! ```text
+//!   client ──POST /v1/events──▶ ingest
+//!     1. Idempotency-Key seen before?  ─yes─▶ same request: 200 + that Event; else 409
+//!     2. quota (Redis, fails open)     ─over─▶ 429, nothing written
+//!     3. BEGIN
+//!          INSERT events        … ON CONFLICT (project_id, idempotency_key) DO NOTHING
+//!          INSERT deliveries    one per matching endpoint        ┐ one statement
+//!          INSERT outbox        one per Delivery (reason CREATED) ┘
+//!        COMMIT ─────────────▶ 201
+//!     4. after the commit: quota charge, Sequence Numbers (both may fail; neither loses data)
+//! ```
+//!
+//! Invariant: the Event, its Deliveries and their Outbox rows commit together or not at all.
+//! There is no state in which an Event is stored and its announcement is not, so a crash
+//! anywhere — before the commit (nothing exists, the client got no 201) or after it (the
+//! Outbox row is in the WAL, and the relay will read it) — loses nothing that was accepted.
+//! This closes duplicate/loss window 3 of `docs/ARCHITECTURE.md`.
+//!
+//! Invariant: a retried request with the same Idempotency-Key returns the Event it already
+//! created (window 1). Two concurrent retries that both miss the lookup in step 1 meet at the
+//! unique index in step 3: the second INSERT waits for the first transaction and then inserts
+//! nothing, and the loser answers with the winner's Event.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use railhook_common::ids::{DeliveryId, EventId};
+use railhook_common::{EventType, EventTypePattern};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use sqlx::{PgConnection, PgPool};
+
+use crate::auth::Project;
+use crate::problem::{ApiError, InternalError};
+use crate::quota::QuotaCheck;
+use crate::state::AppState;
+
+/// One Event as the sender described it, already validated.
+pub struct NewEvent {
+    pub event_type: EventType,
+    pub payload: Box<RawValue>,
+    pub idempotency_key: Option<String>,
+}
+
+/// A Delivery as reported back to the sender.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct DeliveryRef {
+    pub id: String,
+    pub endpoint_id: String,
+}
+
+/// An accepted Event: newly created, or found under its Idempotency-Key.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct AcceptedEvent {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub deliveries: Vec<DeliveryRef>,
+    #[serde(skip)]
+    pub created: bool,
+}
+
+/// An Event already stored under one of the request's Idempotency-Keys.
+struct Existing {
+    id: String,
+    event_type: String,
+    created_at: DateTime<Utc>,
+    same_payload: bool,
+}
+
+/// A subscription that may match: its endpoint, its patterns, whether ordered.
+struct Candidate {
+    subscription_id: String,
+    endpoint_id: String,
+    patterns: Vec<EventTypePattern>,
+    ordered: bool,
+}
+
+/// The Deliveries to create, as parallel columns for one `unnest` insert.
+#[derive(Default)]
+struct DeliveryPlan {
+    ids: Vec<String>,
+    event_ids: Vec<String>,
+    endpoint_ids: Vec<String>,
+    subscription_ids: Vec<String>,
+    ordered: Vec<bool>,
+}
+
+/// Accepts `events` for `project`: everything new commits in one transaction.
+pub async fn ingest(
+    state: &AppState,
+    project: &Project,
+    events: Vec<NewEvent>,
+) -> Result<Vec<AcceptedEvent>, ApiError> {
+    let existing = find_existing(&state.pool, project, &events, None).await?;
+    let fresh: Vec<usize> = (0..events.len())
+        .filter(|&i| !existing.contains_key(&i))
+        .collect();
+    let mut results: Vec<Option<AcceptedEvent>> = vec![None; events.len()];
+    for (&i, found) in &existing {
+        results[i] = Some(replayed(found, &events[i])?);
+    }
+    if !fresh.is_empty() {
+        let organization = project.organization_id.as_str();
+        if state
+            .quota
+            .check(organization, project.monthly_quota, fresh.len())
+            .await
+            == QuotaCheck::Exceeded
+        {
+            return Err(ApiError::QuotaExceeded);
+        }
+        let created = write_events(state, project, &events, &fresh).await?;
+        state
+            .quota
+            .charge(organization, created.iter().filter(|e| e.created).count())
+            .await;
+        for (i, accepted) in fresh.into_iter().zip(created) {
+            results[i] = Some(accepted);
+        }
+    }
+    let mut results: Vec<AcceptedEvent> = results.into_iter().flatten().collect();
+    fill_replayed_deliveries(&state.pool, &mut results).await?;
+    let replays = results.iter().filter(|e| !e.created).count();
+    state.metrics.idempotent_replays.inc_by(replays as u64);
+    Ok(results)
+}
+
+/// A found Event answers the request only if it *is* this request; a key reused with another
+/// type or payload is a client bug, refused with 409 rather than silently ignored.
+fn replayed(found: &Existing, request: &NewEvent) -> Result<AcceptedEvent, ApiError> {
+    if !found.same_payload || found.event_type != request.event_type.as_str() {
+        return Err(ApiError::IdempotencyConflict);
+    }
+    Ok(AcceptedEvent {
+        id: found.id.clone(),
+        event_type: found.event_type.clone(),
+        idempotency_key: request.idempotency_key.clone(),
+        created_at: found.created_at,
+        deliveries: Vec::new(),
+        created: false,
+    })
+}
+
+/// Events already stored under the keys of `events` (only those at `only`, if given), by
+/// position in `events`. Payloads are compared as jsonb, so formatting does not matter.
+async fn find_existing(
+    conn: impl sqlx::PgExecutor<'_>,
+    project: &Project,
+    events: &[NewEvent],
+    only: Option<&[usize]>,
+) -> Result<HashMap<usize, Existing>, ApiError> {
+    let mut positions = Vec::new();
+    let mut keys = Vec::new();
+    let mut payloads = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if let Some(key) = &e.idempotency_key
+            && only.is_none_or(|o| o.contains(&i))
+        {
+            positions.push(i as i32);
+            keys.push(key.clone());
+            payloads.push(e.payload.get().to_owned());
+        }
+    }
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = sqlx::query!(
+        r#"SELECT x.pos AS "pos!", e.id, e.event_type, e.created_at,
+                  e.payload = x.payload::jsonb AS "same_payload!"
+           FROM unnest($2::int4[], $3::text[], $4::text[]) AS x(pos, key, payload)
+           JOIN events e ON e.project_id = $1 AND e.idempotency_key = x.key"#,
+        project.id.as_str(),
+        &positions,
+        &keys,
+        &payloads
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let found = Existing {
+                id: r.id,
+                event_type: r.event_type,
+                created_at: r.created_at,
+                same_payload: r.same_payload,
+            };
+            (r.pos as usize, found)
+        })
+        .collect())
+}
+
+/// The project's live subscriptions on enabled endpoints.
+async fn candidates(pool: &PgPool, project: &Project) -> Result<Vec<Candidate>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"SELECT s.id, s.endpoint_id, s.event_types, s.ordered
+           FROM subscriptions s
+           JOIN endpoints e ON e.id = s.endpoint_id
+           WHERE s.project_id = $1 AND s.deleted_at IS NULL
+             AND e.deleted_at IS NULL AND e.enabled
+           ORDER BY s.id"#,
+        project.id.as_str()
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Candidate {
+            subscription_id: r.id,
+            endpoint_id: r.endpoint_id,
+            patterns: r
+                .event_types
+                .into_iter()
+                .map(EventTypePattern::from_trusted)
+                .collect(),
+            ordered: r.ordered,
+        })
+        .collect())
+}
+
+/// One Delivery per (Event, endpoint): an endpoint with two matching subscriptions still gets
+/// the Event once (ordered if either subscription asks for order).
+fn plan_deliveries(
+    event: &EventId,
+    event_type: &EventType,
+    subs: &[Candidate],
+    plan: &mut DeliveryPlan,
+) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for sub in subs
+        .iter()
+        .filter(|s| s.patterns.iter().any(|p| p.matches(event_type)))
+    {
+        if let Some(&at) = seen.get(sub.endpoint_id.as_str()) {
+            plan.ordered[at] |= sub.ordered;
+            continue;
+        }
+        seen.insert(&sub.endpoint_id, plan.ids.len());
+        plan.ids.push(DeliveryId::generate().into_string());
+        plan.event_ids.push(event.as_str().to_owned());
+        plan.endpoint_ids.push(sub.endpoint_id.clone());
+        plan.subscription_ids.push(sub.subscription_id.clone());
+        plan.ordered.push(sub.ordered);
+    }
+}
+
+/// Step 3: the transaction. Returns one result per position in `fresh`.
+async fn write_events(
+    state: &AppState,
+    project: &Project,
+    events: &[NewEvent],
+    fresh: &[usize],
+) -> Result<Vec<AcceptedEvent>, ApiError> {
+    let subs = candidates(&state.pool, project).await?;
+    let ids: Vec<EventId> = fresh.iter().map(|_| EventId::generate()).collect();
+    let mut tx = state.pool.begin().await?;
+    let inserted = insert_events(&mut tx, project, events, fresh, &ids).await?;
+
+    // Positions whose INSERT found a concurrent winner on the idempotency index.
+    let raced: Vec<usize> = fresh
+        .iter()
+        .zip(&ids)
+        .filter(|(_, id)| !inserted.contains_key(id.as_str()))
+        .map(|(&i, _)| i)
+        .collect();
+    let winners = find_existing(&mut *tx, project, events, Some(&raced)).await?;
+
+    let mut plan = DeliveryPlan::default();
+    let mut results = Vec::with_capacity(fresh.len());
+    for (&i, id) in fresh.iter().zip(&ids) {
+        let accepted = match inserted.get(id.as_str()) {
+            Some(&created_at) => {
+                let first = plan.ids.len();
+                plan_deliveries(id, &events[i].event_type, &subs, &mut plan);
+                created(id, &events[i], created_at, &plan, first)
+            }
+            None => {
+                let winner = winners.get(&i).ok_or(ApiError::IdempotencyConflict)?;
+                replayed(winner, &events[i])?
+            }
+        };
+        results.push(accepted);
+    }
+    insert_deliveries_and_outbox(&mut tx, project, &plan).await?;
+    if state.faults.trip_ingest_before_commit() {
+        return Err(ApiError::Internal(InternalError::Fault(
+            "ingest_before_commit",
+        )));
+    }
+    tx.commit().await?;
+
+    state.metrics.events_created.inc_by(inserted.len() as u64);
+    state
+        .metrics
+        .deliveries_created
+        .inc_by(plan.ids.len() as u64);
+    assign_sequence_numbers(state, &plan).await;
+    Ok(results)
+}
+
+fn created(
+    id: &EventId,
+    event: &NewEvent,
+    created_at: DateTime<Utc>,
+    plan: &DeliveryPlan,
+    first: usize,
+) -> AcceptedEvent {
+    let mut deliveries: Vec<DeliveryRef> = (first..plan.ids.len())
+        .map(|d| DeliveryRef {
+            id: plan.ids[d].clone(),
+            endpoint_id: plan.endpoint_ids[d].clone(),
+        })
+        .collect();
+    // Id order, as a replayed answer lists them, so both answers are the same body.
+    deliveries.sort_by(|a, b| a.id.cmp(&b.id));
+    AcceptedEvent {
+        id: id.as_str().to_owned(),
+        event_type: event.event_type.as_str().to_owned(),
+        idempotency_key: event.idempotency_key.clone(),
+        created_at,
+        deliveries,
+        created: true,
+    }
+}
+
+/// Inserts the fresh Events; returns the ids actually inserted (a concurrent request with
+/// the same Idempotency-Key makes the insert skip that row) with their creation time.
+async fn insert_events(
+    tx: &mut PgConnection,
+    project: &Project,
+    events: &[NewEvent],
+    fresh: &[usize],
+    ids: &[EventId],
+) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
+    let ids: Vec<String> = ids.iter().map(|id| id.as_str().to_owned()).collect();
+    let types: Vec<String> = fresh
+        .iter()
+        .map(|&i| events[i].event_type.as_str().to_owned())
+        .collect();
+    let payloads: Vec<String> = fresh
+        .iter()
+        .map(|&i| events[i].payload.get().to_owned())
+        .collect();
+    let keys: Vec<Option<String>> = fresh
+        .iter()
+        .map(|&i| events[i].idempotency_key.clone())
+        .collect();
+    let rows = sqlx::query!(
+        r#"INSERT INTO events (id, project_id, event_type, payload, idempotency_key)
+           SELECT x.id, $1, x.event_type, x.payload::jsonb, x.key
+           FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
+                AS x(id, event_type, payload, key)
+           ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL
+           DO NOTHING
+           RETURNING id, created_at"#,
+        project.id.as_str(),
+        &ids,
+        &types,
+        &payloads,
+        &keys as &[Option<String>]
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.id, r.created_at)).collect())
+}
+
+/// The Deliveries and their Outbox rows, in one statement so neither can exist alone.
+async fn insert_deliveries_and_outbox(
+    tx: &mut PgConnection,
+    project: &Project,
+    plan: &DeliveryPlan,
+) -> Result<(), sqlx::Error> {
+    if plan.ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query!(
+        r#"WITH d AS (
+               INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, ordered)
+               SELECT x.id, $1, x.event_id, x.endpoint_id, x.subscription_id, x.ordered
+               FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bool[])
+                    WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, ordered, n)
+               ORDER BY x.n
+               RETURNING id, endpoint_id
+           )
+           INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+           SELECT d.id, d.endpoint_id, $1, 'CREATED' FROM d ORDER BY d.id"#,
+        project.id.as_str(),
+        &plan.ids,
+        &plan.event_ids,
+        &plan.endpoint_ids,
+        &plan.subscription_ids,
+        &plan.ordered
+    )
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// Sequence Numbers for ordered Deliveries, assigned after the ingest committed so that a
+/// rolled-back ingest burns none. The counter and the stamp move in one statement, so this
+/// step either numbers every ordered Delivery of the request or none; if it fails (the
+/// process dies, Postgres restarts), the Deliveries stay unnumbered and the worker numbers
+/// them before it lets them through the ordering gate. Endpoints are locked in id order so
+/// concurrent requests cannot deadlock on each other's counters.
+async fn assign_sequence_numbers(state: &AppState, plan: &DeliveryPlan) {
+    let (deliveries, endpoints): (Vec<String>, Vec<String>) = plan
+        .ids
+        .iter()
+        .zip(&plan.endpoint_ids)
+        .zip(&plan.ordered)
+        .filter(|(_, ordered)| **ordered)
+        .map(|((d, e), _)| (d.clone(), e.clone()))
+        .unzip();
+    if deliveries.is_empty() {
+        return;
+    }
+    let assigned = sqlx::query!(
+        r#"WITH input AS (
+               SELECT x.delivery_id, x.endpoint_id, x.n
+               FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(delivery_id, endpoint_id, n)
+           ), wanted AS (
+               SELECT endpoint_id, count(*) AS how_many FROM input GROUP BY endpoint_id
+           ), bumped AS (
+               INSERT INTO endpoint_sequences (endpoint_id, last_assigned)
+               SELECT endpoint_id, how_many FROM wanted ORDER BY endpoint_id
+               ON CONFLICT (endpoint_id)
+               DO UPDATE SET last_assigned = endpoint_sequences.last_assigned + EXCLUDED.last_assigned
+               RETURNING endpoint_id, last_assigned
+           ), numbered AS (
+               SELECT i.delivery_id,
+                      b.last_assigned - w.how_many
+                        + row_number() OVER (PARTITION BY i.endpoint_id ORDER BY i.n) AS seq
+               FROM input i JOIN wanted w USING (endpoint_id) JOIN bumped b USING (endpoint_id)
+           )
+           UPDATE deliveries d SET sequence_number = numbered.seq
+           FROM numbered WHERE d.id = numbered.delivery_id AND d.sequence_number IS NULL"#,
+        &deliveries,
+        &endpoints
+    )
+    .execute(&state.pool)
+    .await;
+    if assigned.is_err() {
+        state.metrics.sequence_assignment_failed.inc();
+        tracing::warn!(
+            count = deliveries.len(),
+            "sequence number assignment deferred to the worker"
+        );
+    }
+}
+
+/// Replayed answers carry the Deliveries created with the original Event.
+async fn fill_replayed_deliveries(
+    pool: &PgPool,
+    results: &mut [AcceptedEvent],
+) -> Result<(), sqlx::Error> {
+    let ids: Vec<String> = results
+        .iter()
+        .filter(|e| !e.created)
+        .map(|e| e.id.clone())
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let rows = sqlx::query!(
+        r#"SELECT id, event_id, endpoint_id FROM deliveries
+           WHERE event_id = ANY($1) AND origin = 'ingest' ORDER BY id"#,
+        &ids
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut by_event: HashMap<String, Vec<DeliveryRef>> = HashMap::new();
+    for r in rows {
+        by_event.entry(r.event_id).or_default().push(DeliveryRef {
+            id: r.id,
+            endpoint_id: r.endpoint_id,
+        });
+    }
+    for e in results.iter_mut().filter(|e| !e.created) {
+        e.deliveries = by_event.remove(&e.id).unwrap_or_default();
+    }
+    Ok(())
+}

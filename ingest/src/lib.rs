@@ -1,0 +1,143 @@
+//! Railhook's REST API (SPEC §9): tenants, endpoints, subscriptions, and the Event ingest
+//! transaction ([`ingest`]) where the delivery guarantee begins.
+//!
+//! Entry points: [`router`] builds the whole API for a state (tests mount it on port 0);
+//! [`serve`] runs it on a listener until `shutdown` resolves.
+
+pub mod auth;
+pub mod extract;
+pub mod ingest;
+pub mod metrics;
+pub mod openapi;
+pub mod pagination;
+pub mod problem;
+pub mod quota;
+pub mod routes;
+pub mod state;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::problem::ApiError;
+use crate::routes::{admin, deliveries, endpoints, events, health, subscriptions};
+pub use crate::state::AppState;
+
+/// Room for the envelope (`{"type":…,"payload":…}`) around a payload at its size limit.
+const ENVELOPE_BYTES: usize = 64 * 1024;
+/// A request that takes longer than this is answered with 503 rather than held open.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn router(state: AppState) -> Router {
+    let single_limit = state.limits.max_payload_bytes + ENVELOPE_BYTES;
+    let batch_limit = state.limits.max_batch_body_bytes();
+    let api = Router::new()
+        .route("/v1/organizations", post(admin::create_organization))
+        .route("/v1/projects", post(admin::create_project))
+        .route("/v1/projects/{id}/api-keys", post(admin::create_api_key))
+        .route(
+            "/v1/api-keys/{id}",
+            axum::routing::delete(admin::revoke_api_key),
+        )
+        .route(
+            "/v1/endpoints",
+            post(endpoints::create).get(endpoints::list),
+        )
+        .route(
+            "/v1/endpoints/{id}",
+            get(endpoints::get)
+                .patch(endpoints::update)
+                .delete(endpoints::delete),
+        )
+        .route("/v1/endpoints/{id}/secret", get(endpoints::secret))
+        .route(
+            "/v1/endpoints/{id}/secret/rotate",
+            post(endpoints::rotate_secret),
+        )
+        .route("/v1/endpoints/{id}/health", get(endpoints::health))
+        .route(
+            "/v1/subscriptions",
+            post(subscriptions::create).get(subscriptions::list),
+        )
+        .route(
+            "/v1/subscriptions/{id}",
+            get(subscriptions::get)
+                .patch(subscriptions::update)
+                .delete(subscriptions::delete),
+        )
+        .route(
+            "/v1/events",
+            post(events::create)
+                .get(events::list)
+                .layer(DefaultBodyLimit::max(single_limit)),
+        )
+        .route(
+            "/v1/events/batch",
+            post(events::create_batch).layer(DefaultBodyLimit::max(batch_limit)),
+        )
+        .route("/v1/events/{id}", get(events::get))
+        .route("/v1/deliveries", get(deliveries::list))
+        .route("/v1/deliveries/{id}", get(deliveries::get))
+        .route("/v1/deliveries/{id}/attempts", get(deliveries::attempts))
+        .layer(DefaultBodyLimit::max(ENVELOPE_BYTES));
+    Router::new()
+        .merge(api)
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(health::openapi))
+        .fallback(|| async { ApiError::NotFound("route") })
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::Internal(problem::InternalError::Fault("handler panicked")).into_response()
+        }))
+        .with_state(state)
+}
+
+/// Counts and times every request by its route template (never by raw path: ids would make
+/// label values unbounded).
+async fn observe(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_owned();
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = format!("{}xx", response.status().as_u16() / 100);
+    state
+        .metrics
+        .http_requests
+        .with_label_values(&[route.as_str(), method.as_str(), status.as_str()])
+        .inc();
+    state
+        .metrics
+        .http_duration
+        .with_label_values(&[route.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Serves the API until `shutdown` resolves, then drains in-flight requests.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

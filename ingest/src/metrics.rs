@@ -1,0 +1,117 @@
+//! Ingest metrics: every name, help text and label set in one place. Labels take values from
+//! small fixed sets (route templates, status classes), never ids.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+pub const HTTP_REQUESTS_TOTAL: &str = "railhook_http_requests_total";
+pub const HTTP_REQUEST_DURATION_SECONDS: &str = "railhook_http_request_duration_seconds";
+pub const EVENTS_CREATED_TOTAL: &str = "railhook_ingest_events_created_total";
+pub const DELIVERIES_CREATED_TOTAL: &str = "railhook_ingest_deliveries_created_total";
+pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "railhook_ingest_idempotent_replays_total";
+pub const QUOTA_CHARGE_SKIPPED_TOTAL: &str = "railhook_quota_charge_skipped_total";
+pub const QUOTA_REJECTED_TOTAL: &str = "railhook_quota_rejected_total";
+pub const SEQUENCE_ASSIGNMENT_FAILED_TOTAL: &str =
+    "railhook_ingest_sequence_assignment_failed_total";
+
+#[derive(Clone)]
+pub struct IngestMetrics {
+    registry: Registry,
+    pub http_requests: IntCounterVec,
+    pub http_duration: HistogramVec,
+    pub events_created: IntCounter,
+    pub deliveries_created: IntCounter,
+    pub idempotent_replays: IntCounter,
+    /// Labelled by `stage`: `check` (quota read) or `charge` (post-commit increment).
+    pub quota_charge_skipped: IntCounterVec,
+    pub quota_rejected: IntCounter,
+    pub sequence_assignment_failed: IntCounter,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
+    c
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
+    c
+}
+
+impl IngestMetrics {
+    #[allow(clippy::expect_used)] // names are constants: a failure is a programming error
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let http_duration = HistogramVec::new(
+            HistogramOpts::new(
+                HTTP_REQUEST_DURATION_SECONDS,
+                "Time to answer an API request, by route template.",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
+            &["route"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(http_duration.clone()))
+            .expect("unique metric");
+        Self {
+            http_requests: counter_vec(
+                &registry,
+                HTTP_REQUESTS_TOTAL,
+                "API requests answered, by route template, method and status class.",
+                &["route", "method", "status"],
+            ),
+            http_duration,
+            events_created: counter(&registry, EVENTS_CREATED_TOTAL, "Events committed."),
+            deliveries_created: counter(
+                &registry,
+                DELIVERIES_CREATED_TOTAL,
+                "Deliveries (and their Outbox rows) committed with new Events.",
+            ),
+            idempotent_replays: counter(
+                &registry,
+                IDEMPOTENT_REPLAYS_TOTAL,
+                "Requests answered with an Event already created under the same Idempotency-Key.",
+            ),
+            quota_charge_skipped: counter_vec(
+                &registry,
+                QUOTA_CHARGE_SKIPPED_TOTAL,
+                "Quota reads or charges skipped because Redis did not answer in time.",
+                &["stage"],
+            ),
+            quota_rejected: counter(
+                &registry,
+                QUOTA_REJECTED_TOTAL,
+                "Ingest requests refused with 429 because the monthly quota is used up.",
+            ),
+            sequence_assignment_failed: counter(
+                &registry,
+                SEQUENCE_ASSIGNMENT_FAILED_TOTAL,
+                "Post-commit Sequence Number assignments that failed (the worker assigns later).",
+            ),
+            registry,
+        }
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for IngestMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

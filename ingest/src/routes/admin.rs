@@ -1,0 +1,213 @@
+//! Tenant management with the admin token: organizations, projects, API keys.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use railhook_common::ids::{ApiKeyId, OrganizationId, ProjectId};
+use railhook_common::secrets::generate_api_key;
+use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
+
+use crate::auth::Admin;
+use crate::extract::ApiJson;
+use crate::problem::{ApiError, ApiResult};
+use crate::routes::validate_name;
+use crate::state::AppState;
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateOrganization {
+    pub name: String,
+    /// Events the organization may send per calendar month (UTC).
+    pub monthly_quota: i64,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Organization {
+    pub id: String,
+    pub name: String,
+    pub monthly_quota: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+#[utoipa::path(post, path = "/v1/organizations", tag = "admin",
+    request_body = CreateOrganization,
+    responses((status = 201, body = Organization), (status = 401, body = crate::problem::Problem),
+              (status = 422, body = crate::problem::Problem)),
+    security(("admin_token" = [])))]
+pub async fn create_organization(
+    _: Admin,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateOrganization>,
+) -> ApiResult<(StatusCode, Json<Organization>)> {
+    let name = validate_name("name", &body.name)?;
+    if body.monthly_quota < 0 {
+        return Err(ApiError::validation(
+            "monthly_quota",
+            "monthly_quota must be 0 or more",
+        ));
+    }
+    let id = OrganizationId::generate();
+    let row = sqlx::query!(
+        "INSERT INTO organizations (id, name, monthly_quota) VALUES ($1, $2, $3) RETURNING created_at",
+        id.as_str(),
+        name,
+        body.monthly_quota
+    )
+    .fetch_one(&state.pool)
+    .await?;
+    let org = Organization {
+        id: id.into_string(),
+        name: name.to_owned(),
+        monthly_quota: body.monthly_quota,
+        created_at: row.created_at,
+    };
+    Ok((StatusCode::CREATED, Json(org)))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateProject {
+    pub organization_id: String,
+    pub name: String,
+}
+
+/// A new API key. `api_key` is shown this once; only its hash is stored.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct IssuedApiKey {
+    pub id: String,
+    pub prefix: String,
+    pub api_key: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct CreatedProject {
+    pub id: String,
+    pub organization_id: String,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    /// The project's first API key, shown once.
+    pub api_key: String,
+    pub api_key_id: String,
+}
+
+async fn issue_key(conn: &mut PgConnection, project_id: &str) -> ApiResult<IssuedApiKey> {
+    let key = generate_api_key();
+    let id = ApiKeyId::generate();
+    let row = sqlx::query!(
+        "INSERT INTO api_keys (id, project_id, prefix, key_hash) VALUES ($1, $2, $3, $4) RETURNING created_at",
+        id.as_str(),
+        project_id,
+        key.prefix,
+        key.hash
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(IssuedApiKey {
+        id: id.into_string(),
+        prefix: key.prefix,
+        api_key: key.plaintext,
+        created_at: row.created_at,
+    })
+}
+
+#[utoipa::path(post, path = "/v1/projects", tag = "admin",
+    request_body = CreateProject,
+    responses((status = 201, body = CreatedProject), (status = 401, body = crate::problem::Problem),
+              (status = 422, body = crate::problem::Problem)),
+    security(("admin_token" = [])))]
+pub async fn create_project(
+    _: Admin,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateProject>,
+) -> ApiResult<(StatusCode, Json<CreatedProject>)> {
+    let name = validate_name("name", &body.name)?;
+    let org = OrganizationId::parse(&body.organization_id)
+        .map_err(|e| ApiError::validation("organization_id", e.to_string()))?;
+    let mut tx = state.pool.begin().await?;
+    let exists = sqlx::query_scalar!(
+        "SELECT 1 AS one FROM organizations WHERE id = $1",
+        org.as_str()
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    if exists.is_none() {
+        return Err(ApiError::validation(
+            "organization_id",
+            "no such organization",
+        ));
+    }
+    let id = ProjectId::generate();
+    let row = sqlx::query!(
+        "INSERT INTO projects (id, organization_id, name) VALUES ($1, $2, $3) RETURNING created_at",
+        id.as_str(),
+        org.as_str(),
+        name
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let key = issue_key(&mut tx, id.as_str()).await?;
+    tx.commit().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedProject {
+            id: id.into_string(),
+            organization_id: org.into_string(),
+            name: name.to_owned(),
+            created_at: row.created_at,
+            api_key: key.api_key,
+            api_key_id: key.id,
+        }),
+    ))
+}
+
+#[utoipa::path(post, path = "/v1/projects/{id}/api-keys", tag = "admin",
+    params(("id" = String, Path, description = "Project id")),
+    responses((status = 201, body = IssuedApiKey), (status = 401, body = crate::problem::Problem),
+              (status = 404, body = crate::problem::Problem)),
+    security(("admin_token" = [])))]
+pub async fn create_api_key(
+    _: Admin,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<IssuedApiKey>)> {
+    let project = ProjectId::parse(&id).map_err(|_| ApiError::NotFound("project"))?;
+    let mut tx = state.pool.begin().await?;
+    let exists = sqlx::query_scalar!(
+        "SELECT 1 AS one FROM projects WHERE id = $1",
+        project.as_str()
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    if exists.is_none() {
+        return Err(ApiError::NotFound("project"));
+    }
+    let key = issue_key(&mut tx, project.as_str()).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(key)))
+}
+
+#[utoipa::path(delete, path = "/v1/api-keys/{id}", tag = "admin",
+    params(("id" = String, Path, description = "API key id")),
+    responses((status = 204), (status = 401, body = crate::problem::Problem),
+              (status = 404, body = crate::problem::Problem)),
+    security(("admin_token" = [])))]
+pub async fn revoke_api_key(
+    _: Admin,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let key = ApiKeyId::parse(&id).map_err(|_| ApiError::NotFound("api key"))?;
+    let revoked = sqlx::query!(
+        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1",
+        key.as_str()
+    )
+    .execute(&state.pool)
+    .await?;
+    if revoked.rows_affected() == 0 {
+        return Err(ApiError::NotFound("api key"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

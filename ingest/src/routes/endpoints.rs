@@ -1,0 +1,464 @@
+//! Endpoints: where webhooks go, how they are signed, and how hard they may be pushed.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use railhook_common::ids::EndpointId;
+use railhook_common::secrets::generate_signing_secret;
+use serde::{Deserialize, Serialize};
+
+use crate::auth::Project;
+use crate::extract::{ApiJson, ApiQuery};
+use crate::pagination::{Listing, PageRequest};
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::routes::{double_option, validate_headers, validate_url};
+use crate::state::AppState;
+
+pub const DEFAULT_TIMEOUT_MS: i32 = 30_000;
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Endpoint {
+    pub id: String,
+    pub url: String,
+    pub description: String,
+    pub enabled: bool,
+    /// Why the endpoint was disabled, when it was disabled by Railhook (e.g. after a `410`).
+    pub disabled_reason: Option<String>,
+    pub timeout_ms: i32,
+    pub rate_limit_per_second: Option<i32>,
+    pub max_concurrency: Option<i32>,
+    pub headers: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+struct EndpointRow {
+    id: String,
+    url: String,
+    description: String,
+    enabled: bool,
+    disabled_reason: Option<String>,
+    timeout_ms: i32,
+    rate_limit_per_second: Option<i32>,
+    max_concurrency: Option<i32>,
+    headers: serde_json::Value,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<EndpointRow> for Endpoint {
+    fn from(r: EndpointRow) -> Self {
+        Endpoint {
+            id: r.id,
+            url: r.url,
+            description: r.description,
+            enabled: r.enabled,
+            disabled_reason: r.disabled_reason,
+            timeout_ms: r.timeout_ms,
+            rate_limit_per_second: r.rate_limit_per_second,
+            max_concurrency: r.max_concurrency,
+            headers: serde_json::from_value(r.headers).unwrap_or_default(),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+fn parse_id(raw: &str) -> ApiResult<EndpointId> {
+    EndpointId::parse(raw).map_err(|_| ApiError::NotFound("endpoint"))
+}
+
+fn check_timeout(ms: i32) -> ApiResult<()> {
+    if (1_000..=300_000).contains(&ms) {
+        Ok(())
+    } else {
+        Err(ApiError::validation(
+            "timeout_ms",
+            "timeout_ms must be between 1000 and 300000",
+        ))
+    }
+}
+
+fn check_positive(field: &'static str, value: Option<i32>) -> ApiResult<()> {
+    match value {
+        Some(v) if v <= 0 => Err(ApiError::validation(
+            field,
+            format!("{field} must be positive"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn check_description(d: &str) -> ApiResult<()> {
+    if d.chars().count() > 1000 {
+        return Err(ApiError::validation(
+            "description",
+            "description must be at most 1000 characters",
+        ));
+    }
+    Ok(())
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEndpoint {
+    pub url: String,
+    #[serde(default)]
+    pub description: String,
+    pub enabled: Option<bool>,
+    /// Per-Attempt timeout, 1000–300000 ms; default 30000.
+    pub timeout_ms: Option<i32>,
+    pub rate_limit_per_second: Option<i32>,
+    pub max_concurrency: Option<i32>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// A new endpoint and its signing secret (also readable later via `/secret`).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct CreatedEndpoint {
+    #[serde(flatten)]
+    pub endpoint: Endpoint,
+    pub secret: String,
+}
+
+#[utoipa::path(post, path = "/v1/endpoints", tag = "endpoints", request_body = CreateEndpoint,
+    responses((status = 201, body = CreatedEndpoint), (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn create(
+    project: Project,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateEndpoint>,
+) -> ApiResult<(StatusCode, Json<CreatedEndpoint>)> {
+    let url = validate_url(&body.url)?;
+    check_description(&body.description)?;
+    let timeout_ms = body.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+    check_timeout(timeout_ms)?;
+    check_positive("rate_limit_per_second", body.rate_limit_per_second)?;
+    check_positive("max_concurrency", body.max_concurrency)?;
+    validate_headers(&body.headers)?;
+    let secret = generate_signing_secret();
+    let headers = serde_json::to_value(&body.headers).unwrap_or_default();
+    let id = EndpointId::generate();
+    let row = sqlx::query_as!(
+        EndpointRow,
+        r#"INSERT INTO endpoints (id, project_id, url, description, secret, enabled, timeout_ms,
+                                  rate_limit_per_second, max_concurrency, headers)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+           RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
+                     rate_limit_per_second, max_concurrency, headers, created_at, updated_at"#,
+        id.as_str(),
+        project.id.as_str(),
+        url,
+        body.description,
+        secret,
+        body.enabled.unwrap_or(true),
+        timeout_ms,
+        body.rate_limit_per_second,
+        body.max_concurrency,
+        headers
+    )
+    .fetch_one(&state.pool)
+    .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedEndpoint {
+            endpoint: row.into(),
+            secret,
+        }),
+    ))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/endpoints", tag = "endpoints", params(ListQuery),
+    responses((status = 200, body = Listing<Endpoint>)), security(("api_key" = [])))]
+pub async fn list(
+    project: Project,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Listing<Endpoint>>> {
+    let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    let rows = sqlx::query_as!(
+        EndpointRow,
+        r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
+                  rate_limit_per_second, max_concurrency, headers, created_at, updated_at
+           FROM endpoints
+           WHERE project_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR id < $2)
+           ORDER BY id DESC LIMIT $3"#,
+        project.id.as_str(),
+        page.after,
+        page.fetch()
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    let rows = rows.into_iter().map(Endpoint::from).collect();
+    Ok(Json(page.finish(rows, |e: &Endpoint| &e.id)))
+}
+
+#[utoipa::path(get, path = "/v1/endpoints/{id}", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Endpoint), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn get(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Endpoint>> {
+    let id = parse_id(&id)?;
+    let row = sqlx::query_as!(
+        EndpointRow,
+        r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
+                  rate_limit_per_second, max_concurrency, headers, created_at, updated_at
+           FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    Ok(Json(row.into()))
+}
+
+/// Fields to change; absent fields stay as they are, `null` clears an optional limit.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateEndpoint {
+    pub url: Option<String>,
+    pub description: Option<String>,
+    /// `true` re-enables an endpoint and clears its `disabled_reason`.
+    pub enabled: Option<bool>,
+    pub timeout_ms: Option<i32>,
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<i32>)]
+    pub rate_limit_per_second: Option<Option<i32>>,
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<i32>)]
+    pub max_concurrency: Option<Option<i32>>,
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+#[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints",
+    params(("id" = String, Path)), request_body = UpdateEndpoint,
+    responses((status = 200, body = Endpoint), (status = 404, body = Problem),
+              (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn update(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateEndpoint>,
+) -> ApiResult<Json<Endpoint>> {
+    let id = parse_id(&id)?;
+    let url = body.url.as_deref().map(validate_url).transpose()?;
+    if let Some(d) = &body.description {
+        check_description(d)?;
+    }
+    if let Some(ms) = body.timeout_ms {
+        check_timeout(ms)?;
+    }
+    check_positive(
+        "rate_limit_per_second",
+        body.rate_limit_per_second.flatten(),
+    )?;
+    check_positive("max_concurrency", body.max_concurrency.flatten())?;
+    if let Some(h) = &body.headers {
+        validate_headers(h)?;
+    }
+    let headers = body
+        .headers
+        .as_ref()
+        .map(|h| serde_json::to_value(h).unwrap_or_default());
+    let row = sqlx::query_as!(
+        EndpointRow,
+        r#"UPDATE endpoints SET
+               url = coalesce($3, url),
+               description = coalesce($4, description),
+               enabled = coalesce($5, enabled),
+               disabled_reason = CASE WHEN $5 IS TRUE THEN NULL ELSE disabled_reason END,
+               timeout_ms = coalesce($6, timeout_ms),
+               rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
+               max_concurrency = CASE WHEN $9 THEN $10 ELSE max_concurrency END,
+               headers = coalesce($11, headers),
+               updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
+           RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
+                     rate_limit_per_second, max_concurrency, headers, created_at, updated_at"#,
+        id.as_str(),
+        project.id.as_str(),
+        url,
+        body.description,
+        body.enabled,
+        body.timeout_ms,
+        body.rate_limit_per_second.is_some(),
+        body.rate_limit_per_second.flatten(),
+        body.max_concurrency.is_some(),
+        body.max_concurrency.flatten(),
+        headers
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    Ok(Json(row.into()))
+}
+
+/// Deleting keeps the row (its Deliveries and Attempts stay readable) but removes it and its
+/// subscriptions from every list and from matching; it receives nothing new.
+#[utoipa::path(delete, path = "/v1/endpoints/{id}", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem)), security(("api_key" = [])))]
+pub async fn delete(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let id = parse_id(&id)?;
+    let mut tx = state.pool.begin().await?;
+    let deleted = sqlx::query!(
+        "UPDATE endpoints SET deleted_at = now(), enabled = false, updated_at = now()
+         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
+        id.as_str(),
+        project.id.as_str()
+    )
+    .execute(&mut *tx)
+    .await?;
+    if deleted.rows_affected() == 0 {
+        return Err(ApiError::NotFound("endpoint"));
+    }
+    sqlx::query!(
+        "UPDATE subscriptions SET deleted_at = now(), updated_at = now()
+         WHERE endpoint_id = $1 AND deleted_at IS NULL",
+        id.as_str()
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The signing secret, and during a rotation's overlap the previous one, which still signs.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EndpointSecret {
+    pub key: String,
+    pub previous_key: Option<String>,
+    pub previous_key_expires_at: Option<DateTime<Utc>>,
+}
+
+#[utoipa::path(get, path = "/v1/endpoints/{id}/secret", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn secret(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<EndpointSecret>> {
+    let id = parse_id(&id)?;
+    let row = sqlx::query!(
+        r#"SELECT secret,
+                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret END AS previous_secret,
+                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END AS previous_expires
+           FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    Ok(Json(EndpointSecret {
+        key: row.secret,
+        previous_key: row.previous_secret,
+        previous_key_expires_at: row.previous_expires,
+    }))
+}
+
+/// Rotation: a new secret signs from now on; the old one keeps signing alongside it for the
+/// configured overlap, so a receiver can switch without rejecting a single webhook.
+#[utoipa::path(post, path = "/v1/endpoints/{id}/secret/rotate", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn rotate_secret(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<EndpointSecret>> {
+    let id = parse_id(&id)?;
+    let overlap = state.limits.secret_rotation_overlap.as_secs_f64();
+    let row = sqlx::query!(
+        r#"UPDATE endpoints
+           SET previous_secret = secret,
+               previous_secret_expires_at = now() + make_interval(secs => $3),
+               secret = $4, updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
+           RETURNING secret, previous_secret, previous_secret_expires_at"#,
+        id.as_str(),
+        project.id.as_str(),
+        overlap,
+        generate_signing_secret()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    Ok(Json(EndpointSecret {
+        key: row.secret,
+        previous_key: row.previous_secret,
+        previous_key_expires_at: row.previous_secret_expires_at,
+    }))
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EndpointHealth {
+    pub endpoint_id: String,
+    pub enabled: bool,
+    pub disabled_reason: Option<String>,
+    /// `closed`, `open` or `half_open`.
+    pub breaker_state: String,
+    pub attempts_24h: i64,
+    pub succeeded_24h: i64,
+    /// Share of the last 24 hours' Attempts that succeeded; absent when there were none.
+    pub success_rate_24h: Option<f64>,
+}
+
+#[utoipa::path(get, path = "/v1/endpoints/{id}/health", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = EndpointHealth), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn health(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<EndpointHealth>> {
+    let id = parse_id(&id)?;
+    let row = sqlx::query!(
+        r#"SELECT e.enabled, e.disabled_reason, e.breaker_state,
+                  count(a.id) AS "attempts!",
+                  count(a.id) FILTER (WHERE a.outcome = 'SUCCEEDED') AS "succeeded!"
+           FROM endpoints e
+           LEFT JOIN deliveries d ON d.endpoint_id = e.id
+           LEFT JOIN attempts a ON a.delivery_id = d.id AND a.started_at > now() - interval '24 hours'
+           WHERE e.id = $1 AND e.project_id = $2 AND e.deleted_at IS NULL
+           GROUP BY e.id"#,
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    Ok(Json(EndpointHealth {
+        endpoint_id: id.into_string(),
+        enabled: row.enabled,
+        disabled_reason: row.disabled_reason,
+        breaker_state: row.breaker_state,
+        attempts_24h: row.attempts,
+        succeeded_24h: row.succeeded,
+        success_rate_24h: (row.attempts > 0).then(|| row.succeeded as f64 / row.attempts as f64),
+    }))
+}

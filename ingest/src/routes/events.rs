@@ -1,0 +1,351 @@
+//! Events: `POST /v1/events` (one), `POST /v1/events/batch` (many, one transaction), reads.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use chrono::{DateTime, Utc};
+use railhook_common::EventType;
+use railhook_common::ids::EventId;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::auth::Project;
+use crate::extract::{ApiJson, ApiQuery};
+use crate::ingest::{AcceptedEvent, NewEvent, ingest};
+use crate::pagination::{Listing, PageRequest};
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::state::AppState;
+
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEvent {
+    /// Dot-separated segments of `[A-Za-z0-9_-]`, e.g. `order.paid`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// A JSON object, at most `max_payload_bytes` (1 MiB by default) as sent.
+    #[schema(value_type = Object)]
+    pub payload: Box<RawValue>,
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchItem {
+    #[serde(rename = "type")]
+    pub event_type: String,
+    #[schema(value_type = Object)]
+    pub payload: Box<RawValue>,
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBatch {
+    pub events: Vec<BatchItem>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct BatchResult {
+    /// One entry per request item, in order. `created` is false where an Idempotency-Key
+    /// matched an Event accepted earlier.
+    pub data: Vec<BatchEntry>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct BatchEntry {
+    pub created: bool,
+    #[serde(flatten)]
+    pub event: AcceptedEvent,
+}
+
+fn validate_key(field: &str, raw: &str) -> ApiResult<String> {
+    let ok = !raw.is_empty()
+        && raw.len() <= MAX_IDEMPOTENCY_KEY_LEN
+        && raw.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    if ok {
+        Ok(raw.to_owned())
+    } else {
+        Err(ApiError::validation(
+            field,
+            format!("{field} must be 1-{MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"),
+        ))
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    match headers.get(IDEMPOTENCY_KEY_HEADER) {
+        None => Ok(None),
+        Some(v) => {
+            let raw = v.to_str().map_err(|_| {
+                ApiError::validation("Idempotency-Key", "Idempotency-Key must be visible ASCII")
+            })?;
+            validate_key("Idempotency-Key", raw).map(Some)
+        }
+    }
+}
+
+/// Does the raw JSON hold a `\u0000` escape? Postgres' jsonb cannot store one, so such a
+/// payload is refused up front instead of failing inside the transaction.
+fn has_nul_escape(raw: &str) -> bool {
+    let bytes = raw.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            if bytes.get(i + 1) == Some(&b'u') && bytes.get(i + 2..i + 6) == Some(b"0000") {
+                return true;
+            }
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    false
+}
+
+fn validate_event(
+    field: &str,
+    event_type: &str,
+    payload: Box<RawValue>,
+    idempotency_key: Option<String>,
+    max_payload_bytes: usize,
+) -> ApiResult<NewEvent> {
+    let event_type = EventType::parse(event_type)
+        .map_err(|e| ApiError::validation(format!("{field}type"), format!("type {e}")))?;
+    let raw = payload.get();
+    if raw.len() > max_payload_bytes {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "{field}payload is {} bytes; the limit is {max_payload_bytes}",
+            raw.len()
+        )));
+    }
+    if !raw.starts_with('{') {
+        return Err(ApiError::validation(
+            format!("{field}payload"),
+            "payload must be a JSON object",
+        ));
+    }
+    if has_nul_escape(raw) {
+        return Err(ApiError::validation(
+            format!("{field}payload"),
+            "payload must not contain the \\u0000 character",
+        ));
+    }
+    Ok(NewEvent {
+        event_type,
+        payload,
+        idempotency_key,
+    })
+}
+
+#[utoipa::path(post, path = "/v1/events", tag = "events", request_body = CreateEvent,
+    params(("Idempotency-Key" = Option<String>, Header,
+            description = "Retries with the same key return the Event already created")),
+    responses(
+        (status = 201, description = "Event accepted with its Deliveries", body = AcceptedEvent),
+        (status = 200, description = "Same Idempotency-Key and request: the Event created before", body = AcceptedEvent),
+        (status = 409, description = "Idempotency-Key reused with a different request", body = Problem),
+        (status = 413, body = Problem), (status = 422, body = Problem), (status = 429, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn create(
+    project: Project,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<CreateEvent>,
+) -> ApiResult<(StatusCode, Json<AcceptedEvent>)> {
+    let key = idempotency_key(&headers)?;
+    let event = validate_event(
+        "",
+        &body.event_type,
+        body.payload,
+        key,
+        state.limits.max_payload_bytes,
+    )?;
+    let accepted = ingest(&state, &project, vec![event])
+        .await?
+        .pop()
+        .ok_or(ApiError::Internal(crate::problem::InternalError::Fault(
+            "empty ingest result",
+        )))?;
+    let status = if accepted.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(accepted)))
+}
+
+#[utoipa::path(post, path = "/v1/events/batch", tag = "events", request_body = CreateBatch,
+    responses((status = 201, body = BatchResult), (status = 409, body = Problem),
+              (status = 413, body = Problem), (status = 422, body = Problem),
+              (status = 429, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn create_batch(
+    project: Project,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateBatch>,
+) -> ApiResult<(StatusCode, Json<BatchResult>)> {
+    let max = state.limits.max_batch_size;
+    if body.events.is_empty() || body.events.len() > max {
+        return Err(ApiError::validation(
+            "events",
+            format!("events must hold 1-{max} items"),
+        ));
+    }
+    let mut events = Vec::with_capacity(body.events.len());
+    let mut keys = std::collections::HashSet::new();
+    for (i, item) in body.events.into_iter().enumerate() {
+        let field = format!("events[{i}].");
+        let key = item
+            .idempotency_key
+            .as_deref()
+            .map(|k| validate_key(&format!("{field}idempotency_key"), k))
+            .transpose()?;
+        if let Some(k) = &key
+            && !keys.insert(k.clone())
+        {
+            return Err(ApiError::validation(
+                format!("{field}idempotency_key"),
+                "idempotency_key appears twice in this batch",
+            ));
+        }
+        let max_payload = state.limits.max_payload_bytes;
+        events.push(validate_event(
+            &field,
+            &item.event_type,
+            item.payload,
+            key,
+            max_payload,
+        )?);
+    }
+    let accepted = ingest(&state, &project, events).await?;
+    let data = accepted
+        .into_iter()
+        .map(|event| BatchEntry {
+            created: event.created,
+            event,
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(BatchResult { data })))
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct DeliverySummary {
+    pub id: String,
+    pub endpoint_id: String,
+    pub status: String,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Event {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    #[schema(value_type = Object)]
+    pub payload: Box<RawValue>,
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub deliveries: Vec<DeliverySummary>,
+}
+
+#[utoipa::path(get, path = "/v1/events/{id}", tag = "events", params(("id" = String, Path)),
+    responses((status = 200, body = Event), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn get(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Event>> {
+    let id = EventId::parse(&id).map_err(|_| ApiError::NotFound("event"))?;
+    let row = sqlx::query!(
+        r#"SELECT id, event_type, payload::text AS "payload!", idempotency_key, created_at
+           FROM events WHERE id = $1 AND project_id = $2"#,
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("event"))?;
+    let deliveries = sqlx::query_as!(
+        DeliverySummary,
+        "SELECT id, endpoint_id, status FROM deliveries WHERE event_id = $1 ORDER BY id",
+        id.as_str()
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    let payload = RawValue::from_string(row.payload)
+        .map_err(|_| ApiError::Internal(crate::problem::InternalError::Fault("stored payload")))?;
+    Ok(Json(Event {
+        id: row.id,
+        event_type: row.event_type,
+        payload,
+        idempotency_key: row.idempotency_key,
+        created_at: row.created_at,
+        deliveries,
+    }))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    /// Exact event type.
+    #[serde(rename = "type")]
+    pub event_type: Option<String>,
+    /// RFC 3339; only Events created at or after this instant.
+    pub created_after: Option<DateTime<Utc>>,
+    /// RFC 3339; only Events created before this instant.
+    pub created_before: Option<DateTime<Utc>>,
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EventSummary {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(ListQuery),
+    responses((status = 200, body = Listing<EventSummary>)), security(("api_key" = [])))]
+pub async fn list(
+    project: Project,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Listing<EventSummary>>> {
+    let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    let rows = sqlx::query_as!(
+        EventSummary,
+        r#"SELECT id, event_type, idempotency_key, created_at FROM events
+           WHERE project_id = $1
+             AND ($2::text IS NULL OR event_type = $2)
+             AND ($3::timestamptz IS NULL OR created_at >= $3)
+             AND ($4::timestamptz IS NULL OR created_at < $4)
+             AND ($5::text IS NULL OR id < $5)
+           ORDER BY id DESC LIMIT $6"#,
+        project.id.as_str(),
+        q.event_type,
+        q.created_after,
+        q.created_before,
+        page.after,
+        page.fetch()
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    Ok(Json(page.finish(rows, |e: &EventSummary| &e.id)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_nul_escape;
+
+    #[test]
+    fn nul_escapes_are_found_but_escaped_backslashes_are_not() {
+        assert!(has_nul_escape(r#"{"a":"\u0000"}"#));
+        assert!(has_nul_escape(r#"{"a":"x\\\u0000"}"#));
+        assert!(!has_nul_escape(r#"{"a":"\\u0000"}"#));
+        assert!(!has_nul_escape(r#"{"a":"\u0001"}"#));
+    }
+}

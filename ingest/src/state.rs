@@ -1,0 +1,77 @@
+//! What every handler can reach.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use railhook_common::config::Settings;
+use secrecy::SecretString;
+use sqlx::PgPool;
+
+use crate::metrics::IngestMetrics;
+use crate::quota::Quota;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub quota: Quota,
+    pub metrics: IngestMetrics,
+    pub limits: Limits,
+    pub admin_token: Option<SecretString>,
+    pub faults: Arc<Faults>,
+}
+
+/// The request limits the API enforces.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_payload_bytes: usize,
+    pub max_batch_size: usize,
+    pub secret_rotation_overlap: Duration,
+}
+
+impl Limits {
+    /// The most bytes one batch request may carry: every event at its largest, plus framing.
+    pub fn max_batch_body_bytes(&self) -> usize {
+        self.max_payload_bytes.saturating_mul(16)
+    }
+}
+
+/// Fault points for crash tests. Nothing in configuration or the API can set them; only code
+/// holding the `AppState` (the tests) can, so production never trips one by accident.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Fail the ingest transaction after its Deliveries and Outbox rows are written, before
+    /// the commit.
+    pub fail_ingest_before_commit: AtomicBool,
+}
+
+impl Faults {
+    pub fn trip_ingest_before_commit(&self) -> bool {
+        self.fail_ingest_before_commit.load(Ordering::Relaxed)
+    }
+}
+
+impl AppState {
+    pub fn new(pool: PgPool, settings: &Settings) -> Result<Self, redis::RedisError> {
+        let metrics = IngestMetrics::new();
+        let quota = Quota::new(
+            &settings.redis_url,
+            Duration::from_millis(settings.quota_timeout_ms),
+            metrics.clone(),
+        )?;
+        Ok(Self {
+            pool,
+            quota,
+            metrics,
+            limits: Limits {
+                max_payload_bytes: settings.max_payload_bytes,
+                max_batch_size: settings.max_batch_size,
+                secret_rotation_overlap: Duration::from_secs(
+                    settings.secret_rotation_overlap_seconds,
+                ),
+            },
+            admin_token: settings.admin_token.clone(),
+            faults: Arc::new(Faults::default()),
+        })
+    }
+}
