@@ -92,8 +92,9 @@ const DEFAULTS: Defaults = Defaults {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// Figment's message already names the key and where it came from.
     #[error("configuration: {0}")]
-    Load(#[from] Box<figment::Error>),
+    Load(Box<figment::Error>),
     #[error("configuration: {field} {problem}")]
     Invalid {
         field: &'static str,
@@ -111,7 +112,7 @@ fn invalid(field: &'static str, problem: impl Into<String>) -> ConfigError {
 impl Settings {
     /// Reads the process environment (and `RAILHOOK_CONFIG`, if set).
     pub fn load() -> Result<Self, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(DEFAULTS));
+        let mut figment = Self::defaults();
         if let Ok(path) = std::env::var("RAILHOOK_CONFIG") {
             figment = figment.merge(Toml::file_exact(PathBuf::from(path)));
         }
@@ -121,8 +122,15 @@ impl Settings {
         Self::from_figment(figment)
     }
 
+    /// The defaults alone, for callers (tests) that layer their own values on top.
+    pub fn defaults() -> Figment {
+        Figment::from(Serialized::defaults(DEFAULTS))
+    }
+
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
-        let settings: Settings = figment.extract().map_err(Box::new)?;
+        let settings: Settings = figment
+            .extract()
+            .map_err(|e| ConfigError::Load(Box::new(e)))?;
         settings.validate()?;
         Ok(settings)
     }
@@ -177,7 +185,7 @@ mod tests {
     use super::*;
 
     fn with(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(DEFAULTS));
+        let mut figment = Settings::defaults();
         for (k, v) in pairs {
             figment = figment.merge((*k, *v));
         }

@@ -108,7 +108,7 @@ mod tests {
         let ep = EndpointId::generate();
         assert!(EventId::parse(ep.as_str()).is_err());
         assert!(EventId::parse("evt_").is_err());
-        assert!(EventId::parse("evt_zzzzzzzzzzzzzzzzzzzzzzzzzz").is_err());
+        assert!(EventId::parse("evt_uuuuuuuuuuuuuuuuuuuuuuuuuu").is_err());
         assert!(EventId::parse("evt_01arz3ndektsv4rrffq69g5fa").is_err());
         assert!(EventId::parse("evt_01arz3ndektsv4rrffq69g5fav").is_ok());
     }

@@ -86,22 +86,36 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
     }
 }
 
-/// Does the raw JSON hold a `\u0000` escape? Postgres' jsonb cannot store one, so such a
-/// payload is refused up front instead of failing inside the transaction.
-fn has_nul_escape(raw: &str) -> bool {
+/// How deep a payload may nest. serde_json does not count depth inside a `RawValue`, and
+/// Postgres would fail a very deep document inside the transaction, so it is refused here.
+pub const MAX_PAYLOAD_DEPTH: usize = 128;
+
+/// One pass over syntactically valid JSON: refuses what Postgres' jsonb cannot store — a
+/// `\u0000` escape — and nesting deeper than [`MAX_PAYLOAD_DEPTH`].
+fn check_storable(raw: &str) -> Result<(), &'static str> {
     let bytes = raw.as_bytes();
-    let mut i = 0;
+    let (mut depth, mut in_string, mut i) = (0usize, false, 0usize);
     while i < bytes.len() {
-        if bytes[i] == b'\\' {
-            if bytes.get(i + 1) == Some(&b'u') && bytes.get(i + 2..i + 6) == Some(b"0000") {
-                return true;
+        match (in_string, bytes[i]) {
+            (true, b'\\') => {
+                if bytes.get(i + 1) == Some(&b'u') && bytes.get(i + 2..i + 6) == Some(b"0000") {
+                    return Err("payload must not contain the \\u0000 character");
+                }
+                i += 1; // skip the escaped character
             }
-            i += 2;
-        } else {
-            i += 1;
+            (true, b'"') | (false, b'"') => in_string = !in_string,
+            (false, b'{' | b'[') => {
+                depth += 1;
+                if depth > MAX_PAYLOAD_DEPTH {
+                    return Err("payload nests deeper than 128 levels");
+                }
+            }
+            (false, b'}' | b']') => depth = depth.saturating_sub(1),
+            _ => {}
         }
+        i += 1;
     }
-    false
+    Ok(())
 }
 
 fn validate_event(
@@ -126,12 +140,7 @@ fn validate_event(
             "payload must be a JSON object",
         ));
     }
-    if has_nul_escape(raw) {
-        return Err(ApiError::validation(
-            format!("{field}payload"),
-            "payload must not contain the \\u0000 character",
-        ));
-    }
+    check_storable(raw).map_err(|why| ApiError::validation(format!("{field}payload"), why))?;
     Ok(NewEvent {
         event_type,
         payload,
@@ -339,13 +348,22 @@ pub async fn list(
 
 #[cfg(test)]
 mod tests {
-    use super::has_nul_escape;
+    use super::{MAX_PAYLOAD_DEPTH, check_storable};
 
     #[test]
     fn nul_escapes_are_found_but_escaped_backslashes_are_not() {
-        assert!(has_nul_escape(r#"{"a":"\u0000"}"#));
-        assert!(has_nul_escape(r#"{"a":"x\\\u0000"}"#));
-        assert!(!has_nul_escape(r#"{"a":"\\u0000"}"#));
-        assert!(!has_nul_escape(r#"{"a":"\u0001"}"#));
+        assert!(check_storable(r#"{"a":"\u0000"}"#).is_err());
+        assert!(check_storable(r#"{"a":"x\\\u0000"}"#).is_err());
+        assert!(check_storable(r#"{"a":"\\u0000"}"#).is_ok());
+        assert!(check_storable(r#"{"a":"\u0001"}"#).is_ok());
+    }
+
+    #[test]
+    fn depth_counts_only_structure_outside_strings() {
+        let nest = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(check_storable(&nest(MAX_PAYLOAD_DEPTH)).is_ok());
+        assert!(check_storable(&nest(MAX_PAYLOAD_DEPTH + 1)).is_err());
+        let brackets_in_string = format!(r#"{{"s":"{}\""}}"#, "[".repeat(500));
+        assert!(check_storable(&brackets_in_string).is_ok());
     }
 }

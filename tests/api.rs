@@ -1,0 +1,307 @@
+//! Endpoints and subscriptions, the service routes, and the binary's own start-up checks.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use support::{fresh_database, spawn_app};
+
+#[tokio::test]
+async fn endpoints_create_patch_rotate_and_delete() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let body = json!({"url": "https://example.com/hooks", "description": "orders",
+                      "timeout_ms": 5000, "rate_limit_per_second": 10,
+                      "headers": {"X-Team": "payments"}});
+    let r = app
+        .call(Method::POST, "/v1/endpoints", Some(&key), Some(body))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let id = r.body["id"].as_str().expect("id").to_owned();
+    let secret = r.body["secret"].as_str().expect("secret").to_owned();
+    assert!(secret.starts_with("whsec_"));
+    assert_eq!(r.body["timeout_ms"], json!(5000));
+    assert_eq!(r.body["headers"], json!({"X-Team": "payments"}));
+
+    // PATCH: absent fields stay, null clears a limit, enabling clears the reason.
+    let path = format!("/v1/endpoints/{id}");
+    let r = app
+        .call(
+            Method::PATCH,
+            &path,
+            Some(&key),
+            Some(json!({"rate_limit_per_second": null, "max_concurrency": 3})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body["rate_limit_per_second"], Value::Null);
+    assert_eq!(r.body["max_concurrency"], json!(3));
+    assert_eq!(r.body["timeout_ms"], json!(5000));
+    assert_eq!(r.body["description"], json!("orders"));
+    assert!(
+        r.body.get("secret").is_none(),
+        "secret only on create and /secret"
+    );
+
+    for (field, bad) in [
+        ("url", json!({"url": "ftp://example.com"})),
+        ("url", json!({"url": "not a url"})),
+        ("timeout_ms", json!({"timeout_ms": 10})),
+        ("max_concurrency", json!({"max_concurrency": 0})),
+        (
+            "headers",
+            json!({"headers": {"webhook-signature": "forged"}}),
+        ),
+    ] {
+        let r = app.call(Method::PATCH, &path, Some(&key), Some(bad)).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{field}");
+        assert_eq!(r.body["field"], json!(field));
+    }
+
+    let s = app
+        .call(Method::GET, &format!("{path}/secret"), Some(&key), None)
+        .await;
+    assert_eq!(s.body["key"], json!(secret));
+    assert_eq!(s.body["previous_key"], Value::Null);
+    let rotated = app
+        .call(
+            Method::POST,
+            &format!("{path}/secret/rotate"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(rotated.status, StatusCode::OK);
+    assert_ne!(rotated.body["key"], json!(secret));
+    assert_eq!(rotated.body["previous_key"], json!(secret));
+    assert!(rotated.body["previous_key_expires_at"].is_string());
+
+    let health = app
+        .call(Method::GET, &format!("{path}/health"), Some(&key), None)
+        .await;
+    assert_eq!(health.body["breaker_state"], json!("closed"));
+    assert_eq!(health.body["attempts_24h"], json!(0));
+    assert_eq!(health.body["success_rate_24h"], Value::Null);
+
+    let r = app.call(Method::DELETE, &path, Some(&key), None).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let r = app.call(Method::GET, &path, Some(&key), None).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = app.call(Method::DELETE, &path, Some(&key), None).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = app
+        .call(Method::GET, "/v1/endpoints/not-an-id", Some(&key), None)
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn lists_page_through_every_row_once() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let mut created = BTreeSet::new();
+    for _ in 0..7 {
+        created.insert(app.endpoint(&key).await);
+    }
+    let mut seen = BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/endpoints?limit=3&cursor={c}"),
+            None => "/v1/endpoints?limit=3".to_owned(),
+        };
+        let r = app.call(Method::GET, &path, Some(&key), None).await;
+        pages += 1;
+        for e in r.body["data"].as_array().expect("data") {
+            assert!(
+                seen.insert(e["id"].as_str().expect("id").to_owned()),
+                "seen twice"
+            );
+        }
+        match r.body["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+        assert!(pages < 10);
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen, created);
+}
+
+#[tokio::test]
+async fn subscriptions_validate_patterns_and_update() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    for bad in [
+        json!([]),
+        json!(["order.**"]),
+        json!(["order..x"]),
+        json!([""]),
+    ] {
+        let r = app
+            .call(
+                Method::POST,
+                "/v1/subscriptions",
+                Some(&key),
+                Some(json!({"endpoint_id": ep, "event_types": bad})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+        assert_eq!(r.body["field"], json!("event_types"));
+    }
+    let sub = app
+        .subscribe(&key, &ep, &["order.paid", "order.*", "order.paid"], false)
+        .await;
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/v1/subscriptions/{sub}"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.body["event_types"], json!(["order.*", "order.paid"]));
+    let r = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/subscriptions/{sub}"),
+            Some(&key),
+            Some(json!({"event_types": ["invoice.*"], "ordered": true})),
+        )
+        .await;
+    assert_eq!(r.body["event_types"], json!(["invoice.*"]));
+    assert_eq!(r.body["ordered"], json!(true));
+    let none = app.post_event(&key, "order.paid", json!({}), None).await;
+    assert_eq!(none.body["deliveries"], json!([]));
+    let one = app.post_event(&key, "invoice.paid", json!({}), None).await;
+    assert_eq!(one.body["deliveries"].as_array().expect("d").len(), 1);
+}
+
+#[tokio::test]
+async fn service_routes_answer_and_openapi_describes_every_route() {
+    let app = spawn_app().await;
+    let get = |path: &'static str| {
+        let client = app.client.clone();
+        let url = format!("{}{path}", app.base);
+        async move { client.get(url).send().await.expect("get") }
+    };
+    assert_eq!(get("/healthz").await.status(), StatusCode::OK);
+    assert_eq!(get("/readyz").await.text().await.expect("body"), "ready");
+    let missing = get("/nope").await;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let doc: Value = get("/openapi.json").await.json().await.expect("openapi");
+    let paths: BTreeSet<String> = doc["paths"]
+        .as_object()
+        .expect("paths")
+        .keys()
+        .cloned()
+        .collect();
+    for p in [
+        "/v1/organizations",
+        "/v1/projects",
+        "/v1/projects/{id}/api-keys",
+        "/v1/api-keys/{id}",
+        "/v1/endpoints",
+        "/v1/endpoints/{id}",
+        "/v1/endpoints/{id}/secret",
+        "/v1/endpoints/{id}/secret/rotate",
+        "/v1/endpoints/{id}/health",
+        "/v1/subscriptions",
+        "/v1/subscriptions/{id}",
+        "/v1/events",
+        "/v1/events/batch",
+        "/v1/events/{id}",
+        "/v1/deliveries",
+        "/v1/deliveries/{id}",
+        "/v1/deliveries/{id}/attempts",
+    ] {
+        assert!(paths.contains(p), "openapi lacks {p}");
+    }
+    let (_, key) = app.project().await;
+    app.post_event(&key, "a.b", json!({}), None).await;
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains(
+            r#"railhook_http_requests_total{method="POST",route="/v1/events",status="2xx"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains("railhook_ingest_events_created_total 1"));
+}
+
+fn railhook(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_railhook"));
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run railhook")
+}
+
+#[tokio::test]
+async fn migrate_is_safe_to_run_twice_and_creates_the_publication() {
+    let url = fresh_database().await;
+    for _ in 0..2 {
+        let out = railhook(&["migrate"], &[("DATABASE_URL", &url)]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+    let publishes: (bool, bool, bool) = sqlx::query_as(
+        "SELECT pubinsert, pubdelete, pubupdate FROM pg_publication WHERE pubname = 'railhook_outbox'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("publication");
+    assert_eq!(publishes, (true, false, false));
+}
+
+#[test]
+fn bad_configuration_stops_the_binary_with_a_message_naming_the_setting() {
+    let out = railhook(&["ingest"], &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("database_url"));
+    let out = railhook(
+        &["ingest"],
+        &[
+            ("DATABASE_URL", "postgres://x/y"),
+            ("RAILHOOK_HTTP_ADDR", "nowhere"),
+        ],
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .to_lowercase()
+            .contains("http_addr")
+    );
+    let out = railhook(
+        &["ingest"],
+        &[
+            ("DATABASE_URL", "postgres://x/y"),
+            ("RAILHOOK_ADMIN_TOKEN", "short"),
+        ],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("admin_token"));
+    let out = railhook(
+        &["ingest"],
+        &[
+            ("DATABASE_URL", "postgres://u:hunter2@127.0.0.1:1/y"),
+            ("RAILHOOK_ADMIN_TOKEN", "0123456789abcdef0"),
+        ],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Postgres") && !stderr.contains("hunter2"),
+        "{stderr}"
+    );
+}
