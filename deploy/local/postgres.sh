@@ -3,8 +3,8 @@
 # listening on a free loopback port. Idempotent: `up` on a running cluster only re-checks it.
 source "$(dirname "$0")/lib.sh"
 
-PGDATA="$STATE/pg/data"
 PG_USER=postgres   # the server refuses to run as root
+PGDIR="$STATE/pg"
 
 ensure_installed() {
   [ -x "$PG_BIN/initdb" ] || apt_install postgresql
@@ -14,10 +14,21 @@ ensure_installed() {
 
 as_pg() { runuser -u "$PG_USER" -- "$@"; }
 
+# The cluster lives in $STATE/pg unless the server's user cannot reach that folder (a
+# checkout under a private home, say); then in a folder of /var/tmp named after $STATE.
+pick_dir() {
+  mkdir -p "$PGDIR"
+  chown "$PG_USER" "$PGDIR"
+  if ! runuser -u "$PG_USER" -- test -w "$PGDIR" 2>/dev/null; then
+    PGDIR="/var/tmp/railhook-pg-$(echo "$STATE" | sha1sum | cut -c1-12)"
+    mkdir -p "$PGDIR" && chown "$PG_USER" "$PGDIR"
+  fi
+  PGDATA="$PGDIR/data"
+}
+
 up() {
   ensure_installed
-  mkdir -p "$STATE/pg"
-  chown "$PG_USER" "$STATE/pg"
+  pick_dir
   if [ ! -f "$PGDATA/PG_VERSION" ]; then
     log "initdb $PGDATA"
     as_pg "$PG_BIN/initdb" -D "$PGDATA" -U railhook --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
@@ -32,7 +43,7 @@ up() {
     cat > "$PGDATA/postgresql.auto.conf" <<CONF
 listen_addresses = '127.0.0.1'
 port = $port
-unix_socket_directories = '$STATE/pg'
+unix_socket_directories = '$PGDIR'
 wal_level = logical
 max_replication_slots = 64
 max_wal_senders = 64
@@ -44,7 +55,7 @@ fsync = on
 logging_collector = off
 CONF
     log "starting PostgreSQL on 127.0.0.1:$port"
-    as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$STATE/pg/server.log" -w -t 60 start >/dev/null
+    as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$PGDIR/server.log" -w -t 60 start >/dev/null
   fi
   local url="postgres://railhook@127.0.0.1:$port/railhook"
   wait_for "PostgreSQL" 60 psql "postgres://railhook@127.0.0.1:$port/postgres" -Atc 'select 1'
@@ -57,6 +68,7 @@ CONF
 }
 
 down() {
+  pick_dir
   if [ -f "$PGDATA/PG_VERSION" ]; then
     as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null 2>&1 || true
   fi

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# down.sh: stops Railhook (if the demo started it) and the local infrastructure. Data stays
+# in .local/ for the next `up`; delete that folder to start from nothing.
+source "$(dirname "$0")/lib.sh"
+if pid_alive "$STATE/railhook.pid"; then
+  kill "$(cat "$STATE/railhook.pid")" || true
+  log "railhook stopped"
+fi
+"$ROOT/deploy/local/broker.sh" down
+"$ROOT/deploy/local/redis.sh" down
+"$ROOT/deploy/local/postgres.sh" down

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# test.sh: the one command that runs every test. Brings up the local infrastructure first
+# (installing it on a new machine), then runs the whole workspace's tests against it.
+source "$(dirname "$0")/lib.sh"
+"$ROOT/deploy/local/up.sh"
+source "$ENV_FILE"
+cd "$ROOT"
+# Test databases are per test; drop the ones earlier runs left behind.
+base="${DATABASE_URL%/*}"
+psql "$base/postgres" -Atc "select datname from pg_database where datname like 'rh_test_%'" \
+  | while read -r db; do psql "$base/postgres" -qc "drop database if exists $db" >/dev/null; done
+cargo fmt --all -- --check
+# sqlx's macros compile against the committed .sqlx/ data (SQLX_OFFLINE, .cargo/config.toml):
+# a query changed without regenerating it fails this build.
+cargo test --workspace --locked "$@"
