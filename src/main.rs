@@ -6,8 +6,10 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use railhook_common::config::Settings;
-use railhook_common::db;
+use railhook_common::{db, metrics_http};
+use railhook_relay::{Faults, RelayConfig, RelayMetrics, slot};
 use sqlx::PgPool;
+use std::sync::Arc;
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
@@ -31,8 +33,23 @@ enum Role {
     Worker,
     /// Every role in one process, for a single machine.
     All,
-    /// Apply migrations and create the outbox publication; safe to run twice.
+    /// Apply migrations and create the outbox publication and the Slot; safe to run twice.
     Migrate,
+    /// Inspect or manage the logical replication Slot.
+    Slot {
+        #[command(subcommand)]
+        action: SlotAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum SlotAction {
+    /// Slot, holder, confirmed/restart LSN, lag, retained WAL, wal_status, safe_wal_size.
+    Status,
+    /// Create the Slot (pgoutput) if missing. A new Slot starts at "now".
+    Create,
+    /// Drop the Slot. Postgres frees its WAL; the relay stops until it is created again.
+    Drop,
 }
 
 fn main() -> std::process::ExitCode {
@@ -61,13 +78,107 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.role {
         Role::Migrate => migrate(&settings).await,
         Role::Ingest => ingest(&settings).await,
-        Role::Relay => Ok(railhook_relay::run()?),
+        Role::Relay => relay(&settings).await,
         Role::Worker => Ok(railhook_worker::run()?),
-        Role::All => {
-            tracing::warn!("relay and worker are not part of this build yet; running ingest only");
-            ingest(&settings).await
-        }
+        Role::All => all(&settings).await,
+        Role::Slot { action } => slot(&settings, action).await,
     }
+}
+
+fn relay_parts(settings: &Settings) -> (RelayConfig, RelayMetrics) {
+    (RelayConfig::from_settings(settings), RelayMetrics::new())
+}
+
+async fn relay(settings: &Settings) -> anyhow::Result<()> {
+    let (config, metrics) = relay_parts(settings);
+    let metrics_server = metrics_http::serve(
+        settings.metrics_addr,
+        vec![metrics.registry.clone()],
+        shutdown_signal(),
+    );
+    let relay = railhook_relay::run(
+        config,
+        metrics,
+        Arc::new(Faults::default()),
+        shutdown_signal(),
+    );
+    tracing::info!(metrics = %settings.metrics_addr, "relay starting");
+    tokio::select! {
+        r = relay => r.context("relay")?,
+        r = metrics_server => r.with_context(|| format!("metrics on {}", settings.metrics_addr))?,
+    }
+    Ok(())
+}
+
+/// Every role in one process: a failure of any of them stops the process.
+async fn all(settings: &Settings) -> anyhow::Result<()> {
+    tracing::warn!("the worker is not part of this build yet; running ingest and relay");
+    let (config, metrics) = relay_parts(settings);
+    let registry = metrics.registry.clone();
+    let relay = railhook_relay::run(
+        config,
+        metrics,
+        Arc::new(Faults::default()),
+        shutdown_signal(),
+    );
+    tokio::select! {
+        r = relay => r.context("relay")?,
+        r = ingest_with(settings, vec![registry]) => r?,
+    }
+    Ok(())
+}
+
+async fn slot(settings: &Settings, action: SlotAction) -> anyhow::Result<()> {
+    let pg = slot::pg_config(&settings.database_url)?;
+    let client = slot::connect(&pg)
+        .await
+        .context("cannot connect to Postgres")?;
+    let name = &settings.slot;
+    match action {
+        SlotAction::Create => {
+            let created = slot::create(&client, name).await?;
+            println!(
+                "slot {name}: {}",
+                if created { "created" } else { "already exists" }
+            );
+        }
+        SlotAction::Drop => {
+            let dropped = slot::drop(&client, name).await?;
+            println!(
+                "slot {name}: {}",
+                if dropped { "dropped" } else { "did not exist" }
+            );
+        }
+        SlotAction::Status => match slot::status(&client, name).await? {
+            None => {
+                println!("slot {name}: missing (create it with `railhook slot create`)");
+                std::process::exit(3);
+            }
+            Some(s) => print_status(&s),
+        },
+    }
+    Ok(())
+}
+
+fn print_status(s: &slot::SlotStatus) {
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    let num = |v: Option<i64>| v.map_or_else(|| "-".into(), |n| n.to_string());
+    println!("slot                 {}", s.slot);
+    println!("active               {}", s.active);
+    println!(
+        "active_pid           {}",
+        s.active_pid.map_or_else(|| "-".into(), |p| p.to_string())
+    );
+    println!("confirmed_flush_lsn  {}", opt(&s.confirmed_flush_lsn));
+    println!("restart_lsn          {}", opt(&s.restart_lsn));
+    println!("lag_bytes            {}", num(s.lag_bytes));
+    println!("retained_bytes       {}", num(s.retained_bytes));
+    println!("wal_status           {}", opt(&s.wal_status));
+    println!(
+        "safe_wal_size        {}",
+        s.safe_wal_size
+            .map_or_else(|| "unlimited".into(), |n| n.to_string())
+    );
 }
 
 async fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
@@ -85,17 +196,27 @@ async fn migrate(settings: &Settings) -> anyhow::Result<()> {
     db::ensure_publication(&pool, &settings.publication)
         .await
         .context("creating the outbox publication")?;
-    tracing::info!(publication = %settings.publication, "migrations applied");
+    let client = slot::connect(&slot::pg_config(&settings.database_url)?).await?;
+    let created = slot::create(&client, &settings.slot).await?;
+    tracing::info!(publication = %settings.publication, slot = %settings.slot, slot_created = created, "migrations applied");
     Ok(())
 }
 
 async fn ingest(settings: &Settings) -> anyhow::Result<()> {
+    ingest_with(settings, Vec::new()).await
+}
+
+async fn ingest_with(
+    settings: &Settings,
+    other_registries: Vec<prometheus::Registry>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         settings.admin_token.is_some(),
         "configuration: admin_token (RAILHOOK_ADMIN_TOKEN) is required by the ingest role"
     );
     let pool = connect(settings).await?;
-    let state = railhook_ingest::AppState::new(pool, settings).context("REDIS_URL")?;
+    let mut state = railhook_ingest::AppState::new(pool, settings).context("REDIS_URL")?;
+    state.other_registries = other_registries;
     let addr: SocketAddr = settings.http_addr;
     let listener = TcpListener::bind(addr)
         .await

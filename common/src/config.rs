@@ -45,6 +45,23 @@ pub struct Settings {
     pub quota_timeout_ms: u64,
     /// `text` or `json`.
     pub log_format: LogFormat,
+    /// Partitions of the deliveries topic when the relay creates it.
+    pub kafka_partitions: i32,
+    /// Replication factor of topics the relay creates (3 in production; 1 on one broker).
+    pub kafka_replication_factor: i32,
+    /// How long librdkafka keeps retrying one message before the relay restarts its
+    /// session from the last confirmed LSN.
+    pub kafka_message_timeout_ms: u64,
+    /// Most Outbox messages the relay holds un-acknowledged before it stops reading the Slot.
+    pub relay_max_in_flight: usize,
+    /// Most bytes of un-acknowledged messages before the relay stops reading the Slot.
+    pub relay_max_in_flight_bytes: usize,
+    /// Interval between transactional heartbeats written into the WAL.
+    pub relay_heartbeat_ms: u64,
+    /// Interval between slot status reads (lag, wal_status) and prune rounds.
+    pub relay_status_ms: u64,
+    /// Outbox rows older than this, and confirmed by the Slot, are deleted.
+    pub outbox_retention_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -71,6 +88,14 @@ struct Defaults {
     db_max_connections: u32,
     quota_timeout_ms: u64,
     log_format: LogFormat,
+    kafka_partitions: i32,
+    kafka_replication_factor: i32,
+    kafka_message_timeout_ms: u64,
+    relay_max_in_flight: usize,
+    relay_max_in_flight_bytes: usize,
+    relay_heartbeat_ms: u64,
+    relay_status_ms: u64,
+    outbox_retention_seconds: u64,
 }
 
 const DEFAULTS: Defaults = Defaults {
@@ -88,6 +113,14 @@ const DEFAULTS: Defaults = Defaults {
     db_max_connections: 20,
     quota_timeout_ms: 100,
     log_format: LogFormat::Text,
+    kafka_partitions: 6,
+    kafka_replication_factor: 1,
+    kafka_message_timeout_ms: 120_000,
+    relay_max_in_flight: 10_000,
+    relay_max_in_flight_bytes: 16 * 1024 * 1024,
+    relay_heartbeat_ms: 5_000,
+    relay_status_ms: 2_000,
+    outbox_retention_seconds: 3_600,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -172,6 +205,27 @@ impl Settings {
         }
         if !(1..=10_000).contains(&self.max_batch_size) {
             return Err(invalid("max_batch_size", "must be between 1 and 10000"));
+        }
+        if !(1..=10_000).contains(&self.kafka_partitions) {
+            return Err(invalid("kafka_partitions", "must be between 1 and 10000"));
+        }
+        if !(1..=16).contains(&self.kafka_replication_factor) {
+            return Err(invalid(
+                "kafka_replication_factor",
+                "must be between 1 and 16",
+            ));
+        }
+        if self.relay_max_in_flight == 0 || self.relay_max_in_flight_bytes < 64 * 1024 {
+            return Err(invalid(
+                "relay_max_in_flight",
+                "must be at least 1 message and relay_max_in_flight_bytes at least 65536",
+            ));
+        }
+        if self.relay_heartbeat_ms < 10 || self.relay_status_ms < 10 {
+            return Err(invalid(
+                "relay_heartbeat_ms",
+                "intervals must be at least 10 ms",
+            ));
         }
         if self.db_max_connections == 0 {
             return Err(invalid("db_max_connections", "must be greater than 0"));

@@ -4,10 +4,12 @@
 //! that exists is valid. Module names follow the product vocabulary (see
 //! `docs/ARCHITECTURE.md`).
 
+pub mod announcement;
 pub mod config;
 pub mod db;
 pub mod event_type;
 pub mod ids;
+pub mod metrics_http;
 pub mod secrets;
 pub mod telemetry;
 

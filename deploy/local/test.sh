@@ -5,8 +5,10 @@ source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
 source "$ENV_FILE"
 cd "$ROOT"
-# Test databases are per test; drop the ones earlier runs left behind.
+# Test databases (and their Slots) are per test; drop the ones earlier runs left behind.
 base="${DATABASE_URL%/*}"
+psql "$base/postgres" -Atc "select pg_drop_replication_slot(slot_name) from pg_replication_slots
+  where not active and (database like 'rh_test_%' or slot_name like 'rh\_%')" >/dev/null
 psql "$base/postgres" -Atc "select datname from pg_database where datname like 'rh_test_%'" \
   | while read -r db; do psql "$base/postgres" -qc "drop database if exists $db" >/dev/null; done
 cargo fmt --all -- --check

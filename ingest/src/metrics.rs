@@ -102,11 +102,23 @@ impl IngestMetrics {
         }
     }
 
-    /// The registry in Prometheus text format.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+/// Registries in Prometheus text format (one process may hold several roles).
+pub fn render(registries: &[&Registry]) -> String {
+    let families: Vec<_> = registries.iter().flat_map(|r| r.gather()).collect();
+    let mut buf = Vec::new();
+    let _ = TextEncoder::new().encode(&families, &mut buf);
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+impl IngestMetrics {
+    /// This registry in Prometheus text format.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        render(&[&self.registry])
     }
 }
 

@@ -19,6 +19,8 @@ pub struct AppState {
     pub limits: Limits,
     pub admin_token: Option<SecretString>,
     pub faults: Arc<Faults>,
+    /// Metrics of other roles in the same process (`railhook all`), served by `/metrics` too.
+    pub other_registries: Vec<prometheus::Registry>,
 }
 
 /// The request limits the API enforces.
@@ -72,6 +74,7 @@ impl AppState {
             },
             admin_token: settings.admin_token.clone(),
             faults: Arc::new(Faults::default()),
+            other_registries: Vec::new(),
         })
     }
 }

@@ -1,13 +1,14 @@
-//! The CDC relay: reads Outbox inserts from the logical replication Slot (pgoutput),
-//! publishes them to Kafka with `acks=all`, and confirms the Slot's LSN only after Kafka
-//! acknowledged. Not built yet: it arrives with the CDC relay issue, and until then
-//! `railhook relay` refuses to start rather than pretend to run.
+//! The CDC relay: reads Outbox inserts from a logical replication Slot (pgoutput), publishes
+//! each as an Announcement to Kafka with `acks=all`, and confirms the Slot's LSN only after
+//! Kafka acknowledged. See [`relay`] for the loop and its invariants, [`window`] for the
+//! confirmation rule, [`slot`] for the operator's view of the Slot.
 
-/// Returned by [`run`] until the relay is built.
-#[derive(Debug, thiserror::Error)]
-#[error("the relay role is not part of this build yet (see the CDC relay issue)")]
-pub struct NotBuilt;
+pub mod metrics;
+pub mod pgoutput;
+pub mod producer;
+pub mod relay;
+pub mod slot;
+pub mod window;
 
-pub fn run() -> Result<(), NotBuilt> {
-    Err(NotBuilt)
-}
+pub use metrics::RelayMetrics;
+pub use relay::{Faults, RelayConfig, RelayError, run};

@@ -23,10 +23,11 @@ pub async fn readyz(State(state): State<AppState>) -> ApiResult<&'static str> {
 }
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
+        let mut registries = vec![state.metrics.registry()];
+        registries.extend(state.other_registries.iter());
+        crate::metrics::render(&registries)
+    })
 }
 
 pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {

@@ -1,0 +1,80 @@
+//! The Announcement: what the relay publishes to Kafka for each Outbox row.
+//!
+//! It is a *hint*, not a command: "Delivery `dlv_…` of endpoint `ep_…` may be ready". The
+//! worker reads the Delivery row and its Claim decides; a duplicate Announcement (the relay
+//! republishes after a crash, Kafka redelivers) therefore costs one failed Claim and nothing
+//! else. The Kafka key is the endpoint id, so all of an endpoint's work lands on one
+//! partition. The value is versioned JSON so old and new processes can overlap in a deploy.
+
+use serde::{Deserialize, Serialize};
+
+pub const ANNOUNCEMENT_VERSION: u8 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Announcement {
+    /// Schema version of this message ([`ANNOUNCEMENT_VERSION`]).
+    pub v: u8,
+    pub delivery_id: String,
+    pub endpoint_id: String,
+    pub project_id: String,
+    /// `CREATED`, `REPLAY`, `RELEASED` or `MANUAL_RETRY`.
+    pub reason: String,
+    pub outbox_id: i64,
+    /// The commit LSN of the transaction that inserted the Outbox row, as `X/Y`.
+    pub commit_lsn: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AnnouncementError {
+    #[error("announcement is not valid JSON of the expected shape")]
+    Malformed(#[source] serde_json::Error),
+    #[error("announcement version {0} is not understood")]
+    UnknownVersion(u8),
+}
+
+impl Announcement {
+    /// The Kafka message key: all of an endpoint's work on one partition.
+    pub fn key(&self) -> &str {
+        &self.endpoint_id
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        // Serialising a struct of strings and integers cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, AnnouncementError> {
+        let a: Announcement =
+            serde_json::from_slice(bytes).map_err(AnnouncementError::Malformed)?;
+        if a.v != ANNOUNCEMENT_VERSION {
+            return Err(AnnouncementError::UnknownVersion(a.v));
+        }
+        Ok(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_unknown_versions() {
+        let a = Announcement {
+            v: ANNOUNCEMENT_VERSION,
+            delivery_id: "dlv_1".into(),
+            endpoint_id: "ep_1".into(),
+            project_id: "proj_1".into(),
+            reason: "CREATED".into(),
+            outbox_id: 7,
+            commit_lsn: "0/16B3748".into(),
+        };
+        assert_eq!(Announcement::decode(&a.encode()).expect("decode"), a);
+        let mut future = a.clone();
+        future.v = 9;
+        assert!(matches!(
+            Announcement::decode(&future.encode()),
+            Err(AnnouncementError::UnknownVersion(9))
+        ));
+        assert!(Announcement::decode(b"{").is_err());
+    }
+}

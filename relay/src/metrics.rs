@@ -1,0 +1,150 @@
+//! Relay metrics: names, help texts and label sets in one place. No ids as labels.
+
+use prometheus::{Gauge, IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
+
+pub const SLOT_LAG_BYTES: &str = "railhook_relay_slot_lag_bytes";
+pub const RETAINED_WAL_BYTES: &str = "railhook_relay_retained_wal_bytes";
+pub const LAG_SECONDS: &str = "railhook_relay_lag_seconds";
+pub const RECEIVED_LSN: &str = "railhook_relay_received_lsn";
+pub const CONFIRMED_LSN: &str = "railhook_relay_confirmed_lsn";
+pub const IN_FLIGHT_MESSAGES: &str = "railhook_relay_in_flight_messages";
+pub const IN_FLIGHT_BYTES: &str = "railhook_relay_in_flight_bytes";
+pub const PUBLISHED_TOTAL: &str = "railhook_relay_published_total";
+pub const PUBLISH_ERRORS_TOTAL: &str = "railhook_relay_publish_errors_total";
+pub const ACTIVE: &str = "railhook_relay_active";
+pub const WAL_STATUS: &str = "railhook_relay_wal_status";
+pub const SAFE_WAL_SIZE_BYTES: &str = "railhook_relay_safe_wal_size_bytes";
+pub const HEARTBEAT_AGE_SECONDS: &str = "railhook_relay_heartbeat_age_seconds";
+pub const SESSIONS_TOTAL: &str = "railhook_relay_sessions_total";
+pub const SLOT_UNUSABLE: &str = "railhook_relay_slot_unusable";
+pub const PRUNED_TOTAL: &str = "railhook_relay_outbox_pruned_total";
+
+/// The values `wal_status` can take (PostgreSQL 13+).
+pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreachable", "lost"];
+
+#[derive(Clone)]
+pub struct RelayMetrics {
+    pub registry: Registry,
+    pub slot_lag_bytes: IntGauge,
+    pub retained_wal_bytes: IntGauge,
+    pub lag_seconds: Gauge,
+    pub received_lsn: IntGauge,
+    pub confirmed_lsn: IntGauge,
+    pub in_flight_messages: IntGauge,
+    pub in_flight_bytes: IntGauge,
+    pub published: IntCounter,
+    pub publish_errors: IntCounter,
+    pub active: IntGauge,
+    pub wal_status: IntGaugeVec,
+    pub safe_wal_size_bytes: IntGauge,
+    pub heartbeat_age_seconds: Gauge,
+    pub sessions: IntCounter,
+    /// 1 while the Slot is missing or invalidated (the relay stops; this is its last word).
+    pub slot_unusable: IntGauge,
+    pub pruned: IntCounter,
+}
+
+fn reg<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
+    c
+}
+
+impl RelayMetrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let gauge =
+            |name: &str, help: &str| reg(&r, IntGauge::new(name, help).expect("valid metric"));
+        let fgauge =
+            |name: &str, help: &str| reg(&r, Gauge::new(name, help).expect("valid metric"));
+        let counter =
+            |name: &str, help: &str| reg(&r, IntCounter::new(name, help).expect("valid metric"));
+        let m = Self {
+            slot_lag_bytes: gauge(
+                SLOT_LAG_BYTES,
+                "WAL written but not yet confirmed by the relay (pg_current_wal_lsn - confirmed_flush_lsn).",
+            ),
+            retained_wal_bytes: gauge(
+                RETAINED_WAL_BYTES,
+                "WAL Postgres keeps for the slot (pg_current_wal_lsn - restart_lsn).",
+            ),
+            lag_seconds: fgauge(
+                LAG_SECONDS,
+                "Commit time to Kafka ack of the newest confirmed transaction (heartbeats keep it fresh when idle).",
+            ),
+            received_lsn: gauge(RECEIVED_LSN, "Newest commit LSN read from the slot."),
+            confirmed_lsn: gauge(
+                CONFIRMED_LSN,
+                "Newest LSN confirmed to Postgres (everything before it is acknowledged by Kafka).",
+            ),
+            in_flight_messages: gauge(
+                IN_FLIGHT_MESSAGES,
+                "Announcements handed to Kafka and not yet acknowledged.",
+            ),
+            in_flight_bytes: gauge(
+                IN_FLIGHT_BYTES,
+                "Bytes of announcements not yet acknowledged.",
+            ),
+            published: counter(
+                PUBLISHED_TOTAL,
+                "Announcements acknowledged by Kafka (acks=all).",
+            ),
+            publish_errors: counter(
+                PUBLISH_ERRORS_TOTAL,
+                "Announcements Kafka refused or timed out; each restarts the session from the confirmed LSN.",
+            ),
+            active: gauge(
+                ACTIVE,
+                "1 when this relay holds the slot, 0 when it waits as a standby.",
+            ),
+            wal_status: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(WAL_STATUS, "1 for the slot's current wal_status."),
+                    &["status"],
+                )
+                .expect("valid metric"),
+            ),
+            safe_wal_size_bytes: gauge(
+                SAFE_WAL_SIZE_BYTES,
+                "WAL that can still be written before the slot risks invalidation (-1 when unlimited).",
+            ),
+            heartbeat_age_seconds: fgauge(
+                HEARTBEAT_AGE_SECONDS,
+                "Time since the newest heartbeat seen through the slot was committed.",
+            ),
+            sessions: counter(
+                SESSIONS_TOTAL,
+                "Replication sessions started (restarts after errors included).",
+            ),
+            slot_unusable: gauge(
+                SLOT_UNUSABLE,
+                "1 when the slot is missing or invalidated and the relay stopped.",
+            ),
+            pruned: counter(
+                PRUNED_TOTAL,
+                "Outbox rows deleted after the slot confirmed them.",
+            ),
+            registry: r,
+        };
+        for s in WAL_STATUSES {
+            m.wal_status.with_label_values(&[s]).set(0);
+        }
+        m
+    }
+
+    pub fn set_wal_status(&self, status: Option<&str>) {
+        for s in WAL_STATUSES {
+            self.wal_status
+                .with_label_values(&[s])
+                .set(i64::from(Some(s) == status));
+        }
+    }
+}
+
+impl Default for RelayMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

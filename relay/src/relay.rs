@@ -1,0 +1,598 @@
+//! The relay's session loop: Slot → decode → produce → ack → confirm.
+//!
+//! ```text
+//!  Postgres WAL ──pgoutput──▶ Begin ─ Relation/Insert(outbox)* ─ Commit
+//!                                         │ produce (key = endpoint id)
+//!                                         ▼
+//!                            Kafka, acks=all, idempotent ──ack──▶ Window
+//!                                                                  │ every message of this
+//!                                                                  │ and earlier transactions
+//!                                                                  ▼ acknowledged
+//!                                       update_applied_lsn(Commit.end_lsn) ──▶ Slot
+//! ```
+//!
+//! One session is one replication connection. Whatever ends a session (Kafka refused a
+//! message, the stream broke, a fault was injected) drops the session with its window: the
+//! next session starts where the Slot's `confirmed_flush_lsn` is, so everything not confirmed
+//! is read and published again. Duplicates, never gaps; the worker's Claim absorbs the
+//! duplicates (duplicate windows 4 and 5 in docs/ARCHITECTURE.md). A broken session never
+//! confirms anything afterwards, because its client is dropped with it.
+//!
+//! Two relays may run: the Slot is the lock. Postgres lets one connection stream a Slot; the
+//! other gets SQLSTATE 55006 ("replication slot is active") and waits as a standby, trying
+//! again every `STANDBY_RETRY` until the active one's connection is gone.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use futures::channel::oneshot::Canceled;
+use futures::stream::FuturesUnordered;
+use pgwire_replication::{
+    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
+};
+use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
+use railhook_common::config::Settings;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use secrecy::SecretString;
+use tokio_postgres::Client;
+
+use crate::metrics::RelayMetrics;
+use crate::pgoutput::{self, Column, DecodeError, PgOutput, Relation};
+use crate::producer;
+use crate::slot::{self, SlotError};
+use crate::window::{Committed, Window};
+
+/// How often a standby asks for the Slot again.
+const STANDBY_RETRY: Duration = Duration::from_millis(500);
+/// Back-off between sessions after a transient failure.
+const RESTART_BACKOFF: Duration = Duration::from_secs(1);
+/// Outbox rows deleted per statement by the prune job.
+const PRUNE_BATCH: i64 = 5_000;
+/// Seconds between the Unix epoch and Postgres' epoch (2000-01-01).
+const PG_EPOCH_OFFSET_SECS: i64 = 946_684_800;
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub database_url: SecretString,
+    pub brokers: String,
+    pub slot: String,
+    pub publication: String,
+    pub topic: String,
+    pub partitions: i32,
+    pub replication_factor: i32,
+    pub message_timeout: Duration,
+    pub max_in_flight: usize,
+    pub max_in_flight_bytes: usize,
+    pub heartbeat_interval: Duration,
+    pub status_interval: Duration,
+    pub outbox_retention: Duration,
+}
+
+impl RelayConfig {
+    pub fn from_settings(s: &Settings) -> Self {
+        Self {
+            database_url: s.database_url.clone(),
+            brokers: s.kafka_brokers.clone(),
+            slot: s.slot.clone(),
+            publication: s.publication.clone(),
+            topic: producer::deliveries_topic(&s.topic_prefix),
+            partitions: s.kafka_partitions,
+            replication_factor: s.kafka_replication_factor,
+            message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
+            max_in_flight: s.relay_max_in_flight,
+            max_in_flight_bytes: s.relay_max_in_flight_bytes,
+            heartbeat_interval: Duration::from_millis(s.relay_heartbeat_ms),
+            status_interval: Duration::from_millis(s.relay_status_ms),
+            outbox_retention: Duration::from_secs(s.outbox_retention_seconds),
+        }
+    }
+}
+
+/// Fault points for crash tests. Nothing in configuration can set them.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// End the session abruptly after Kafka acknowledged a transaction, before its LSN is
+    /// confirmed ("acked, then crashed").
+    pub crash_after_ack_before_confirm: AtomicBool,
+    /// End the session abruptly when an Outbox row was read, before it is produced.
+    pub crash_before_produce: AtomicBool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Slot(#[from] SlotError),
+    #[error("replication stream failed")]
+    Stream(#[source] PgWireError),
+    #[error("the slot is held by another relay")]
+    SlotBusy,
+    #[error("the replication stream ended")]
+    StreamEnded,
+    #[error("cannot decode the replication stream")]
+    Decode(#[from] DecodeError),
+    #[error("an outbox row lacks its {0} column")]
+    OutboxRow(&'static str),
+    #[error("an insert names relation {0}, which the stream never described")]
+    UnknownRelation(u32),
+    #[error("Kafka client")]
+    Kafka(#[from] KafkaError),
+    #[error("Kafka did not acknowledge an announcement")]
+    Publish(#[source] KafkaError),
+    #[error("injected crash: {0}")]
+    InjectedCrash(&'static str),
+}
+
+impl RelayError {
+    /// Errors a new session cannot fix: the relay stops and says why.
+    fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            RelayError::Slot(
+                SlotError::Missing(_)
+                    | SlotError::Invalidated(_)
+                    | SlotError::NoPublication(_)
+                    | SlotError::BadUrl(_)
+            ) | RelayError::Decode(_)
+                | RelayError::OutboxRow(_)
+                | RelayError::UnknownRelation(_)
+        )
+    }
+}
+
+/// SQLSTATE 55006 (object in use) on START_REPLICATION: another relay streams the Slot.
+fn stream_error(e: PgWireError) -> RelayError {
+    match &e {
+        PgWireError::Server(msg) if msg.contains("55006") => RelayError::SlotBusy,
+        _ => RelayError::Stream(e),
+    }
+}
+
+type Ack = (u64, usize, Result<OwnedDeliveryResult, Canceled>);
+type AckFuture = Pin<Box<dyn Future<Output = Ack> + Send>>;
+
+pub struct Relay {
+    config: RelayConfig,
+    metrics: RelayMetrics,
+    faults: Arc<Faults>,
+    producer: FutureProducer,
+    pg: tokio_postgres::Config,
+}
+
+/// Runs the relay until `shutdown` resolves or a fatal error: waits as a standby while
+/// another relay holds the Slot, restarts sessions after transient failures.
+pub async fn run(
+    config: RelayConfig,
+    metrics: RelayMetrics,
+    faults: Arc<Faults>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RelayError> {
+    let relay = Relay::new(config, metrics, faults).await?;
+    relay.run(shutdown).await
+}
+
+impl Relay {
+    pub async fn new(
+        config: RelayConfig,
+        metrics: RelayMetrics,
+        faults: Arc<Faults>,
+    ) -> Result<Self, RelayError> {
+        let pg = slot::pg_config(&config.database_url)?;
+        let producer = producer::producer(
+            &config.brokers,
+            config.message_timeout,
+            config.max_in_flight,
+        )?;
+        producer::ensure_topic(
+            &config.brokers,
+            &config.topic,
+            config.partitions,
+            config.replication_factor,
+        )
+        .await?;
+        Ok(Self {
+            config,
+            metrics,
+            faults,
+            producer,
+            pg,
+        })
+    }
+
+    pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<(), RelayError> {
+        tokio::pin!(shutdown);
+        loop {
+            let outcome = tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                outcome = self.session() => outcome,
+            };
+            self.metrics.active.set(0);
+            self.metrics.in_flight_messages.set(0);
+            self.metrics.in_flight_bytes.set(0);
+            let pause = match outcome {
+                Ok(()) => RESTART_BACKOFF,
+                Err(RelayError::SlotBusy) => {
+                    tracing::debug!(slot = %self.config.slot, "slot held by another relay; standing by");
+                    STANDBY_RETRY
+                }
+                Err(e) if e.is_fatal() => {
+                    self.metrics
+                        .slot_unusable
+                        .set(i64::from(matches!(e, RelayError::Slot(_))));
+                    tracing::error!(error = %e, "relay stopped");
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, cause = ?std::error::Error::source(&e).map(ToString::to_string), "relay session ended; restarting from the confirmed LSN");
+                    RESTART_BACKOFF
+                }
+            };
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    fn replication_config(&self) -> ReplicationConfig {
+        let host = match self.pg.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+            #[cfg(unix)]
+            Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+            None => "127.0.0.1".to_owned(),
+        };
+        let port = self.pg.get_ports().first().copied().unwrap_or(5432);
+        let user = self.pg.get_user().unwrap_or("postgres");
+        let password = self
+            .pg
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .unwrap_or_default();
+        let database = self.pg.get_dbname().unwrap_or(user);
+        ReplicationConfig::new(
+            host,
+            user,
+            password,
+            database,
+            self.config.slot.clone(),
+            self.config.publication.clone(),
+        )
+        .with_port(port)
+        .with_status_interval(Duration::from_millis(200))
+        .with_wakeup_interval(Duration::from_secs(1))
+        .with_buffer_size(1024)
+        .with_application_name("railhook-relay")
+    }
+
+    /// One replication session, from connect to whatever ends it.
+    async fn session(&self) -> Result<(), RelayError> {
+        let control = slot::connect(&self.pg).await?;
+        slot::ensure_usable(&control, &self.config.slot, &self.config.publication).await?;
+        let mut stream = ReplicationClient::connect(self.replication_config())
+            .await
+            .map_err(stream_error)?;
+        stream.wait_started().await.map_err(stream_error)?;
+        self.metrics.active.set(1);
+        self.metrics.sessions.inc();
+        tracing::info!(slot = %self.config.slot, "relay holds the slot; streaming");
+        let mut s = Session::new(&self.config);
+        let result = self.stream(&mut stream, &control, &mut s).await;
+        // Dropping the client ends the connection; an aborted session never confirms more.
+        stream.abort();
+        result
+    }
+
+    async fn stream(
+        &self,
+        stream: &mut ReplicationClient,
+        control: &Client,
+        s: &mut Session,
+    ) -> Result<(), RelayError> {
+        let mut acks: FuturesUnordered<AckFuture> = FuturesUnordered::new();
+        let mut heartbeat = tokio::time::interval(self.config.heartbeat_interval);
+        let mut status = tokio::time::interval(self.config.status_interval);
+        loop {
+            tokio::select! {
+                Some((seq, bytes, delivered)) = acks.next() => {
+                    self.on_ack(stream, s, seq, bytes, delivered)?;
+                }
+                event = stream.recv(), if s.window.has_room() => {
+                    match event.map_err(stream_error)? {
+                        Some(event) => self.on_event(stream, s, &mut acks, event)?,
+                        None => return Err(RelayError::StreamEnded),
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if let Err(e) = slot::heartbeat(control).await {
+                        tracing::warn!(error = %e, "heartbeat not written");
+                    }
+                }
+                _ = status.tick() => self.report_status(control, s).await?,
+            }
+            self.metrics
+                .in_flight_messages
+                .set(s.window.messages() as i64);
+            self.metrics.in_flight_bytes.set(s.window.bytes() as i64);
+        }
+    }
+
+    fn on_event(
+        &self,
+        stream: &ReplicationClient,
+        s: &mut Session,
+        acks: &mut FuturesUnordered<AckFuture>,
+        event: ReplicationEvent,
+    ) -> Result<(), RelayError> {
+        match event {
+            ReplicationEvent::Begin { final_lsn, .. } => {
+                s.current = Some(Current {
+                    seq: s.window.begin(),
+                    commit_lsn: final_lsn,
+                    heartbeat: false,
+                });
+            }
+            ReplicationEvent::XLogData { data, .. } => match pgoutput::decode(&data)? {
+                PgOutput::Relation(r) => {
+                    s.relations.insert(r.id, r);
+                }
+                PgOutput::Insert { relation_id, tuple } => {
+                    let relation = s
+                        .relations
+                        .get(&relation_id)
+                        .ok_or(RelayError::UnknownRelation(relation_id))?;
+                    if relation.name == "outbox" {
+                        let current = s.current.as_ref().ok_or(RelayError::StreamEnded)?;
+                        let announcement = announcement(relation, &tuple, current.commit_lsn)?;
+                        if self.faults.crash_before_produce.load(Ordering::SeqCst) {
+                            return Err(RelayError::InjectedCrash("before produce"));
+                        }
+                        let (ack, bytes) = self.produce(&announcement, current.seq)?;
+                        acks.push(ack);
+                        s.window.sent(current.seq, bytes);
+                    }
+                }
+                PgOutput::Other(_) => {}
+            },
+            ReplicationEvent::Message { prefix, .. } => {
+                if let Some(current) = s.current.as_mut() {
+                    current.heartbeat |= prefix == slot::HEARTBEAT_PREFIX;
+                }
+            }
+            ReplicationEvent::Commit {
+                end_lsn,
+                commit_time_micros,
+                ..
+            } => {
+                if let Some(current) = s.current.take() {
+                    let committed = Committed {
+                        end_lsn,
+                        commit_time_micros,
+                    };
+                    s.window.commit(current.seq, committed);
+                    if current.heartbeat {
+                        s.last_heartbeat_micros = Some(commit_time_micros);
+                    }
+                }
+                self.metrics.received_lsn.set(end_lsn.as_u64() as i64);
+                self.confirm_ready(stream, s)?;
+            }
+            ReplicationEvent::KeepAlive { wal_end, .. } => {
+                // Nothing is waiting: every transaction before wal_end that touched the
+                // Outbox was already read and confirmed, so confirming wal_end only releases
+                // WAL of other tables, which would otherwise stay pinned by the Slot.
+                if s.window.is_idle() {
+                    s.confirm(stream, &self.metrics, wal_end);
+                }
+            }
+            ReplicationEvent::StoppedAt { .. } => return Err(RelayError::StreamEnded),
+        }
+        Ok(())
+    }
+
+    /// Hands one Announcement to the producer; returns its ack future and its size.
+    fn produce(
+        &self,
+        announcement: &Announcement,
+        seq: u64,
+    ) -> Result<(AckFuture, usize), RelayError> {
+        let payload = announcement.encode();
+        let bytes = payload.len();
+        let record = FutureRecord::to(&self.config.topic)
+            .key(announcement.key())
+            .payload(&payload);
+        match self.producer.send_result(record) {
+            Ok(delivery) => Ok((Box::pin(async move { (seq, bytes, delivery.await) }), bytes)),
+            Err((e, _)) => {
+                self.metrics.publish_errors.inc();
+                Err(RelayError::Publish(e))
+            }
+        }
+    }
+
+    fn on_ack(
+        &self,
+        stream: &ReplicationClient,
+        s: &mut Session,
+        seq: u64,
+        bytes: usize,
+        delivered: Result<OwnedDeliveryResult, Canceled>,
+    ) -> Result<(), RelayError> {
+        match delivered {
+            Ok(Ok(_)) => {
+                self.metrics.published.inc();
+                s.window.acked(seq, bytes);
+                self.confirm_ready(stream, s)
+            }
+            Ok(Err((e, _))) => {
+                self.metrics.publish_errors.inc();
+                Err(RelayError::Publish(e))
+            }
+            Err(Canceled) => {
+                self.metrics.publish_errors.inc();
+                Err(RelayError::Publish(KafkaError::Canceled))
+            }
+        }
+    }
+
+    /// Confirms the newest transaction whose messages, and all earlier ones, Kafka acked.
+    fn confirm_ready(&self, stream: &ReplicationClient, s: &mut Session) -> Result<(), RelayError> {
+        let Some(committed) = s.window.confirmable() else {
+            return Ok(());
+        };
+        if self
+            .faults
+            .crash_after_ack_before_confirm
+            .load(Ordering::SeqCst)
+        {
+            return Err(RelayError::InjectedCrash("after ack, before confirm"));
+        }
+        s.confirm(stream, &self.metrics, committed.end_lsn);
+        s.last_confirmed_commit_micros = Some(committed.commit_time_micros);
+        self.metrics
+            .lag_seconds
+            .set(seconds_since_pg_micros(committed.commit_time_micros));
+        Ok(())
+    }
+
+    async fn report_status(&self, control: &Client, s: &Session) -> Result<(), RelayError> {
+        let status = slot::status(control, &self.config.slot)
+            .await?
+            .ok_or_else(|| SlotError::Missing(self.config.slot.clone()))?;
+        self.metrics
+            .slot_lag_bytes
+            .set(status.lag_bytes.unwrap_or(0));
+        self.metrics
+            .retained_wal_bytes
+            .set(status.retained_bytes.unwrap_or(0));
+        self.metrics
+            .safe_wal_size_bytes
+            .set(status.safe_wal_size.unwrap_or(-1));
+        self.metrics.set_wal_status(status.wal_status.as_deref());
+        if status.wal_status.as_deref() == Some("lost") {
+            return Err(SlotError::Invalidated(self.config.slot.clone()).into());
+        }
+        if let Some(hb) = s.last_heartbeat_micros {
+            self.metrics
+                .heartbeat_age_seconds
+                .set(seconds_since_pg_micros(hb));
+        }
+        if let Some(confirmed) = s.last_confirmed_commit_micros {
+            self.prune(control, confirmed).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes Outbox rows older than the retention that were committed before the newest
+    /// confirmed transaction. Deleting a committed row never hides it from the relay (the
+    /// insert is decoded from the WAL, not the table); the age and the confirmation bound
+    /// keep the table small while leaving recent rows for an operator to inspect.
+    async fn prune(
+        &self,
+        control: &Client,
+        confirmed_commit_micros: i64,
+    ) -> Result<(), RelayError> {
+        let retention = self.config.outbox_retention.as_secs_f64();
+        let confirmed_unix = confirmed_commit_micros as f64 / 1e6 + PG_EPOCH_OFFSET_SECS as f64;
+        for _ in 0..10 {
+            let deleted = control
+                .execute(
+                    "DELETE FROM outbox WHERE id IN (
+                         SELECT id FROM outbox
+                         WHERE created_at < now() - make_interval(secs => $1)
+                           AND created_at < to_timestamp($2)
+                         ORDER BY id LIMIT $3)",
+                    &[&retention, &confirmed_unix, &PRUNE_BATCH],
+                )
+                .await
+                .map_err(SlotError::from)?;
+            self.metrics.pruned.inc_by(deleted);
+            if deleted < PRUNE_BATCH as u64 {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one session knows; dropped with it.
+struct Session {
+    window: Window,
+    relations: HashMap<u32, Relation>,
+    current: Option<Current>,
+    confirmed: Lsn,
+    last_confirmed_commit_micros: Option<i64>,
+    last_heartbeat_micros: Option<i64>,
+}
+
+/// The transaction being read (between Begin and Commit).
+struct Current {
+    seq: u64,
+    commit_lsn: Lsn,
+    heartbeat: bool,
+}
+
+impl Session {
+    fn new(config: &RelayConfig) -> Self {
+        Self {
+            window: Window::new(config.max_in_flight, config.max_in_flight_bytes),
+            relations: HashMap::new(),
+            current: None,
+            confirmed: Lsn(0),
+            last_confirmed_commit_micros: None,
+            last_heartbeat_micros: None,
+        }
+    }
+
+    /// LSNs only move forward: a position at or behind the last confirmed one is ignored
+    /// (a keepalive may report a position the last Commit already passed).
+    fn confirm(&mut self, stream: &ReplicationClient, metrics: &RelayMetrics, lsn: Lsn) {
+        if lsn <= self.confirmed {
+            return;
+        }
+        self.confirmed = lsn;
+        stream.update_applied_lsn(lsn);
+        metrics.confirmed_lsn.set(lsn.as_u64() as i64);
+    }
+}
+
+fn seconds_since_pg_micros(micros: i64) -> f64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0);
+    let then = micros + PG_EPOCH_OFFSET_SECS * 1_000_000;
+    ((now - then) as f64 / 1e6).max(0.0)
+}
+
+fn text<'a>(row: &HashMap<&str, &'a Column>, column: &'static str) -> Result<&'a str, RelayError> {
+    match row.get(column) {
+        Some(Column::Text(v)) => Ok(v.as_str()),
+        _ => Err(RelayError::OutboxRow(column)),
+    }
+}
+
+/// The Announcement for one decoded Outbox row.
+fn announcement(
+    relation: &Relation,
+    tuple: &[Column],
+    commit_lsn: Lsn,
+) -> Result<Announcement, RelayError> {
+    let row = pgoutput::named(relation, tuple);
+    Ok(Announcement {
+        v: ANNOUNCEMENT_VERSION,
+        delivery_id: text(&row, "delivery_id")?.to_owned(),
+        endpoint_id: text(&row, "endpoint_id")?.to_owned(),
+        project_id: text(&row, "project_id")?.to_owned(),
+        reason: text(&row, "reason")?.to_owned(),
+        outbox_id: text(&row, "id")?
+            .parse()
+            .map_err(|_| RelayError::OutboxRow("id"))?,
+        commit_lsn: commit_lsn.to_pg_string(),
+    })
+}

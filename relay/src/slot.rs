@@ -1,0 +1,154 @@
+//! The replication Slot and publication, seen from an ordinary (control) connection:
+//! creating and dropping the Slot, reading its status and lag, and writing heartbeats.
+//!
+//! The relay never creates its Slot: a new Slot starts at "now" and would silently skip
+//! every Outbox row written while none existed. `railhook migrate` / `railhook slot create`
+//! create it; a relay that finds it missing or invalidated stops with an error.
+
+use std::str::FromStr;
+
+use secrecy::{ExposeSecret, SecretString};
+use tokio_postgres::{Client, NoTls};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    #[error("DATABASE_URL is not a valid Postgres connection string")]
+    BadUrl(#[source] tokio_postgres::Error),
+    #[error("control connection to Postgres failed")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error(
+        "replication slot '{0}' does not exist: create it with `railhook slot create` (see docs/OPERATIONS.md); the relay never creates it, since a new slot would skip rows"
+    )]
+    Missing(String),
+    #[error(
+        "replication slot '{0}' was invalidated (wal_status = lost): recreate it and let the stranded-PENDING sweep re-announce (docs/OPERATIONS.md)"
+    )]
+    Invalidated(String),
+    #[error("publication '{0}' does not exist: run `railhook migrate`")]
+    NoPublication(String),
+}
+
+/// Parses `DATABASE_URL` for tokio-postgres (control) and pgwire-replication (stream).
+pub fn pg_config(database_url: &SecretString) -> Result<tokio_postgres::Config, SlotError> {
+    tokio_postgres::Config::from_str(database_url.expose_secret()).map_err(SlotError::BadUrl)
+}
+
+/// A control connection; its driver runs on a spawned task until the client is dropped.
+pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, SlotError> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "control connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// Everything an operator needs to judge a Slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotStatus {
+    pub slot: String,
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    pub confirmed_flush_lsn: Option<String>,
+    pub restart_lsn: Option<String>,
+    /// `pg_current_wal_lsn() - confirmed_flush_lsn`: WAL written that the relay has not
+    /// confirmed yet.
+    pub lag_bytes: Option<i64>,
+    /// `pg_current_wal_lsn() - restart_lsn`: WAL Postgres keeps on disk for this Slot.
+    pub retained_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreachable` or `lost`.
+    pub wal_status: Option<String>,
+    /// Bytes that can still be written before the Slot is in danger of being invalidated
+    /// (null when `max_slot_wal_keep_size` is unlimited).
+    pub safe_wal_size: Option<i64>,
+}
+
+pub async fn status(client: &Client, slot: &str) -> Result<Option<SlotStatus>, SlotError> {
+    let row = client
+        .query_opt(
+            "SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
+                    wal_status, safe_wal_size
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|r| SlotStatus {
+        slot: slot.to_owned(),
+        active: r.get(0),
+        active_pid: r.get(1),
+        confirmed_flush_lsn: r.get(2),
+        restart_lsn: r.get(3),
+        lag_bytes: r.get(4),
+        retained_bytes: r.get(5),
+        wal_status: r.get(6),
+        safe_wal_size: r.get(7),
+    }))
+}
+
+/// Refuses to stream from a Slot that is missing or lost, or without the publication.
+pub async fn ensure_usable(
+    client: &Client,
+    slot: &str,
+    publication: &str,
+) -> Result<SlotStatus, SlotError> {
+    let publication_exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?
+        .is_some();
+    if !publication_exists {
+        return Err(SlotError::NoPublication(publication.to_owned()));
+    }
+    let status = status(client, slot)
+        .await?
+        .ok_or_else(|| SlotError::Missing(slot.to_owned()))?;
+    if status.wal_status.as_deref() == Some("lost") {
+        return Err(SlotError::Invalidated(slot.to_owned()));
+    }
+    Ok(status)
+}
+
+/// Creates the Slot (pgoutput) if missing; returns whether it created one.
+pub async fn create(client: &Client, slot: &str) -> Result<bool, SlotError> {
+    if status(client, slot).await?.is_some() {
+        return Ok(false);
+    }
+    client
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&slot],
+        )
+        .await?;
+    Ok(true)
+}
+
+/// Drops the Slot; returns whether one existed.
+pub async fn drop(client: &Client, slot: &str) -> Result<bool, SlotError> {
+    if status(client, slot).await?.is_none() {
+        return Ok(false);
+    }
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await?;
+    Ok(true)
+}
+
+/// The prefix of the relay's heartbeat messages in the WAL.
+pub const HEARTBEAT_PREFIX: &str = "railhook";
+
+/// Writes a transactional heartbeat: it travels the Slot like any transaction, so an idle
+/// Outbox still moves the confirmed LSN and lag stays measurable.
+pub async fn heartbeat(client: &Client) -> Result<(), SlotError> {
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, $1, now()::text)",
+            &[&HEARTBEAT_PREFIX],
+        )
+        .await?;
+    Ok(())
+}
