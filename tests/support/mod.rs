@@ -328,3 +328,4 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+pub mod relay;

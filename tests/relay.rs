@@ -1,0 +1,378 @@
+//! The CDC relay against real Postgres (wal_level=logical) and a real Kafka-protocol broker.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use railhook_relay::{Faults, RelayError};
+use support::local_setting;
+use support::relay::{KafkaReader, PrivateBroker, RelayFixture};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn shared_brokers() -> String {
+    local_setting("KAFKA_BROKERS")
+}
+
+async fn eventually_confirmed_past(fx: &RelayFixture, lsn: u64) {
+    let deadline = Instant::now() + WAIT;
+    while fx.confirmed_lsn().await < lsn {
+        assert!(
+            Instant::now() < deadline,
+            "slot never confirmed past {lsn:x}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_committed_row_reaches_kafka_and_rolled_back_rows_never_do() {
+    let brokers = shared_brokers();
+    let fx = RelayFixture::new(&brokers).await;
+    let relay = fx.spawn(Arc::new(Faults::default()));
+    for chunk in 0..10 {
+        fx.insert(chunk * 200, chunk * 200 + 200).await;
+    }
+    // A rolled-back transaction's rows are in the WAL but must never be announced.
+    let mut tx = fx.pool.begin().await.expect("begin");
+    fx.insert_in(&mut *tx, 10_000, 10_050).await;
+    tx.rollback().await.expect("rollback");
+    fx.insert(2_000, 2_010).await;
+    let end = fx.current_wal_lsn().await;
+
+    let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
+    assert!(
+        reader.read_all(0..2_010, WAIT),
+        "missing rows: {}",
+        2_010 - reader.seen.len()
+    );
+    reader.read_until(Duration::from_millis(500), |_| false);
+    let rolled_back = |k: &String| k[4..].parse::<i64>().is_ok_and(|n| n >= 10_000);
+    assert!(
+        !reader.seen.keys().any(rolled_back),
+        "a rolled-back row reached Kafka"
+    );
+    assert_eq!(reader.seen.len(), 2_010);
+    // One endpoint, one partition.
+    let mut partition_of = std::collections::HashMap::new();
+    for (partition, key) in reader.placed.values() {
+        assert_eq!(
+            *partition_of.entry(key.clone()).or_insert(*partition),
+            *partition,
+            "{key} split"
+        );
+    }
+    eventually_confirmed_past(&fx, end).await;
+    assert_eq!(relay.metrics.published.get(), 2_010);
+    assert_eq!(relay.metrics.active.get(), 1);
+    drop(relay);
+    fx.drop_slot().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_ack_and_before_the_confirm_republishes_without_gaps() {
+    let brokers = shared_brokers();
+    let fx = RelayFixture::new(&brokers).await;
+    let faults = Arc::new(Faults::default());
+    faults
+        .crash_after_ack_before_confirm
+        .store(true, Ordering::SeqCst);
+    let before = fx.confirmed_lsn().await;
+    let relay = fx.spawn(faults.clone());
+    fx.insert(0, 100).await;
+    let end = fx.current_wal_lsn().await;
+    let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
+    assert!(reader.read_all(0..100, WAIT));
+    // Acknowledged by Kafka, but every session crashed before confirming: the slot has not
+    // moved past the rows, so a restart must read them again.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        fx.confirmed_lsn().await < end,
+        "confirmed past an unconfirmed transaction"
+    );
+    assert!(fx.confirmed_lsn().await >= before);
+    faults
+        .crash_after_ack_before_confirm
+        .store(false, Ordering::SeqCst);
+    eventually_confirmed_past(&fx, end).await;
+    reader.read_until(Duration::from_secs(2), |_| false);
+    assert!(
+        (0..100).all(|n| reader.seen[&format!("dlv_{n}")] >= 2),
+        "the restart did not republish"
+    );
+    assert!(relay.metrics.sessions.get() >= 2);
+    drop(relay);
+    fx.drop_slot().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_before_the_produce_loses_nothing() {
+    let brokers = shared_brokers();
+    let fx = RelayFixture::new(&brokers).await;
+    let faults = Arc::new(Faults::default());
+    faults.crash_before_produce.store(true, Ordering::SeqCst);
+    let relay = fx.spawn(faults.clone());
+    fx.insert(0, 50).await;
+    let end = fx.current_wal_lsn().await;
+    let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
+    reader.read_until(Duration::from_secs(2), |_| false);
+    assert!(reader.seen.is_empty());
+    assert!(fx.confirmed_lsn().await < end);
+    faults.crash_before_produce.store(false, Ordering::SeqCst);
+    assert!(reader.read_all(0..50, WAIT));
+    eventually_confirmed_past(&fx, end).await;
+    drop(relay);
+    fx.drop_slot().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_broker_down_nothing_is_confirmed_memory_stays_bounded_and_all_arrives_after() {
+    let mut broker = PrivateBroker::start();
+    let fx = RelayFixture::new(&broker.brokers).await;
+    let mut config = fx.config.clone();
+    config.max_in_flight = 50;
+    config.message_timeout = Duration::from_secs(60);
+    let relay = fx.spawn_with(config, Arc::new(Faults::default()));
+    fx.insert(0, 100).await;
+    let mut reader = KafkaReader::new(&broker.brokers, &fx.config.topic, 3);
+    assert!(reader.read_all(0..100, WAIT));
+    eventually_confirmed_past(&fx, fx.current_wal_lsn().await).await;
+
+    broker.kill();
+    let confirmed_at_stop = fx.confirmed_lsn().await;
+    for chunk in 0..10 {
+        fx.insert(100 + chunk * 50, 150 + chunk * 50).await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Backpressure: at most the window is held, and nothing past the last ack is confirmed.
+    assert!(
+        relay.metrics.in_flight_messages.get() <= 50,
+        "{}",
+        relay.metrics.in_flight_messages.get()
+    );
+    assert!(fx.confirmed_lsn().await <= confirmed_at_stop + 1_000_000);
+    let end = fx.current_wal_lsn().await;
+    assert!(
+        fx.confirmed_lsn().await < end,
+        "confirmed rows Kafka never acknowledged"
+    );
+
+    broker.restart();
+    let mut reader = KafkaReader::new(&broker.brokers, &fx.config.topic, 3);
+    assert!(
+        reader.read_all(0..600, Duration::from_secs(90)),
+        "lost: {}",
+        600 - reader.seen.len()
+    );
+    eventually_confirmed_past(&fx, end).await;
+    drop(relay);
+    fx.drop_slot().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_slot_advances_while_other_tables_are_written() {
+    let brokers = shared_brokers();
+    let fx = RelayFixture::new(&brokers).await;
+    let relay = fx.spawn(Arc::new(Faults::default()));
+    sqlx::query("CREATE TABLE noise (id serial primary key, body text)")
+        .execute(&fx.pool)
+        .await
+        .expect("table");
+    for _ in 0..20 {
+        sqlx::query(
+            "INSERT INTO noise (body) SELECT repeat('x', 500) FROM generate_series(1, 200)",
+        )
+        .execute(&fx.pool)
+        .await
+        .expect("noise");
+    }
+    let end = fx.current_wal_lsn().await;
+    eventually_confirmed_past(&fx, end).await;
+    // Heartbeats travel the slot: lag in seconds stays measurable with no Outbox traffic.
+    let deadline = Instant::now() + WAIT;
+    while relay.metrics.heartbeat_age_seconds.get() == 0.0 {
+        assert!(Instant::now() < deadline, "no heartbeat seen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(relay.metrics.heartbeat_age_seconds.get() < 5.0);
+    assert!(relay.metrics.lag_seconds.get() < 5.0);
+    assert_eq!(relay.metrics.published.get(), 0);
+    drop(relay);
+    fx.drop_slot().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_slot_stops_the_relay_with_a_clear_error() {
+    let brokers = shared_brokers();
+    let fx = RelayFixture::new(&brokers).await;
+    let mut config = fx.config.clone();
+    config.slot = "rh_no_such_slot".to_owned();
+    let relay = fx.spawn_with(config, Arc::new(Faults::default()));
+    let result = tokio::time::timeout(WAIT, relay.task)
+        .await
+        .expect("relay kept running")
+        .expect("join");
+    let err = result.expect_err("must fail");
+    assert!(matches!(err, RelayError::Slot(_)), "{err:?}");
+    assert!(err.to_string().contains("railhook slot create"), "{err}");
+    assert_eq!(relay.metrics.slot_unusable.get(), 1);
+    fx.drop_slot().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmed_outbox_rows_are_pruned() {
+    let brokers = shared_brokers();
+    let fx = RelayFixture::new(&brokers).await;
+    let mut config = fx.config.clone();
+    config.outbox_retention = Duration::ZERO;
+    let relay = fx.spawn_with(config, Arc::new(Faults::default()));
+    fx.insert(0, 300).await;
+    let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
+    assert!(reader.read_all(0..300, WAIT));
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+            .fetch_one(&fx.pool)
+            .await
+            .expect("count");
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} rows never pruned");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(relay.metrics.pruned.get(), 300);
+    // Deletes are not published (publish = 'insert'): nothing more reached Kafka.
+    reader.read_until(Duration::from_millis(500), |_| false);
+    assert_eq!(reader.seen.values().sum::<usize>(), 300);
+    drop(relay);
+    fx.drop_slot().await;
+}
+
+struct RelayProcess {
+    child: std::process::Child,
+    metrics_url: String,
+}
+
+impl RelayProcess {
+    fn start(fx: &RelayFixture, brokers: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let prefix = fx.config.topic.trim_end_matches("deliveries");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
+            .arg("relay")
+            .env("DATABASE_URL", &fx.database_url)
+            .env("KAFKA_BROKERS", brokers)
+            .env("RAILHOOK_SLOT", &fx.slot)
+            .env("RAILHOOK_TOPIC_PREFIX", prefix)
+            .env("RAILHOOK_KAFKA_PARTITIONS", "3")
+            .env("RAILHOOK_RELAY_HEARTBEAT_MS", "200")
+            .env("RAILHOOK_RELAY_STATUS_MS", "200")
+            .env("RAILHOOK_METRICS_ADDR", format!("127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("railhook relay");
+        Self {
+            child,
+            metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+        }
+    }
+
+    /// `Some(true)` when active, `Some(false)` when standing by, `None` when not answering.
+    async fn active(&self) -> Option<bool> {
+        let body = reqwest::get(&self.metrics_url)
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        body.lines()
+            .find_map(|l| l.strip_prefix("railhook_relay_active "))
+            .map(|v| v.trim() == "1")
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_after_the_active_relay_is_killed() {
+    let brokers = shared_brokers();
+    let fx = RelayFixture::new(&brokers).await;
+    let mut relays = [
+        RelayProcess::start(&fx, &brokers),
+        RelayProcess::start(&fx, &brokers),
+    ];
+    let deadline = Instant::now() + WAIT;
+    let active = loop {
+        let states = [relays[0].active().await, relays[1].active().await];
+        if states.iter().all(Option::is_some)
+            && states.iter().filter(|s| **s == Some(true)).count() == 1
+        {
+            break usize::from(states[1] == Some(true));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no single active relay: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let standby = 1 - active;
+    fx.insert(0, 500).await;
+    let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
+    assert!(reader.read_all(0..500, WAIT));
+
+    // kill -9 mid-stream: rows keep arriving while the active relay dies.
+    let writer = {
+        let pool = fx.pool.clone();
+        tokio::spawn(async move {
+            for chunk in 0..20i64 {
+                sqlx::query(
+                    "INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+                     SELECT 'dlv_' || g, 'ep_' || (g % 7), 'proj_t', 'CREATED' FROM generate_series($1, $2 - 1) g",
+                )
+                .bind(500 + chunk * 100)
+                .bind(600 + chunk * 100)
+                .execute(&pool)
+                .await
+                .expect("insert");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    relays[active].child.kill().expect("kill -9");
+    let killed_at = Instant::now();
+    while relays[standby].active().await != Some(true) {
+        assert!(killed_at.elapsed() < WAIT, "the standby never took over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let takeover = killed_at.elapsed();
+    writer.await.expect("writer");
+    assert!(
+        reader.read_all(0..2_500, WAIT),
+        "lost: {}",
+        2_500 - reader.seen.len()
+    );
+    eventually_confirmed_past(&fx, fx.current_wal_lsn().await).await;
+    println!(
+        "standby takeover after kill -9: {} ms",
+        takeover.as_millis()
+    );
+    assert!(
+        takeover < Duration::from_secs(10),
+        "takeover took {takeover:?}"
+    );
+    drop(relays);
+    fx.drop_slot().await;
+}

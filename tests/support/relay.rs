@@ -1,0 +1,291 @@
+//! Relay fixtures: a database with the Outbox, its own Slot and topic, a Kafka reader, and a
+//! private broker that a test may kill and restart.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use railhook_common::announcement::Announcement;
+use railhook_relay::{Faults, RelayConfig, RelayMetrics};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+
+use super::{fresh_database, local_setting, settings};
+
+pub struct RelayFixture {
+    pub database_url: String,
+    pub pool: PgPool,
+    pub slot: String,
+    pub config: RelayConfig,
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}{}", ulid::Ulid::new().to_string().to_lowercase())
+}
+
+impl RelayFixture {
+    /// A fresh database with the publication and a Slot of its own, and a config whose topic
+    /// is this test's alone.
+    pub async fn new(brokers: &str) -> Self {
+        let database_url = fresh_database().await;
+        let slot = unique("rh_");
+        let prefix = format!("{}.", unique("t"));
+        let mut s = settings(&database_url, &local_setting("REDIS_URL"));
+        s.slot = slot.clone();
+        s.topic_prefix = prefix;
+        s.kafka_brokers = brokers.to_owned();
+        s.kafka_partitions = 3;
+        s.relay_heartbeat_ms = 200;
+        s.relay_status_ms = 200;
+        s.kafka_message_timeout_ms = 10_000;
+        let pool = PgPool::connect(&database_url).await.expect("connect");
+        railhook_common::db::ensure_publication(&pool, &s.publication)
+            .await
+            .expect("publication");
+        sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+            .bind(&slot)
+            .execute(&pool)
+            .await
+            .expect("slot");
+        Self {
+            database_url,
+            pool,
+            slot,
+            config: RelayConfig::from_settings(&s),
+        }
+    }
+
+    /// Starts the relay in this process; dropping the handle's sender stops it.
+    pub fn spawn(&self, faults: Arc<Faults>) -> RunningRelay {
+        self.spawn_with(self.config.clone(), faults)
+    }
+
+    pub fn spawn_with(&self, config: RelayConfig, faults: Arc<Faults>) -> RunningRelay {
+        let metrics = RelayMetrics::new();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(railhook_relay::run(
+            config,
+            metrics.clone(),
+            faults,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        RunningRelay {
+            metrics,
+            _stop: stop,
+            task,
+        }
+    }
+
+    /// Inserts Outbox rows `from..to` in one transaction (delivery `dlv_N`, endpoint `ep_{N%7}`).
+    pub async fn insert(&self, from: i64, to: i64) {
+        self.insert_in(&self.pool, from, to).await;
+    }
+
+    pub async fn insert_in<'e>(&self, conn: impl sqlx::PgExecutor<'e>, from: i64, to: i64) {
+        sqlx::query(
+            "INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+             SELECT 'dlv_' || g, 'ep_' || (g % 7), 'proj_t', 'CREATED' FROM generate_series($1, $2 - 1) g",
+        )
+        .bind(from)
+        .bind(to)
+        .execute(conn)
+        .await
+        .expect("insert outbox");
+    }
+
+    pub async fn current_wal_lsn(&self) -> u64 {
+        let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&self.pool)
+            .await
+            .expect("lsn");
+        parse_lsn(&lsn)
+    }
+
+    pub async fn confirmed_lsn(&self) -> u64 {
+        let lsn: Option<String> = sqlx::query_scalar(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&self.slot)
+        .fetch_one(&self.pool)
+        .await
+        .expect("slot");
+        lsn.as_deref().map_or(0, parse_lsn)
+    }
+
+    pub async fn drop_slot(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(&self.slot)
+                .execute(&self.pool)
+                .await;
+            if r.is_ok() || Instant::now() > deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+pub fn parse_lsn(s: &str) -> u64 {
+    let (hi, lo) = s.split_once('/').expect("lsn");
+    (u64::from_str_radix(hi, 16).expect("hi") << 32) | u64::from_str_radix(lo, 16).expect("lo")
+}
+
+pub struct RunningRelay {
+    pub metrics: RelayMetrics,
+    _stop: oneshot::Sender<()>,
+    pub task: tokio::task::JoinHandle<Result<(), railhook_relay::RelayError>>,
+}
+
+/// Reads a topic from the beginning of every partition.
+pub struct KafkaReader {
+    consumer: BaseConsumer,
+    /// delivery id -> how many times it arrived
+    pub seen: HashMap<String, usize>,
+    /// delivery id -> (partition, key)
+    pub placed: HashMap<String, (i32, String)>,
+}
+
+impl KafkaReader {
+    pub fn new(brokers: &str, topic: &str, partitions: i32) -> Self {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", unique("reader-"))
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .expect("consumer");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .expect("partition");
+        }
+        consumer.assign(&tpl).expect("assign");
+        Self {
+            consumer,
+            seen: HashMap::new(),
+            placed: HashMap::new(),
+        }
+    }
+
+    /// Reads for up to `for_at_most`, or until `done` says enough.
+    pub fn read_until(
+        &mut self,
+        for_at_most: Duration,
+        done: impl Fn(&HashMap<String, usize>) -> bool,
+    ) {
+        let deadline = Instant::now() + for_at_most;
+        while Instant::now() < deadline && !done(&self.seen) {
+            if let Some(Ok(m)) = self.consumer.poll(Duration::from_millis(50)) {
+                let a = Announcement::decode(m.payload().expect("payload")).expect("announcement");
+                let key = String::from_utf8(m.key().expect("key").to_vec()).expect("utf8 key");
+                assert_eq!(key, a.endpoint_id, "key is the endpoint id");
+                self.placed
+                    .insert(a.delivery_id.clone(), (m.partition(), key));
+                *self.seen.entry(a.delivery_id).or_default() += 1;
+            }
+        }
+    }
+
+    /// Reads until every `dlv_N` for N in `range` arrived at least once.
+    pub fn read_all(&mut self, range: std::ops::Range<i64>, for_at_most: Duration) -> bool {
+        let wanted: Vec<String> = range.map(|n| format!("dlv_{n}")).collect();
+        self.read_until(for_at_most, |seen| {
+            wanted.iter().all(|w| seen.contains_key(w))
+        });
+        wanted.iter().all(|w| self.seen.contains_key(w))
+    }
+}
+
+/// A tansu broker of the test's own on a free port and data folder; SIGKILLed on drop.
+pub struct PrivateBroker {
+    pub brokers: String,
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+fn tansu_bin() -> String {
+    std::env::var("TANSU_BIN")
+        .unwrap_or_else(|_| "/opt/railhook-tools/tansu-0.6.0/bin/tansu".to_owned())
+}
+
+impl PrivateBroker {
+    pub fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let dir = std::env::temp_dir().join(unique("rh-broker-"));
+        std::fs::create_dir_all(&dir).expect("broker dir");
+        let mut b = Self {
+            brokers: format!("127.0.0.1:{port}"),
+            port,
+            dir,
+            child: None,
+        };
+        b.restart();
+        b
+    }
+
+    /// (Re)starts the broker on the same port and data folder and waits for a metadata answer.
+    pub fn restart(&mut self) {
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let child = Command::new(tansu_bin())
+            .current_dir(&self.dir)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "sqlite://tansu.db",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tansu (deploy/local/broker.sh install)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ok = Command::new("timeout")
+                .args(["5", &tansu_bin(), "topic", "list", "--broker", &url])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "private broker did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGKILL, as the broker notes require for tansu with sqlite.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for PrivateBroker {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
