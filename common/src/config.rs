@@ -168,6 +168,15 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The database URL, for tools that must derive other URLs from it (benchmarks, tests).
+    pub fn database_url_string(&self) -> String {
+        self.database_url.expose_secret().to_owned()
+    }
+
+    pub fn set_database_url(&mut self, url: &str) {
+        self.database_url = SecretString::from(url.to_owned());
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let db = self.database_url.expose_secret();
         if !(db.starts_with("postgres://") || db.starts_with("postgresql://")) {

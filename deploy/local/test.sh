@@ -14,4 +14,13 @@ psql "$base/postgres" -Atc "select datname from pg_database where datname like '
 cargo fmt --all -- --check
 # sqlx's macros compile against the committed .sqlx/ data (SQLX_OFFLINE, .cargo/config.toml):
 # a query changed without regenerating it fails this build.
-cargo test --workspace --locked "$@"
+log_file="$STATE/test-output.log"
+set +e
+cargo test --workspace --locked "$@" 2>&1 | tee "$log_file"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole run (cargo prints one per test binary, the last of which
+# is usually an empty doc-test run).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log_file"
+exit "$status"

@@ -1,6 +1,8 @@
 //! Relay metrics: names, help texts and label sets in one place. No ids as labels.
 
-use prometheus::{Gauge, IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 pub const SLOT_LAG_BYTES: &str = "railhook_relay_slot_lag_bytes";
 pub const RETAINED_WAL_BYTES: &str = "railhook_relay_retained_wal_bytes";
@@ -18,6 +20,7 @@ pub const HEARTBEAT_AGE_SECONDS: &str = "railhook_relay_heartbeat_age_seconds";
 pub const SESSIONS_TOTAL: &str = "railhook_relay_sessions_total";
 pub const SLOT_UNUSABLE: &str = "railhook_relay_slot_unusable";
 pub const PRUNED_TOTAL: &str = "railhook_relay_outbox_pruned_total";
+pub const COMMIT_TO_ACK_SECONDS: &str = "railhook_relay_commit_to_ack_seconds";
 
 /// The values `wal_status` can take (PostgreSQL 13+).
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreachable", "lost"];
@@ -42,6 +45,8 @@ pub struct RelayMetrics {
     /// 1 while the Slot is missing or invalidated (the relay stops; this is its last word).
     pub slot_unusable: IntGauge,
     pub pruned: IntCounter,
+    /// Per transaction with Outbox rows: commit time to the last Kafka acknowledgement.
+    pub commit_to_ack_seconds: Histogram,
 }
 
 fn reg<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -125,6 +130,20 @@ impl RelayMetrics {
             pruned: counter(
                 PRUNED_TOTAL,
                 "Outbox rows deleted after the slot confirmed them.",
+            ),
+            commit_to_ack_seconds: reg(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        COMMIT_TO_ACK_SECONDS,
+                        "Commit of a transaction with Outbox rows to Kafka's acknowledgement of its last Announcement.",
+                    )
+                    .buckets(vec![
+                        0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+                        0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    ]),
+                )
+                .expect("valid metric"),
             ),
             registry: r,
         };

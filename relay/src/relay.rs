@@ -442,7 +442,12 @@ impl Relay {
 
     /// Confirms the newest transaction whose messages, and all earlier ones, Kafka acked.
     fn confirm_ready(&self, stream: &ReplicationClient, s: &mut Session) -> Result<(), RelayError> {
-        let Some(committed) = s.window.confirmable() else {
+        let ack_latency = &self.metrics.commit_to_ack_seconds;
+        let Some(committed) = s.window.drain_confirmable(|c, messages| {
+            if messages > 0 {
+                ack_latency.observe(seconds_since_pg_micros(c.commit_time_micros));
+            }
+        }) else {
             return Ok(());
         };
         if self

@@ -19,7 +19,10 @@ use pgwire_replication::Lsn;
 #[derive(Debug)]
 struct Txn {
     seq: u64,
+    /// Messages handed to Kafka and not acknowledged yet.
     pending: usize,
+    /// Messages handed to Kafka in all.
+    sent: usize,
     commit: Option<Committed>,
 }
 
@@ -60,6 +63,7 @@ impl Window {
         self.txns.push_back(Txn {
             seq,
             pending: 0,
+            sent: 0,
             commit: None,
         });
         seq
@@ -75,6 +79,7 @@ impl Window {
     pub fn sent(&mut self, seq: u64, bytes: usize) {
         if let Some(t) = self.txn(seq) {
             t.pending += 1;
+            t.sent += 1;
             self.messages += 1;
             self.bytes += bytes;
         }
@@ -99,10 +104,20 @@ impl Window {
     /// Pops every leading transaction that is committed and fully acknowledged; returns the
     /// newest of them, whose `end_lsn` may now be confirmed.
     pub fn confirmable(&mut self) -> Option<Committed> {
+        self.drain_confirmable(|_, _| {})
+    }
+
+    /// Like [`confirmable`](Self::confirmable), calling `each` with every popped
+    /// transaction and the number of messages it carried.
+    pub fn drain_confirmable(
+        &mut self,
+        mut each: impl FnMut(Committed, usize),
+    ) -> Option<Committed> {
         let mut newest = None;
         while let Some(front) = self.txns.front() {
             match front.commit {
                 Some(c) if front.pending == 0 => {
+                    each(c, front.sent);
                     newest = Some(c);
                     self.txns.pop_front();
                 }

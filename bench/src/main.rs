@@ -1,0 +1,29 @@
+//! `railhook-bench`: load and latency harnesses. Each starts nothing by itself: it uses the
+//! local infrastructure (`deploy/local/up.sh`, settings from the environment) and measures a
+//! baseline in the same run, so the printed ratios compare like with like.
+
+mod relay;
+mod stats;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "railhook-bench")]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Backlog drain (rows/s) against pg_recvlogical and a bare producer, then
+    /// commit → Kafka-ack latency at a steady rate.
+    Relay(relay::Args),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().bench {
+        Bench::Relay(args) => relay::run(args).await,
+    }
+}
