@@ -154,7 +154,18 @@ async fn slot(settings: &Settings, action: SlotAction) -> anyhow::Result<()> {
                 println!("slot {name}: missing (create it with `railhook slot create`)");
                 std::process::exit(3);
             }
-            Some(s) => print_status(&s),
+            Some(s) => {
+                print_status(&s);
+                // Absent before the first migration that created it, or before any relay ran.
+                let seen = slot::last_heartbeat_seen(&client, name)
+                    .await
+                    .ok()
+                    .flatten();
+                println!(
+                    "last_heartbeat_seen  {}",
+                    seen.unwrap_or_else(|| "-".into())
+                );
+            }
         },
     }
     Ok(())

@@ -207,6 +207,47 @@ async fn bare_producer(config: &RelayConfig, rows: i64) -> anyhow::Result<Durati
     Ok(started.elapsed())
 }
 
+/// The broker's own floor: a bare producer paced at `rate`, send → ack per message.
+async fn bare_producer_latency(
+    config: &RelayConfig,
+    rate: u64,
+    seconds: u64,
+) -> anyhow::Result<Vec<Duration>> {
+    let topic = format!("{}-bare-paced", config.topic);
+    railhook_relay::producer::ensure_topic(&config.brokers, &topic, config.partitions, 1).await?;
+    let producer = railhook_relay::producer::producer(
+        &config.brokers,
+        config.message_timeout,
+        config.max_in_flight,
+    )?;
+    let period = Duration::from_secs_f64(1.0 / rate as f64);
+    let mut acks = FuturesUnordered::new();
+    let mut latencies = Vec::new();
+    let started = Instant::now();
+    for n in 0..(rate * seconds) as i64 {
+        tokio::time::sleep_until((started + period * n as u32).into()).await;
+        let a = announcement(n);
+        let payload = a.encode();
+        let record = FutureRecord::to(&topic).key(a.key()).payload(&payload);
+        let sent = Instant::now();
+        let delivery = producer.send_result(record).map_err(|(e, _)| e)?;
+        acks.push(async move {
+            match delivery.await {
+                Ok(Ok(_)) => Ok(sent.elapsed()),
+                Ok(Err((e, _))) => Err(anyhow::Error::from(e)),
+                Err(_) => Err(anyhow::anyhow!("canceled")),
+            }
+        });
+        while let Some(Some(done)) = futures::FutureExt::now_or_never(acks.next()) {
+            latencies.push(done?);
+        }
+    }
+    while let Some(done) = acks.next().await {
+        latencies.push(done?);
+    }
+    Ok(latencies)
+}
+
 struct Running {
     metrics: RelayMetrics,
     _stop: oneshot::Sender<()>,
@@ -280,7 +321,7 @@ fn receive(
         .set("bootstrap.servers", brokers)
         .set("group.id", unique("bench-"))
         .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "5")
+        .set("fetch.wait.max.ms", "10")
         .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
@@ -290,6 +331,10 @@ fn receive(
     let mut arrived = HashMap::new();
     let started = Instant::now();
     while arrived.len() < expect && started.elapsed() < limit {
+        if expect == usize::MAX && started.elapsed() > limit.saturating_sub(Duration::from_secs(29))
+        {
+            break; // a load-only reader: stop shortly after the paced run ends
+        }
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) {
             let a = Announcement::decode(m.payload().unwrap_or_default())?;
             if a.delivery_id.starts_with("dlv_01jsteady") {
@@ -393,6 +438,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         histogram_quantile(h, 0.9),
         histogram_quantile(h, 0.99)
     );
+    let r = &relay.metrics.commit_to_read_seconds;
+    println!(
+        "| of which commit → read from the slot (relay histogram) | {:.2} | {:.2} | {:.2} | — |",
+        histogram_quantile(r, 0.5),
+        histogram_quantile(r, 0.9),
+        histogram_quantile(r, 0.99)
+    );
     if let Some([p50, p90, p99, max]) = percentiles(&mut e2e) {
         println!(
             "| commit → consumer receipt ({} of {} rows) | {p50:.2} | {p90:.2} | {p99:.2} | {max:.2} |",
@@ -401,6 +453,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     drop(relay);
+    // The floor under the same conditions: a consumer reading the topic meanwhile.
+    let bare_topic = format!("{}-bare-paced", config.topic);
+    let (brokers, partitions) = (config.brokers.clone(), config.partitions);
+    railhook_relay::producer::ensure_topic(&brokers, &bare_topic, partitions, 1).await?;
+    let reader =
+        std::thread::spawn(move || receive(&brokers, &bare_topic, partitions, usize::MAX, limit));
+    let mut floor = bare_producer_latency(&config, args.rate, args.seconds).await?;
+    let _ = reader.join();
+    if let Some([p50, p90, p99, max]) = percentiles(&mut floor) {
+        println!(
+            "| baseline: bare producer send → ack at the same rate ({} msgs) | {p50:.2} | {p90:.2} | {p99:.2} | {max:.2} |",
+            floor.len()
+        );
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     for slot in [&s.relay_slot, &s.raw_slot] {
         let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")

@@ -28,10 +28,7 @@ pub fn histogram_quantile(h: &prometheus::Histogram, q: f64) -> f64 {
     let rank = total * q;
     let (mut prev_bound, mut prev_count) = (0.0, 0.0);
     for bucket in hist.get_bucket() {
-        let (bound, count) = (
-            bucket.upper_bound(),
-            bucket.cumulative_count() as f64,
-        );
+        let (bound, count) = (bucket.upper_bound(), bucket.cumulative_count() as f64);
         if count >= rank {
             let within = if count > prev_count {
                 (rank - prev_count) / (count - prev_count)

@@ -21,6 +21,7 @@ pub const SESSIONS_TOTAL: &str = "railhook_relay_sessions_total";
 pub const SLOT_UNUSABLE: &str = "railhook_relay_slot_unusable";
 pub const PRUNED_TOTAL: &str = "railhook_relay_outbox_pruned_total";
 pub const COMMIT_TO_ACK_SECONDS: &str = "railhook_relay_commit_to_ack_seconds";
+pub const COMMIT_TO_READ_SECONDS: &str = "railhook_relay_commit_to_read_seconds";
 
 /// The values `wal_status` can take (PostgreSQL 13+).
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreachable", "lost"];
@@ -47,6 +48,9 @@ pub struct RelayMetrics {
     pub pruned: IntCounter,
     /// Per transaction with Outbox rows: commit time to the last Kafka acknowledgement.
     pub commit_to_ack_seconds: Histogram,
+    /// Per transaction: commit time to the relay reading its Commit from the Slot. The
+    /// difference to `commit_to_ack` is Kafka's share.
+    pub commit_to_read_seconds: Histogram,
 }
 
 fn reg<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -54,6 +58,15 @@ fn reg<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c:
         .register(Box::new(c.clone()))
         .expect("unique metric");
     c
+}
+
+/// A latency histogram with buckets fine enough for millisecond percentiles.
+fn latency(registry: &Registry, name: &str, help: &str) -> Histogram {
+    let opts = HistogramOpts::new(name, help).buckets(vec![
+        0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+        0.25, 0.5, 1.0, 2.5, 5.0,
+    ]);
+    reg(registry, Histogram::with_opts(opts).expect("valid metric"))
 }
 
 impl RelayMetrics {
@@ -131,19 +144,15 @@ impl RelayMetrics {
                 PRUNED_TOTAL,
                 "Outbox rows deleted after the slot confirmed them.",
             ),
-            commit_to_ack_seconds: reg(
+            commit_to_ack_seconds: latency(
                 &r,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        COMMIT_TO_ACK_SECONDS,
-                        "Commit of a transaction with Outbox rows to Kafka's acknowledgement of its last Announcement.",
-                    )
-                    .buckets(vec![
-                        0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
-                        0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                    ]),
-                )
-                .expect("valid metric"),
+                COMMIT_TO_ACK_SECONDS,
+                "Commit of a transaction with Outbox rows to Kafka's acknowledgement of its last Announcement.",
+            ),
+            commit_to_read_seconds: latency(
+                &r,
+                COMMIT_TO_READ_SECONDS,
+                "Commit of a transaction to the relay reading its Commit message from the slot.",
             ),
             registry: r,
         };

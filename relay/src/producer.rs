@@ -31,9 +31,11 @@ pub fn producer(
             "message.timeout.ms",
             message_timeout.as_millis().to_string(),
         )
+        // The window bounds what is in flight; librdkafka's own queue gets ample headroom so
+        // it never refuses a message the window admitted.
         .set(
             "queue.buffering.max.messages",
-            (queue_messages + 1000).to_string(),
+            (queue_messages * 4 + 10_000).to_string(),
         )
         .set("reconnect.backoff.max.ms", "1000")
         .create()

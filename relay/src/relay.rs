@@ -380,6 +380,9 @@ impl Relay {
                     }
                 }
                 self.metrics.received_lsn.set(end_lsn.as_u64() as i64);
+                self.metrics
+                    .commit_to_read_seconds
+                    .observe(seconds_since_pg_micros(commit_time_micros));
                 self.confirm_ready(stream, s)?;
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {

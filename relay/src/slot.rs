@@ -138,6 +138,47 @@ pub async fn drop(client: &Client, slot: &str) -> Result<bool, SlotError> {
     Ok(true)
 }
 
+/// Records what the active relay saw: the commit time of the newest heartbeat that came
+/// through the Slot (microseconds since 2000-01-01) and the confirmed LSN.
+pub async fn record_seen(
+    client: &Client,
+    slot: &str,
+    heartbeat_micros: Option<i64>,
+    confirmed_lsn: u64,
+) -> Result<(), SlotError> {
+    let lsn = format!(
+        "{:X}/{:X}",
+        confirmed_lsn >> 32,
+        confirmed_lsn & 0xffff_ffff
+    );
+    client
+        .execute(
+            "INSERT INTO relay_status (slot, last_heartbeat_seen_at, confirmed_lsn, updated_at)
+             VALUES ($1, timestamptz '2000-01-01 00:00:00+00' + make_interval(secs => $2::float8 / 1e6),
+                     $3::text::pg_lsn, now())
+             ON CONFLICT (slot) DO UPDATE SET
+                 last_heartbeat_seen_at = coalesce(EXCLUDED.last_heartbeat_seen_at, relay_status.last_heartbeat_seen_at),
+                 confirmed_lsn = greatest(EXCLUDED.confirmed_lsn, relay_status.confirmed_lsn),
+                 updated_at = now()",
+            &[&slot, &heartbeat_micros.map(|m| m as f64), &lsn],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The last heartbeat the active relay saw through the Slot, as text, if any.
+pub async fn last_heartbeat_seen(client: &Client, slot: &str) -> Result<Option<String>, SlotError> {
+    let row = client
+        .query_opt(
+            "SELECT to_char(last_heartbeat_seen_at, 'YYYY-MM-DD\"T\"HH24:MI:SS.MSOF')
+                    || ' (' || round(extract(epoch from now() - last_heartbeat_seen_at)::numeric, 1) || ' s ago)'
+             FROM relay_status WHERE slot = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.and_then(|r| r.get(0)))
+}
+
 /// The prefix of the relay's heartbeat messages in the WAL.
 pub const HEARTBEAT_PREFIX: &str = "railhook";
 

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# bench.sh relay [options]: brings up the local infrastructure and runs a benchmark against
+# it, in release mode. Options go to railhook-bench (see `railhook-bench relay --help`).
+source "$(dirname "$0")/lib.sh"
+"$ROOT/deploy/local/up.sh"
+source "$ENV_FILE"
+cd "$ROOT"
+cargo build --release --locked -p railhook-bench --quiet
+exec "$ROOT/target/release/railhook-bench" "$@"
