@@ -197,6 +197,26 @@ async fn an_idle_slot_advances_while_other_tables_are_written() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(relay.metrics.heartbeat_age_seconds.get() < 5.0);
+    // ... and the operator's `railhook slot status` can print when the last one was seen.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let seen: Option<f64> = sqlx::query_scalar(
+            "SELECT extract(epoch from now() - last_heartbeat_seen_at)::float8 FROM relay_status WHERE slot = $1",
+        )
+        .bind(&fx.slot)
+        .fetch_optional(&fx.pool)
+        .await
+        .expect("relay_status")
+        .flatten();
+        if seen.is_some_and(|age| age < 5.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "relay_status never recorded a heartbeat"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(relay.metrics.lag_seconds.get() < 5.0);
     assert_eq!(relay.metrics.published.get(), 0);
     drop(relay);

@@ -490,6 +490,14 @@ impl Relay {
                 .heartbeat_age_seconds
                 .set(seconds_since_pg_micros(hb));
         }
+        let confirmed = s.confirmed.as_u64();
+        slot::record_seen(
+            control,
+            &self.config.slot,
+            s.last_heartbeat_micros,
+            confirmed,
+        )
+        .await?;
         if let Some(confirmed) = s.last_confirmed_commit_micros {
             self.prune(control, confirmed).await?;
         }
