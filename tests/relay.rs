@@ -278,11 +278,7 @@ struct RelayProcess {
 
 impl RelayProcess {
     fn start(fx: &RelayFixture, brokers: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("bind")
-            .local_addr()
-            .expect("addr")
-            .port();
+        let port = support::free_port();
         let prefix = fx.config.topic.trim_end_matches("deliveries");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
             .arg("relay")

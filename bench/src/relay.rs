@@ -178,15 +178,24 @@ fn announcement(n: i64) -> Announcement {
     }
 }
 
-/// The same Announcements through a bare producer with the relay's settings and window.
-async fn bare_producer(config: &RelayConfig, rows: i64) -> anyhow::Result<Duration> {
-    let topic = format!("{}-bare", config.topic);
+/// A topic of its own and a producer with the relay's settings, for a baseline.
+async fn baseline_producer(
+    config: &RelayConfig,
+    suffix: &str,
+) -> anyhow::Result<(String, rdkafka::producer::FutureProducer)> {
+    let topic = format!("{}-{suffix}", config.topic);
     railhook_relay::producer::ensure_topic(&config.brokers, &topic, config.partitions, 1).await?;
     let producer = railhook_relay::producer::producer(
         &config.brokers,
         config.message_timeout,
         config.max_in_flight,
     )?;
+    Ok((topic, producer))
+}
+
+/// The same Announcements through a bare producer with the relay's settings and window.
+async fn bare_producer(config: &RelayConfig, rows: i64) -> anyhow::Result<Duration> {
+    let (topic, producer) = baseline_producer(config, "bare").await?;
     let started = Instant::now();
     let mut acks: FuturesUnordered<rdkafka::producer::DeliveryFuture> = FuturesUnordered::new();
     for n in 0..rows {
@@ -213,13 +222,7 @@ async fn bare_producer_latency(
     rate: u64,
     seconds: u64,
 ) -> anyhow::Result<Vec<Duration>> {
-    let topic = format!("{}-bare-paced", config.topic);
-    railhook_relay::producer::ensure_topic(&config.brokers, &topic, config.partitions, 1).await?;
-    let producer = railhook_relay::producer::producer(
-        &config.brokers,
-        config.message_timeout,
-        config.max_in_flight,
-    )?;
+    let (topic, producer) = baseline_producer(config, "bare-paced").await?;
     let period = Duration::from_secs_f64(1.0 / rate as f64);
     let mut acks = FuturesUnordered::new();
     let mut latencies = Vec::new();

@@ -270,13 +270,18 @@ pub struct PrivateRedis {
     child: Child,
 }
 
+/// A free TCP port on 127.0.0.1, chosen by the kernel.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
 impl PrivateRedis {
     pub fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("bind")
-            .local_addr()
-            .expect("addr")
-            .port();
+        let port = free_port();
         let child = Command::new("redis-server")
             .args([
                 "--bind",

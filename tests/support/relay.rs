@@ -222,11 +222,7 @@ fn tansu_bin() -> String {
 
 impl PrivateBroker {
     pub fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("bind")
-            .local_addr()
-            .expect("addr")
-            .port();
+        let port = super::free_port();
         let dir = std::env::temp_dir().join(unique("rh-broker-"));
         std::fs::create_dir_all(&dir).expect("broker dir");
         let mut b = Self {
