@@ -10,7 +10,9 @@ pub mod db;
 pub mod event_type;
 pub mod ids;
 pub mod metrics_http;
+pub mod retry;
 pub mod secrets;
+pub mod signing;
 pub mod telemetry;
 
 pub use event_type::{EventType, EventTypePattern};
