@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use railhook_common::config::Settings;
 use railhook_common::{db, metrics_http};
 use railhook_relay::{Faults, RelayConfig, RelayMetrics, slot};
+use railhook_worker::{WorkerConfig, WorkerMetrics};
 use sqlx::PgPool;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -79,7 +80,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Role::Migrate => migrate(&settings).await,
         Role::Ingest => ingest(&settings).await,
         Role::Relay => relay(&settings).await,
-        Role::Worker => Ok(railhook_worker::run()?),
+        Role::Worker => worker(&settings).await,
         Role::All => all(&settings).await,
         Role::Slot { action } => slot(&settings, action).await,
     }
@@ -110,20 +111,41 @@ async fn relay(settings: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn worker(settings: &Settings) -> anyhow::Result<()> {
+    let pool = connect(settings).await?;
+    let metrics = WorkerMetrics::new();
+    let metrics_server = metrics_http::serve(
+        settings.metrics_addr,
+        vec![metrics.registry.clone()],
+        shutdown_signal(),
+    );
+    let config = WorkerConfig::from_settings(settings);
+    let worker = railhook_worker::run(config, pool, metrics, shutdown_signal());
+    tokio::select! {
+        r = worker => r.context("worker")?,
+        r = metrics_server => r.with_context(|| format!("metrics on {}", settings.metrics_addr))?,
+    }
+    Ok(())
+}
+
 /// Every role in one process: a failure of any of them stops the process.
 async fn all(settings: &Settings) -> anyhow::Result<()> {
-    tracing::warn!("the worker is not part of this build yet; running ingest and relay");
     let (config, metrics) = relay_parts(settings);
-    let registry = metrics.registry.clone();
+    let worker_metrics = WorkerMetrics::new();
+    let registries = vec![metrics.registry.clone(), worker_metrics.registry.clone()];
     let relay = railhook_relay::run(
         config,
         metrics,
         Arc::new(Faults::default()),
         shutdown_signal(),
     );
+    let pool = connect(settings).await?;
+    let worker_config = WorkerConfig::from_settings(settings);
+    let worker = railhook_worker::run(worker_config, pool, worker_metrics, shutdown_signal());
     tokio::select! {
         r = relay => r.context("relay")?,
-        r = ingest_with(settings, vec![registry]) => r?,
+        r = worker => r.context("worker")?,
+        r = ingest_with(settings, registries) => r?,
     }
     Ok(())
 }

@@ -184,8 +184,8 @@ async fn baseline_producer(
     suffix: &str,
 ) -> anyhow::Result<(String, rdkafka::producer::FutureProducer)> {
     let topic = format!("{}-{suffix}", config.topic);
-    railhook_relay::producer::ensure_topic(&config.brokers, &topic, config.partitions, 1).await?;
-    let producer = railhook_relay::producer::producer(
+    railhook_common::kafka::ensure_topic(&config.brokers, &topic, config.partitions, 1).await?;
+    let producer = railhook_common::kafka::producer(
         &config.brokers,
         config.message_timeout,
         config.max_in_flight,
@@ -459,7 +459,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // The floor under the same conditions: a consumer reading the topic meanwhile.
     let bare_topic = format!("{}-bare-paced", config.topic);
     let (brokers, partitions) = (config.brokers.clone(), config.partitions);
-    railhook_relay::producer::ensure_topic(&brokers, &bare_topic, partitions, 1).await?;
+    railhook_common::kafka::ensure_topic(&brokers, &bare_topic, partitions, 1).await?;
     let reader =
         std::thread::spawn(move || receive(&brokers, &bare_topic, partitions, usize::MAX, limit));
     let mut floor = bare_producer_latency(&config, args.rate, args.seconds).await?;

@@ -62,6 +62,24 @@ pub struct Settings {
     pub relay_status_ms: u64,
     /// Outbox rows older than this, and confirmed by the Slot, are deleted.
     pub outbox_retention_seconds: u64,
+    /// Kafka consumer group of the workers.
+    pub worker_group: String,
+    /// Attempts one worker process runs at once.
+    pub worker_max_in_flight: usize,
+    /// Outgoing ladder: waits in seconds, comma-separated, and the number of Attempts.
+    pub retry_outgoing_delays: String,
+    pub retry_outgoing_max_attempts: u32,
+    /// Incoming ladder (forwarded provider webhooks).
+    pub retry_incoming_delays: String,
+    pub retry_incoming_max_attempts: u32,
+    /// How often the retry scheduler looks for due Deliveries.
+    pub retry_scheduler_ms: u64,
+    /// How often the sweeps run.
+    pub sweep_ms: u64,
+    /// PROCESSING longer than this goes back to PENDING (the stalled worker is fenced out).
+    pub processing_timeout_seconds: u64,
+    /// PENDING with nothing scheduled for longer than this goes to the retry path.
+    pub stranded_after_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -96,6 +114,16 @@ struct Defaults {
     relay_heartbeat_ms: u64,
     relay_status_ms: u64,
     outbox_retention_seconds: u64,
+    worker_group: &'static str,
+    worker_max_in_flight: usize,
+    retry_outgoing_delays: &'static str,
+    retry_outgoing_max_attempts: u32,
+    retry_incoming_delays: &'static str,
+    retry_incoming_max_attempts: u32,
+    retry_scheduler_ms: u64,
+    sweep_ms: u64,
+    processing_timeout_seconds: u64,
+    stranded_after_seconds: u64,
 }
 
 const DEFAULTS: Defaults = Defaults {
@@ -121,6 +149,16 @@ const DEFAULTS: Defaults = Defaults {
     relay_heartbeat_ms: 5_000,
     relay_status_ms: 2_000,
     outbox_retention_seconds: 3_600,
+    worker_group: "railhook-workers",
+    worker_max_in_flight: 64,
+    retry_outgoing_delays: "60,300,900,3600,21600,86400",
+    retry_outgoing_max_attempts: 7,
+    retry_incoming_delays: "60,300,900,3600,21600",
+    retry_incoming_max_attempts: 5,
+    retry_scheduler_ms: 1_000,
+    sweep_ms: 30_000,
+    processing_timeout_seconds: 300,
+    stranded_after_seconds: 3_600,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -175,6 +213,26 @@ impl Settings {
 
     pub fn set_database_url(&mut self, url: &str) {
         self.database_url = SecretString::from(url.to_owned());
+    }
+
+    /// The outgoing ladder as configured (hard cap 96 h).
+    pub fn outgoing_ladder(&self) -> crate::retry::Ladder {
+        let mut l = crate::retry::Ladder::outgoing();
+        if let Some(d) = crate::retry::Ladder::parse_delays(&self.retry_outgoing_delays) {
+            l.delays = d;
+        }
+        l.max_attempts = self.retry_outgoing_max_attempts;
+        l
+    }
+
+    /// The incoming ladder as configured (hard cap 24 h).
+    pub fn incoming_ladder(&self) -> crate::retry::Ladder {
+        let mut l = crate::retry::Ladder::incoming();
+        if let Some(d) = crate::retry::Ladder::parse_delays(&self.retry_incoming_delays) {
+            l.delays = d;
+        }
+        l.max_attempts = self.retry_incoming_max_attempts;
+        l
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -235,6 +293,26 @@ impl Settings {
                 "relay_heartbeat_ms",
                 "intervals must be at least 10 ms",
             ));
+        }
+        for (field, raw) in [
+            ("retry_outgoing_delays", &self.retry_outgoing_delays),
+            ("retry_incoming_delays", &self.retry_incoming_delays),
+        ] {
+            if crate::retry::Ladder::parse_delays(raw).is_none() {
+                return Err(invalid(
+                    field,
+                    "must be comma-separated seconds, e.g. 60,300,900",
+                ));
+            }
+        }
+        if self.retry_outgoing_max_attempts == 0 || self.retry_incoming_max_attempts == 0 {
+            return Err(invalid(
+                "retry_outgoing_max_attempts",
+                "attempt counts must be at least 1",
+            ));
+        }
+        if self.worker_max_in_flight == 0 {
+            return Err(invalid("worker_max_in_flight", "must be at least 1"));
         }
         if self.db_max_connections == 0 {
             return Err(invalid("db_max_connections", "must be greater than 0"));

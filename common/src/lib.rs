@@ -9,6 +9,7 @@ pub mod config;
 pub mod db;
 pub mod event_type;
 pub mod ids;
+pub mod kafka;
 pub mod metrics_http;
 pub mod retry;
 pub mod secrets;

@@ -5,7 +5,6 @@
 
 pub mod metrics;
 pub mod pgoutput;
-pub mod producer;
 pub mod relay;
 pub mod slot;
 pub mod window;

@@ -45,9 +45,9 @@ use tokio_postgres::Client;
 
 use crate::metrics::RelayMetrics;
 use crate::pgoutput::{self, Column, DecodeError, PgOutput, Relation};
-use crate::producer;
 use crate::slot::{self, SlotError};
 use crate::window::{Committed, Window};
+use railhook_common::kafka as producer;
 
 /// How often a standby asks for the Slot again.
 const STANDBY_RETRY: Duration = Duration::from_millis(500);

@@ -1,12 +1,15 @@
 //! The worker: consumes Kafka hints, takes a Claim on the Delivery row, runs the Attempt and
-//! records its outcome behind the Fence. Not built yet: it arrives with the worker issue, and
-//! until then `railhook worker` refuses to start rather than pretend to run.
+//! records its outcome behind the Fence; the retry scheduler and the sweeps live here too.
+//! See [`worker`] for the loop, [`attempt`] for the Attempt Runner's invariants, [`store`]
+//! for the SQL that decides, [`schedule`] for the retry decision.
 
-/// Returned by [`run`] until the worker is built.
-#[derive(Debug, thiserror::Error)]
-#[error("the worker role is not part of this build yet (see the worker issue)")]
-pub struct NotBuilt;
+pub mod attempt;
+pub mod hint;
+pub mod metrics;
+pub mod schedule;
+pub mod ssrf;
+pub mod store;
+pub mod worker;
 
-pub fn run() -> Result<(), NotBuilt> {
-    Err(NotBuilt)
-}
+pub use metrics::WorkerMetrics;
+pub use worker::{WorkerConfig, WorkerError, run};

@@ -1,4 +1,5 @@
-//! The Kafka side: an idempotent producer with `acks=all`, and the topic it writes.
+//! Kafka set-up shared by the relay and the worker: topic names, the idempotent `acks=all`
+//! producer, and topic creation.
 
 use std::time::Duration;
 
@@ -8,9 +9,14 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::FutureProducer;
 
-/// The deliveries topic, under the configured prefix.
+/// The deliveries topic (Announcements from the relay), under the configured prefix.
 pub fn deliveries_topic(prefix: &str) -> String {
     format!("{prefix}deliveries")
+}
+
+/// The retry topic (hints from the retry scheduler), under the configured prefix.
+pub fn retries_topic(prefix: &str) -> String {
+    format!("{prefix}retries")
 }
 
 /// `enable.idempotence` makes librdkafka's own retries write each message once per

@@ -1,0 +1,371 @@
+//! The Attempt Runner: one HTTP request towards one Delivery, for both directions (outgoing
+//! Events and forwarded incoming webhooks).
+//!
+//! Invariants (each has a test in `tests/worker.rs` or below):
+//! 1. **The status line of a 2xx is delivery.** Once a 2xx status line arrived, the Attempt
+//!    counts as delivered whether or not the body follows; the body is read only for an
+//!    excerpt, briefly, and failing to read it changes nothing. Without this, a receiver
+//!    that answered 2xx and then dawdled over its body collected the whole ladder: one
+//!    Delivery, seven arrivals.
+//! 2. **No DB, Redis or Kafka work while the request is in flight.** The runner holds only
+//!    an HTTP client (see [`Runner::run`]'s signature); the outcome is written afterwards by
+//!    `store::finalise`. A slow write inside the request's time budget could otherwise turn
+//!    a delivered webhook into a timeout and retry it.
+//! 4. **One function classifies outcomes** ([`classify`]): 2xx ⇒ delivered; 408, 429, 5xx,
+//!    timeout, connect/reset ⇒ retry; other 4xx and 3xx ⇒ failed (a person must change
+//!    something); 410 ⇒ failed and the endpoint disabled.
+//! 5. `Retry-After` on 429/503 is reported so the schedule can honour it within bounds.
+//!
+//! (Invariants 3 and 6 are kept by `store::finalise`: it writes only behind the Fence, and
+//! records an Attempt row for every request actually sent.)
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use railhook_common::signing::{SigningKey, signature_header};
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
+
+use crate::ssrf::{Allowlist, GuardedResolver, Refused};
+
+pub const USER_AGENT_VALUE: &str = concat!("Railhook/", env!("CARGO_PKG_VERSION"));
+/// How much of a response body is kept for the Attempt row.
+pub const EXCERPT_BYTES: usize = 1024;
+/// How long the runner waits for that excerpt after the status line.
+pub const EXCERPT_WAIT: Duration = Duration::from_secs(1);
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The Delivery id: `webhook-id`, stable across retries.
+    pub delivery_id: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub url: url::Url,
+    pub body: Bytes,
+    pub custom_headers: Vec<(String, String)>,
+    /// Every active signing key (two during a rotation's overlap).
+    pub keys: Vec<SigningKey>,
+    pub timeout: Duration,
+    pub sequence_number: Option<i64>,
+}
+
+/// How an Attempt ended, decided by [`classify`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Delivered,
+    Retry { retry_after: Option<Duration> },
+    Failed { gone: bool },
+}
+
+/// Why a request produced no status line (or was never sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    Timeout,
+    Connect,
+    Reset,
+    /// The SSRF guard refused the target address; nothing was sent.
+    TargetRefused,
+    Request,
+}
+
+impl ErrorClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Timeout => "timeout",
+            ErrorClass::Connect => "connect",
+            ErrorClass::Reset => "reset",
+            ErrorClass::TargetRefused => "target_refused",
+            ErrorClass::Request => "request",
+        }
+    }
+}
+
+/// What happened, for `store::finalise` to write.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub started_at: DateTime<Utc>,
+    pub duration: Duration,
+    pub status: Option<u16>,
+    pub outcome: Outcome,
+    pub error: Option<ErrorClass>,
+    pub excerpt: Option<String>,
+    /// False when nothing went on the wire (the SSRF guard refused the target).
+    pub sent: bool,
+}
+
+/// Invariant 4: the one place an Attempt's result becomes an outcome.
+pub fn classify(
+    status: Option<StatusCode>,
+    error: Option<ErrorClass>,
+    headers: Option<&HeaderMap>,
+) -> Outcome {
+    match (status, error) {
+        (Some(s), _) if s.is_success() => Outcome::Delivered,
+        (Some(StatusCode::GONE), _) => Outcome::Failed { gone: true },
+        (Some(s), _)
+            if s == StatusCode::REQUEST_TIMEOUT
+                || s == StatusCode::TOO_MANY_REQUESTS
+                || s.is_server_error() =>
+        {
+            let honours =
+                s == StatusCode::TOO_MANY_REQUESTS || s == StatusCode::SERVICE_UNAVAILABLE;
+            let retry_after = if honours {
+                headers.and_then(retry_after)
+            } else {
+                None
+            };
+            Outcome::Retry { retry_after }
+        }
+        (Some(_), _) => Outcome::Failed { gone: false },
+        (None, Some(ErrorClass::TargetRefused)) => Outcome::Failed { gone: false },
+        (None, _) => Outcome::Retry { retry_after: None },
+    }
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let raw = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = raw.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = DateTime::parse_from_rfc2822(raw).ok()?;
+    (at.with_timezone(&Utc) - Utc::now()).to_std().ok()
+}
+
+fn error_class(e: &reqwest::Error) -> ErrorClass {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<Refused>() {
+            return ErrorClass::TargetRefused;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return ErrorClass::Reset;
+        }
+        source = err.source();
+    }
+    if e.is_timeout() {
+        ErrorClass::Timeout
+    } else if e.is_connect() {
+        ErrorClass::Connect
+    } else {
+        ErrorClass::Request
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the HTTP client")]
+pub struct ClientError(#[from] reqwest::Error);
+
+/// Sends Attempts. Holds an HTTP client and the SSRF allowlist, and nothing else.
+#[derive(Clone)]
+pub struct Runner {
+    client: reqwest::Client,
+    allow: Allowlist,
+}
+
+impl Runner {
+    pub fn new(allow: Allowlist) -> Result<Self, ClientError> {
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(std::sync::Arc::new(GuardedResolver {
+                allow: allow.clone(),
+            }))
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()?;
+        Ok(Self { client, allow })
+    }
+
+    fn headers(a: &Attempt, timestamp: i64) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in &a.custom_headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                h.insert(n, v);
+            }
+        }
+        let mut set = |name: &'static str, value: String| {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                h.insert(HeaderName::from_static(name), v);
+            }
+        };
+        set("webhook-id", a.delivery_id.clone());
+        set("webhook-timestamp", timestamp.to_string());
+        set(
+            "webhook-signature",
+            signature_header(&a.keys, &a.delivery_id, timestamp, &a.body),
+        );
+        set("x-event-id", a.event_id.clone());
+        set("x-event-type", a.event_type.clone());
+        if let Some(seq) = a.sequence_number {
+            set("x-sequence-number", seq.to_string());
+        }
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
+        h
+    }
+
+    /// Literal IP hosts never reach the guarded resolver; they are checked here.
+    fn literal_refused(&self, url: &url::Url) -> bool {
+        match url.host() {
+            Some(url::Host::Ipv4(ip)) => !self.allow.permits(ip.into()),
+            Some(url::Host::Ipv6(ip)) => !self.allow.permits(ip.into()),
+            _ => false,
+        }
+    }
+
+    /// Runs one Attempt. Invariant 2: this function can reach nothing but the network.
+    pub async fn run(&self, a: &Attempt) -> Report {
+        let started_at = Utc::now();
+        let clock = std::time::Instant::now();
+        if self.literal_refused(&a.url) {
+            return Report {
+                started_at,
+                duration: clock.elapsed(),
+                status: None,
+                outcome: classify(None, Some(ErrorClass::TargetRefused), None),
+                error: Some(ErrorClass::TargetRefused),
+                excerpt: None,
+                sent: false,
+            };
+        }
+        let request = self
+            .client
+            .post(a.url.clone())
+            .headers(Self::headers(a, started_at.timestamp()))
+            .body(a.body.clone());
+        let response = match tokio::time::timeout(a.timeout, request.send()).await {
+            Err(_) => Err(ErrorClass::Timeout),
+            Ok(Err(e)) => Err(error_class(&e)),
+            Ok(Ok(r)) => Ok(r),
+        };
+        match response {
+            Err(class) => Report {
+                started_at,
+                duration: clock.elapsed(),
+                status: None,
+                outcome: classify(None, Some(class), None),
+                error: Some(class),
+                excerpt: None,
+                sent: class != ErrorClass::TargetRefused,
+            },
+            Ok(mut response) => {
+                // Invariant 1: decided here, on the status line alone.
+                let status = response.status();
+                let outcome = classify(Some(status), None, Some(response.headers()));
+                let duration = clock.elapsed();
+                let excerpt = read_excerpt(&mut response).await;
+                Report {
+                    started_at,
+                    duration,
+                    status: Some(status.as_u16()),
+                    outcome,
+                    error: None,
+                    excerpt,
+                    sent: true,
+                }
+            }
+        }
+    }
+}
+
+/// Up to [`EXCERPT_BYTES`] of the body, waiting at most [`EXCERPT_WAIT`]; whatever arrived.
+async fn read_excerpt(response: &mut reqwest::Response) -> Option<String> {
+    let mut buf = Vec::new();
+    let read = async {
+        while buf.len() < EXCERPT_BYTES {
+            match response.chunk().await {
+                Ok(Some(chunk)) => buf.extend_from_slice(&chunk),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(EXCERPT_WAIT, read).await;
+    buf.truncate(EXCERPT_BYTES);
+    (!buf.is_empty()).then(|| String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(code: u16) -> Outcome {
+        classify(Some(StatusCode::from_u16(code).expect("code")), None, None)
+    }
+
+    #[test]
+    fn one_function_classifies_every_status() {
+        for code in [200, 201, 202, 204, 299] {
+            assert_eq!(outcome(code), Outcome::Delivered, "{code}");
+        }
+        for code in [408, 429, 500, 502, 503, 504, 599] {
+            assert!(matches!(outcome(code), Outcome::Retry { .. }), "{code}");
+        }
+        for code in [301, 302, 307, 400, 401, 403, 404, 409, 422] {
+            assert_eq!(outcome(code), Outcome::Failed { gone: false }, "{code}");
+        }
+        assert_eq!(outcome(410), Outcome::Failed { gone: true });
+        for class in [
+            ErrorClass::Timeout,
+            ErrorClass::Connect,
+            ErrorClass::Reset,
+            ErrorClass::Request,
+        ] {
+            assert!(matches!(
+                classify(None, Some(class), None),
+                Outcome::Retry { .. }
+            ));
+        }
+        assert_eq!(
+            classify(None, Some(ErrorClass::TargetRefused), None),
+            Outcome::Failed { gone: false }
+        );
+    }
+
+    #[test]
+    fn retry_after_is_read_only_on_429_and_503() {
+        let mut h = HeaderMap::new();
+        h.insert(RETRY_AFTER, HeaderValue::from_static("120"));
+        let with = |code: u16| {
+            classify(
+                Some(StatusCode::from_u16(code).expect("code")),
+                None,
+                Some(&h),
+            )
+        };
+        assert_eq!(
+            with(429),
+            Outcome::Retry {
+                retry_after: Some(Duration::from_secs(120))
+            }
+        );
+        assert_eq!(
+            with(503),
+            Outcome::Retry {
+                retry_after: Some(Duration::from_secs(120))
+            }
+        );
+        assert_eq!(with(500), Outcome::Retry { retry_after: None });
+        let mut date = HeaderMap::new();
+        let later = (Utc::now() + chrono::Duration::seconds(90)).to_rfc2822();
+        date.insert(RETRY_AFTER, HeaderValue::from_str(&later).expect("header"));
+        let Outcome::Retry {
+            retry_after: Some(d),
+        } = classify(Some(StatusCode::TOO_MANY_REQUESTS), None, Some(&date))
+        else {
+            panic!("no retry-after");
+        };
+        assert!(d > Duration::from_secs(80) && d <= Duration::from_secs(90));
+    }
+}

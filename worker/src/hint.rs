@@ -1,0 +1,49 @@
+//! The retry hint: what the retry scheduler publishes for a due Delivery it claimed. It
+//! carries the scheduler's token, which the consumer swaps for its own (see `store::swap`).
+
+use serde_json::json;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryHint {
+    pub delivery_id: String,
+    pub endpoint_id: String,
+    pub token: Uuid,
+}
+
+impl RetryHint {
+    pub fn encode(&self) -> Vec<u8> {
+        json!({"v": 1, "delivery_id": self.delivery_id, "endpoint_id": self.endpoint_id, "token": self.token})
+            .to_string()
+            .into_bytes()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+        if v["v"] != 1 {
+            return None;
+        }
+        Some(Self {
+            delivery_id: v["delivery_id"].as_str()?.to_owned(),
+            endpoint_id: v["endpoint_id"].as_str()?.to_owned(),
+            token: v["token"].as_str()?.parse().ok()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let h = RetryHint {
+            delivery_id: "dlv_1".into(),
+            endpoint_id: "ep_1".into(),
+            token: Uuid::new_v4(),
+        };
+        assert_eq!(RetryHint::decode(&h.encode()), Some(h));
+        assert_eq!(RetryHint::decode(b"{\"v\":2}"), None);
+        assert_eq!(RetryHint::decode(b"nonsense"), None);
+    }
+}

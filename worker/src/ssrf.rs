@@ -1,0 +1,155 @@
+//! The SSRF guard: webhooks go to the public internet only, unless configuration allows a
+//! private range (tests allow `127.0.0.0/8`).
+//!
+//! The check runs at send time against the addresses the request will actually use: it is
+//! the HTTP client's DNS resolver, so a name that resolved to a public address when the
+//! endpoint was created and to `10.0.0.5` now is refused, and there is no window between
+//! checking a name and connecting to it. Literal IP hosts never reach a resolver, so they are
+//! checked before the request is built. Redirects are not followed (a 3xx is a FAILED
+//! Attempt), so a public endpoint cannot bounce a request inward.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+/// Ranges that are allowed although not global.
+#[derive(Debug, Clone, Default)]
+pub struct Allowlist(Arc<Vec<IpNet>>);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a CIDR range")]
+pub struct BadCidr(String);
+
+impl Allowlist {
+    /// Parses `RAILHOOK_ALLOW_PRIVATE_TARGETS`: comma-separated CIDRs, empty for none.
+    pub fn parse(raw: &str) -> Result<Self, BadCidr> {
+        let nets = raw
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<IpNet>().map_err(|_| BadCidr(s.to_owned())))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self(Arc::new(nets)))
+    }
+
+    pub fn permits(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        is_global(ip) || self.0.iter().any(|n| n.contains(&ip))
+    }
+}
+
+/// An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) is judged as the IPv4 address it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn is_global_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, ..] = ip.octets();
+    !(ip.is_private()
+        || ip.is_loopback()
+        || ip.is_link_local()
+        || ip.is_unspecified()
+        || ip.is_broadcast()
+        || ip.is_documentation()
+        || ip.is_multicast()
+        || a == 0
+        || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
+        || (a == 192 && b == 0 && ip.octets()[2] == 0) // IETF protocol assignments
+        || (a == 198 && (b == 18 || b == 19)) // benchmarking
+        || a >= 240) // reserved
+}
+
+fn is_global_v6(ip: Ipv6Addr) -> bool {
+    let first = ip.segments()[0];
+    !(ip.is_loopback()
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || (first & 0xfe00) == 0xfc00 // unique local
+        || (first & 0xffc0) == 0xfe80 // link-local
+        || (first == 0x2001 && ip.segments()[1] == 0x0db8) // documentation
+        || (first == 0x0064 && ip.segments()[1] == 0xff9b)) // NAT64 (embeds IPv4)
+}
+
+pub fn is_global(ip: IpAddr) -> bool {
+    match canonical(ip) {
+        IpAddr::V4(v4) => is_global_v4(v4),
+        IpAddr::V6(v6) => is_global_v6(v6),
+    }
+}
+
+/// The error the resolver returns for a refused address; the Attempt Runner recognises it.
+#[derive(Debug, thiserror::Error)]
+#[error("target address {0} is not allowed (private, loopback or otherwise non-global)")]
+pub struct Refused(pub IpAddr);
+
+/// A DNS resolver that refuses names resolving to any address outside the allowlist.
+#[derive(Debug, Clone)]
+pub struct GuardedResolver {
+    pub allow: Allowlist,
+}
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let allow = self.allow.clone();
+        Box::pin(async move {
+            let host = format!("{}:0", name.as_str());
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host(host).await?.collect();
+            if let Some(bad) = addrs.iter().find(|a| !allow.permits(a.ip())) {
+                return Err(Box::new(Refused(bad.ip())) as Box<dyn std::error::Error + Send + Sync>);
+            }
+            Ok(Box::new(addrs.into_iter()) as Addrs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    #[test]
+    fn non_global_addresses_are_refused() {
+        let none = Allowlist::default();
+        for bad in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::",
+        ] {
+            assert!(!none.permits(ip(bad)), "{bad}");
+        }
+        for good in ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"] {
+            assert!(none.permits(ip(good)), "{good}");
+        }
+    }
+
+    #[test]
+    fn the_allowlist_opens_only_its_ranges() {
+        let allow = Allowlist::parse("127.0.0.0/8, ::1/128").expect("cidrs");
+        assert!(allow.permits(ip("127.0.0.1")));
+        assert!(allow.permits(ip("::1")));
+        assert!(allow.permits(ip("::ffff:127.0.0.1")));
+        assert!(!allow.permits(ip("10.0.0.1")));
+        assert!(Allowlist::parse("not-a-cidr").is_err());
+        assert!(Allowlist::parse("").expect("empty").0.is_empty());
+    }
+}

@@ -1,0 +1,283 @@
+//! The worker's reads and writes on the Delivery row: Claim, swap, finalise behind the Fence,
+//! and the scans of the retry scheduler and the sweeps.
+//!
+//! A Kafka message is a hint; these statements decide. Every write that matters is
+//! conditional on still owning the row (`claim_token = $token`), so a duplicate hint, a
+//! redelivered retry message, or a worker that stalled past the sweep changes nothing.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::attempt::{Outcome, Report};
+use crate::schedule::Decision;
+
+/// A Delivery this worker owns, under `token`.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: String,
+    pub token: Uuid,
+    pub attempt_count: i32,
+    pub event_id: String,
+    pub endpoint_id: String,
+    pub direction: String,
+    pub sequence_number: Option<i64>,
+    pub ladder_started_at: DateTime<Utc>,
+}
+
+/// The Claim (duplicate windows 4 and 5): one worker gets the row back; every other copy of
+/// the hint — a republished Outbox row, a rebalance replay — matches nothing.
+pub async fn claim(pool: &PgPool, id: &str, token: Uuid) -> Result<Option<Claimed>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"UPDATE deliveries
+           SET status = 'PROCESSING', claim_token = $2, last_attempt_at = now(),
+               updated_at = now(), version = version + 1
+           WHERE id = $1 AND status = 'PENDING'
+             AND (next_retry_at IS NULL OR next_retry_at <= now())
+           RETURNING id, attempt_count, event_id, endpoint_id, direction, sequence_number,
+                     ladder_started_at"#,
+        id,
+        token
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| Claimed {
+        id: r.id,
+        token,
+        attempt_count: r.attempt_count,
+        event_id: r.event_id,
+        endpoint_id: r.endpoint_id,
+        direction: r.direction,
+        sequence_number: r.sequence_number,
+        ladder_started_at: r.ladder_started_at,
+    }))
+}
+
+/// The retry path (duplicate window 5 on the retry topic): the scheduler claimed the row
+/// under its own token and published that token; the consumer takes the row over only while
+/// it still carries it, so a redelivered retry message claims nothing.
+pub async fn swap(
+    pool: &PgPool,
+    id: &str,
+    scheduler_token: Uuid,
+    token: Uuid,
+) -> Result<Option<Claimed>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"UPDATE deliveries
+           SET claim_token = $3, last_attempt_at = now(), updated_at = now(), version = version + 1
+           WHERE id = $1 AND status = 'PROCESSING' AND claim_token = $2
+           RETURNING id, attempt_count, event_id, endpoint_id, direction, sequence_number,
+                     ladder_started_at"#,
+        id,
+        scheduler_token,
+        token
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| Claimed {
+        id: r.id,
+        token,
+        attempt_count: r.attempt_count,
+        event_id: r.event_id,
+        endpoint_id: r.endpoint_id,
+        direction: r.direction,
+        sequence_number: r.sequence_number,
+        ladder_started_at: r.ladder_started_at,
+    }))
+}
+
+/// Where and what to send for a claimed Delivery.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub url: String,
+    pub secret: String,
+    pub previous_secret: Option<String>,
+    pub headers: serde_json::Value,
+    pub timeout_ms: i32,
+    pub enabled: bool,
+    pub event_type: String,
+    pub payload: String,
+}
+
+pub async fn target(pool: &PgPool, claimed: &Claimed) -> Result<Option<Target>, sqlx::Error> {
+    sqlx::query_as!(
+        Target,
+        r#"SELECT e.url, e.secret,
+                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
+                  v.event_type, v.payload::text AS "payload!"
+           FROM endpoints e, events v
+           WHERE e.id = $1 AND v.id = $2"#,
+        claimed.endpoint_id,
+        claimed.event_id
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+fn outcome_name(o: &Outcome) -> &'static str {
+    match o {
+        Outcome::Delivered => "SUCCEEDED",
+        Outcome::Retry { .. } => "RETRY",
+        Outcome::Failed { .. } => "FAILED",
+    }
+}
+
+/// Invariant 3 (the Fence): writes the Decision only where the row still carries our token,
+/// and says whether it wrote. The caller queues no successor (next retry, ordering release)
+/// unless it did. Invariant 6: an Attempt row is written for every request that was sent,
+/// fenced or not, in the same transaction.
+pub async fn finalise(
+    pool: &PgPool,
+    claimed: &Claimed,
+    report: &Report,
+    decision: &Decision,
+) -> Result<bool, sqlx::Error> {
+    let (status, wait, reason, disable) = match decision {
+        Decision::Succeeded => ("SUCCEEDED", None, None, false),
+        Decision::RetryAfter(d) => ("PENDING", Some(d.as_secs_f64()), None, false),
+        Decision::Failed {
+            reason,
+            disable_endpoint,
+        } => ("FAILED", None, Some(reason.clone()), *disable_endpoint),
+    };
+    let sent = i32::from(report.sent);
+    let mut tx = pool.begin().await?;
+    let wrote = sqlx::query_scalar!(
+        r#"UPDATE deliveries
+           SET status = $3, claim_token = NULL, attempt_count = attempt_count + $4,
+               next_retry_at = CASE WHEN $5::float8 IS NULL THEN NULL
+                                    ELSE now() + make_interval(secs => $5) END,
+               failure_reason = $6, updated_at = now(), version = version + 1
+           WHERE id = $1 AND claim_token = $2
+           RETURNING id"#,
+        claimed.id,
+        claimed.token,
+        status,
+        sent,
+        wait,
+        reason
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .is_some();
+    if wrote && disable {
+        sqlx::query!(
+            "UPDATE endpoints SET enabled = false, updated_at = now(),
+                    disabled_reason = 'disabled after a 410 Gone at ' || now()::text
+             WHERE id = $1",
+            claimed.endpoint_id
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    if report.sent {
+        let finished_at =
+            report.started_at + chrono::Duration::from_std(report.duration).unwrap_or_default();
+        sqlx::query!(
+            r#"INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at, status_code,
+                                     outcome, duration_ms, error_class, response_excerpt, fenced)
+               SELECT $1, coalesce(max(attempt_number), 0) + 1, $2, $3, $4, $5, $6, $7, $8, $9
+               FROM attempts WHERE delivery_id = $1"#,
+            claimed.id,
+            report.started_at,
+            finished_at,
+            report.status.map(i32::from),
+            outcome_name(&report.outcome),
+            report.duration.as_millis().min(i32::MAX as u128) as i32,
+            report.error.map(|e| e.as_str()),
+            report.excerpt,
+            !wrote
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(wrote)
+}
+
+/// Ends a claimed Delivery without an Attempt (its endpoint was disabled or deleted).
+pub async fn fail_unsent(
+    pool: &PgPool,
+    claimed: &Claimed,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let wrote = sqlx::query!(
+        "UPDATE deliveries SET status = 'FAILED', claim_token = NULL, failure_reason = $3,
+                updated_at = now(), version = version + 1
+         WHERE id = $1 AND claim_token = $2",
+        claimed.id,
+        claimed.token,
+        reason
+    )
+    .execute(pool)
+    .await?;
+    Ok(wrote.rows_affected() == 1)
+}
+
+/// The retry scheduler's Claim: due rows, in batches, skipping rows another scheduler holds.
+/// Returns (delivery id, endpoint id, scheduler token) per row.
+pub async fn claim_due(
+    pool: &PgPool,
+    batch: i64,
+) -> Result<Vec<(String, String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"UPDATE deliveries d
+           SET status = 'PROCESSING', claim_token = gen_random_uuid(), last_attempt_at = now(),
+               updated_at = now(), version = version + 1
+           FROM (SELECT id FROM deliveries
+                 WHERE status = 'PENDING' AND next_retry_at <= now()
+                 ORDER BY next_retry_at LIMIT $1
+                 FOR UPDATE SKIP LOCKED) due
+           WHERE d.id = due.id
+           RETURNING d.id, d.endpoint_id, d.claim_token AS "token!""#,
+        batch
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.id, r.endpoint_id, r.token))
+        .collect())
+}
+
+/// Hands a row back when the scheduler could not publish it (only then may it write again).
+pub async fn unclaim(pool: &PgPool, id: &str, token: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, updated_at = now()
+         WHERE id = $1 AND claim_token = $2",
+        id,
+        token
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Sweep 1: PROCESSING for longer than `older_than_secs` goes back to PENDING with its token
+/// cleared. The stalled worker's late `finalise` then lands on nothing (duplicate window 7).
+pub async fn sweep_processing(pool: &PgPool, older_than_secs: f64) -> Result<u64, sqlx::Error> {
+    let swept = sqlx::query!(
+        "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, next_retry_at = now(),
+                updated_at = now(), version = version + 1
+         WHERE status = 'PROCESSING' AND last_attempt_at < now() - make_interval(secs => $1)",
+        older_than_secs
+    )
+    .execute(pool)
+    .await?;
+    Ok(swept.rows_affected())
+}
+
+/// Sweep 2: PENDING with nothing scheduled for longer than `older_than_secs` goes to the
+/// retry path. This also re-announces anything a lost Slot never carried.
+pub async fn sweep_stranded(pool: &PgPool, older_than_secs: f64) -> Result<u64, sqlx::Error> {
+    let swept = sqlx::query!(
+        "UPDATE deliveries SET next_retry_at = now(), updated_at = now()
+         WHERE status = 'PENDING' AND next_retry_at IS NULL
+           AND updated_at < now() - make_interval(secs => $1)",
+        older_than_secs
+    )
+    .execute(pool)
+    .await?;
+    Ok(swept.rows_affected())
+}

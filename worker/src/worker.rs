@@ -1,0 +1,376 @@
+//! The worker loop: consume hints, Claim, run the Attempt off the consumer's path, finalise
+//! behind the Fence; plus the retry scheduler and the sweeps.
+//!
+//! ```text
+//!  deliveries topic ─Announcement─▶ claim(id) ──┐
+//!  retries topic   ─RetryHint────▶ swap(token) ─┤  store offset (after the claim committed
+//!                                               │  or matched nothing)
+//!                                               ▼
+//!                        spawn: target → Attempt Runner (HTTP only) → decide → finalise
+//!  every retry_scheduler_ms: claim_due (SKIP LOCKED) → publish RetryHint (ack) → never write
+//!                                                     └ publish failed → unclaim
+//!  every sweep_ms: PROCESSING too long → PENDING; PENDING unscheduled too long → retry path
+//! ```
+//!
+//! Offsets: a message's offset is stored only after its Claim's transaction committed or
+//! matched nothing, so a crash before that redelivers the hint and a crash after it leaves a
+//! claimed row that the processing sweep hands back. Claims run in message order on one
+//! task; Attempts run concurrently, at most `max_in_flight` at a time.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use railhook_common::announcement::Announcement;
+use railhook_common::config::Settings;
+use railhook_common::kafka;
+use railhook_common::retry::Ladder;
+use railhook_common::signing::SigningKey;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+use crate::attempt::{Attempt, ClientError, Outcome, Runner};
+use crate::hint::RetryHint;
+use crate::metrics::WorkerMetrics;
+use crate::schedule::{Decision, decide};
+use crate::ssrf::{Allowlist, BadCidr};
+use crate::store::{self, Claimed};
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub brokers: String,
+    pub deliveries_topic: String,
+    pub retries_topic: String,
+    pub group: String,
+    pub partitions: i32,
+    pub replication_factor: i32,
+    pub max_in_flight: usize,
+    pub outgoing: Ladder,
+    pub incoming: Ladder,
+    pub scheduler_interval: Duration,
+    pub sweep_interval: Duration,
+    pub processing_timeout: Duration,
+    pub stranded_after: Duration,
+    pub allow_private_targets: String,
+    pub message_timeout: Duration,
+}
+
+impl WorkerConfig {
+    pub fn from_settings(s: &Settings) -> Self {
+        Self {
+            brokers: s.kafka_brokers.clone(),
+            deliveries_topic: kafka::deliveries_topic(&s.topic_prefix),
+            retries_topic: kafka::retries_topic(&s.topic_prefix),
+            group: s.worker_group.clone(),
+            partitions: s.kafka_partitions,
+            replication_factor: s.kafka_replication_factor,
+            max_in_flight: s.worker_max_in_flight,
+            outgoing: s.outgoing_ladder(),
+            incoming: s.incoming_ladder(),
+            scheduler_interval: Duration::from_millis(s.retry_scheduler_ms),
+            sweep_interval: Duration::from_millis(s.sweep_ms),
+            processing_timeout: Duration::from_secs(s.processing_timeout_seconds),
+            stranded_after: Duration::from_secs(s.stranded_after_seconds),
+            allow_private_targets: s.allow_private_targets.clone(),
+            message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("Kafka")]
+    Kafka(#[from] KafkaError),
+    #[error("RAILHOOK_ALLOW_PRIVATE_TARGETS")]
+    Allowlist(#[from] BadCidr),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+/// Everything an Attempt task needs; cheap to clone.
+#[derive(Clone)]
+struct Shared {
+    pool: PgPool,
+    runner: Runner,
+    metrics: WorkerMetrics,
+    outgoing: Ladder,
+    incoming: Ladder,
+}
+
+/// Runs the worker until `shutdown` resolves.
+pub async fn run(
+    config: WorkerConfig,
+    pool: PgPool,
+    metrics: WorkerMetrics,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), WorkerError> {
+    for topic in [&config.deliveries_topic, &config.retries_topic] {
+        kafka::ensure_topic(
+            &config.brokers,
+            topic,
+            config.partitions,
+            config.replication_factor,
+        )
+        .await?;
+    }
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &config.brokers)
+        .set("group.id", &config.group)
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", "10")
+        .set("auto.commit.interval.ms", "500")
+        .create()?;
+    consumer.subscribe(&[&config.deliveries_topic, &config.retries_topic])?;
+    let producer = kafka::producer(&config.brokers, config.message_timeout, 10_000)?;
+    let shared = Shared {
+        pool,
+        runner: Runner::new(Allowlist::parse(&config.allow_private_targets)?)?,
+        metrics,
+        outgoing: config.outgoing.clone(),
+        incoming: config.incoming.clone(),
+    };
+    let permits = Arc::new(Semaphore::new(config.max_in_flight));
+    let mut scheduler = tokio::time::interval(config.scheduler_interval);
+    let mut sweep = tokio::time::interval(config.sweep_interval);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            message = consumer.recv() => match message {
+                Ok(m) => {
+                    on_message(&shared, &config, &permits, &m).await;
+                    if let Err(e) = consumer.store_offset_from_message(&m) {
+                        tracing::warn!(error = %e, "offset not stored");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "consumer error"),
+            },
+            _ = scheduler.tick() => schedule_retries(&shared, &config, &producer).await,
+            _ = sweep.tick() => sweeps(&shared, &config).await,
+        }
+    }
+}
+
+/// Claims the Delivery a hint names (retrying while Postgres is away, so no offset moves past
+/// an unanswered hint) and hands a won Claim to an Attempt task.
+async fn on_message(
+    shared: &Shared,
+    config: &WorkerConfig,
+    permits: &Arc<Semaphore>,
+    m: &BorrowedMessage<'_>,
+) {
+    let Some(payload) = m.payload() else {
+        shared.metrics.bad_hints.inc();
+        return;
+    };
+    let Ok(permit) = permits.clone().acquire_owned().await else {
+        return;
+    };
+    let token = Uuid::new_v4();
+    let claimed = loop {
+        let attempt = if m.topic() == config.retries_topic {
+            match RetryHint::decode(payload) {
+                Some(h) => store::swap(&shared.pool, &h.delivery_id, h.token, token).await,
+                None => break None,
+            }
+        } else {
+            match Announcement::decode(payload) {
+                Ok(a) => store::claim(&shared.pool, &a.delivery_id, token).await,
+                Err(_) => break None,
+            }
+        };
+        match attempt {
+            Ok(c) => break Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    match claimed {
+        None => shared.metrics.bad_hints.inc(),
+        Some(None) => shared.metrics.claim_misses.inc(),
+        Some(Some(c)) => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                deliver(&shared, c).await;
+                drop(permit);
+            });
+        }
+    }
+}
+
+/// One claimed Delivery: target, Attempt, decision, finalise.
+async fn deliver(shared: &Shared, claimed: Claimed) {
+    let target = match store::target(&shared.pool, &claimed).await {
+        Ok(Some(t)) => t,
+        Ok(None) | Err(_) => return, // the processing sweep hands the row back
+    };
+    if !target.enabled {
+        let _ = store::fail_unsent(
+            &shared.pool,
+            &claimed,
+            "the endpoint is disabled or deleted",
+        )
+        .await;
+        shared.metrics.failed_messages.inc();
+        return;
+    }
+    let Some(attempt) = build_attempt(&claimed, &target) else {
+        let _ = store::fail_unsent(
+            &shared.pool,
+            &claimed,
+            "the endpoint's URL or secret is invalid",
+        )
+        .await;
+        shared.metrics.failed_messages.inc();
+        return;
+    };
+    let report = shared.runner.run(&attempt).await;
+    let ladder = if claimed.direction == "incoming" {
+        &shared.incoming
+    } else {
+        &shared.outgoing
+    };
+    let attempts = u32::try_from(claimed.attempt_count).unwrap_or(0) + 1;
+    let age = (chrono::Utc::now() - claimed.ladder_started_at)
+        .to_std()
+        .unwrap_or_default();
+    let decision = decide(
+        &report.outcome,
+        report.status,
+        attempts,
+        age,
+        ladder,
+        rand::random::<f64>(),
+    );
+    let label = match report.outcome {
+        Outcome::Delivered => "succeeded",
+        Outcome::Retry { .. } => "retry",
+        Outcome::Failed { .. } => "failed",
+    };
+    if report.sent {
+        shared.metrics.attempts.with_label_values(&[label]).inc();
+    }
+    match finalise_with_retry(shared, &claimed, &report, &decision).await {
+        Some(true) => {
+            if decision == Decision::Succeeded {
+                shared
+                    .metrics
+                    .delivery_latency
+                    .observe(report.duration.as_secs_f64());
+            }
+            if matches!(decision, Decision::Failed { .. }) {
+                shared.metrics.failed_messages.inc();
+            }
+        }
+        Some(false) => {
+            shared.metrics.fence_rejections.inc();
+            tracing::info!(delivery_id = %claimed.id, "outcome fenced out: the claim was lost");
+        }
+        None => {
+            tracing::error!(delivery_id = %claimed.id, "outcome not written; the sweep will hand the delivery back")
+        }
+    }
+}
+
+async fn finalise_with_retry(
+    shared: &Shared,
+    claimed: &Claimed,
+    report: &crate::attempt::Report,
+    decision: &Decision,
+) -> Option<bool> {
+    for pause in [0u64, 200, 1_000, 5_000] {
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        match store::finalise(&shared.pool, claimed, report, decision).await {
+            Ok(wrote) => return Some(wrote),
+            Err(e) => tracing::warn!(error = %e, "finalise failed"),
+        }
+    }
+    None
+}
+
+fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
+    let mut keys = vec![SigningKey::parse(&target.secret).ok()?];
+    if let Some(prev) = &target.previous_secret {
+        keys.push(SigningKey::parse(prev).ok()?);
+    }
+    let custom_headers = target
+        .headers
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(Attempt {
+        delivery_id: claimed.id.clone(),
+        event_id: claimed.event_id.clone(),
+        event_type: target.event_type.clone(),
+        url: url::Url::parse(&target.url).ok()?,
+        body: bytes::Bytes::from(target.payload.clone().into_bytes()),
+        custom_headers,
+        keys,
+        timeout: Duration::from_millis(u64::try_from(target.timeout_ms).unwrap_or(30_000)),
+        sequence_number: claimed.sequence_number,
+    })
+}
+
+/// The retry scheduler: claims due rows and publishes a hint for each. Once a hint is
+/// acknowledged by Kafka the scheduler never writes that row again (the consumer owns it);
+/// only a failed publish hands the row back.
+async fn schedule_retries(shared: &Shared, config: &WorkerConfig, producer: &FutureProducer) {
+    let due = match store::claim_due(&shared.pool, 500).await {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "retry scheduler could not read due deliveries");
+            return;
+        }
+    };
+    for (delivery_id, endpoint_id, token) in due {
+        let hint = RetryHint {
+            delivery_id,
+            endpoint_id,
+            token,
+        };
+        let payload = hint.encode();
+        let record = FutureRecord::to(&config.retries_topic)
+            .key(&hint.endpoint_id)
+            .payload(&payload);
+        match producer.send(record, Duration::from_secs(5)).await {
+            Ok(_) => shared.metrics.retries_published.inc(),
+            Err((e, _)) => {
+                tracing::warn!(error = %e, "retry hint not published; handing the delivery back");
+                let _ = store::unclaim(&shared.pool, &hint.delivery_id, hint.token).await;
+            }
+        }
+    }
+}
+
+async fn sweeps(shared: &Shared, config: &WorkerConfig) {
+    match store::sweep_processing(&shared.pool, config.processing_timeout.as_secs_f64()).await {
+        Ok(n) => shared
+            .metrics
+            .swept
+            .with_label_values(&["processing"])
+            .inc_by(n),
+        Err(e) => tracing::warn!(error = %e, "processing sweep failed"),
+    }
+    match store::sweep_stranded(&shared.pool, config.stranded_after.as_secs_f64()).await {
+        Ok(n) => shared
+            .metrics
+            .swept
+            .with_label_values(&["stranded"])
+            .inc_by(n),
+        Err(e) => tracing::warn!(error = %e, "stranded sweep failed"),
+    }
+}
