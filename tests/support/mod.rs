@@ -333,4 +333,6 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+pub mod pipeline;
+pub mod receiver;
 pub mod relay;

@@ -1,0 +1,196 @@
+//! The Claim and the Fence against real Postgres, and duplicate hints through real Kafka.
+
+mod support;
+
+use std::time::Duration;
+
+use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
+use railhook_common::retry::Ladder;
+use railhook_worker::attempt::{Outcome, Report};
+use railhook_worker::schedule::Decision;
+use railhook_worker::store;
+use rdkafka::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::json;
+use support::pipeline::Pipeline;
+use support::receiver::{Behaviour, Receiver};
+use support::spawn_app;
+use uuid::Uuid;
+
+fn report(outcome: Outcome) -> Report {
+    Report {
+        started_at: chrono::Utc::now(),
+        duration: Duration::from_millis(5),
+        status: Some(200),
+        outcome,
+        error: None,
+        excerpt: None,
+        sent: true,
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["*"], false).await;
+    let r = app.post_event(&key, "a.b", json!({}), None).await;
+    let id = r.body["deliveries"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+
+    // Worker A claims; a duplicate hint claims nothing.
+    let a = store::claim(&app.pool, &id, Uuid::new_v4())
+        .await
+        .expect("claim")
+        .expect("won");
+    assert!(
+        store::claim(&app.pool, &id, Uuid::new_v4())
+            .await
+            .expect("claim")
+            .is_none()
+    );
+    // A stalls past the processing timeout; the sweep hands the row back; B claims it.
+    assert_eq!(
+        store::sweep_processing(&app.pool, 0.0)
+            .await
+            .expect("sweep"),
+        1
+    );
+    let b = store::claim(&app.pool, &id, Uuid::new_v4())
+        .await
+        .expect("claim")
+        .expect("won");
+    // B finishes first: its outcome counts. A wakes: its outcome lands on nothing.
+    assert!(
+        store::finalise(
+            &app.pool,
+            &b,
+            &report(Outcome::Delivered),
+            &Decision::Succeeded
+        )
+        .await
+        .expect("b")
+    );
+    let retry = Decision::RetryAfter(Duration::from_secs(60));
+    let late = report(Outcome::Retry { retry_after: None });
+    assert!(
+        !store::finalise(&app.pool, &a, &late, &retry)
+            .await
+            .expect("a")
+    );
+    let (status, count): (String, i32) =
+        sqlx::query_as("SELECT status, attempt_count FROM deliveries WHERE id = $1")
+            .bind(&id)
+            .fetch_one(&app.pool)
+            .await
+            .expect("row");
+    assert_eq!((status.as_str(), count), ("SUCCEEDED", 1));
+    // Both requests went out, so both are recorded; A's is marked fenced.
+    let fenced: Vec<bool> =
+        sqlx::query_scalar("SELECT fenced FROM attempts WHERE delivery_id = $1 ORDER BY id")
+            .bind(&id)
+            .fetch_all(&app.pool)
+            .await
+            .expect("attempts");
+    assert_eq!(fenced, vec![false, true]);
+}
+
+#[tokio::test]
+async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["*"], false).await;
+    let r = app.post_event(&key, "a.b", json!({}), None).await;
+    let id = r.body["deliveries"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let c = store::claim(&app.pool, &id, Uuid::new_v4())
+        .await
+        .expect("claim")
+        .expect("won");
+    let retry = Decision::RetryAfter(Duration::ZERO);
+    assert!(
+        store::finalise(
+            &app.pool,
+            &c,
+            &report(Outcome::Retry { retry_after: None }),
+            &retry
+        )
+        .await
+        .expect("f")
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Two schedulers race: one gets the row, the other nothing (SKIP LOCKED + status).
+    let (first, second) = tokio::join!(
+        store::claim_due(&app.pool, 10),
+        store::claim_due(&app.pool, 10)
+    );
+    let due: Vec<_> = first
+        .expect("1")
+        .into_iter()
+        .chain(second.expect("2"))
+        .collect();
+    assert_eq!(due.len(), 1);
+    let (_, _, scheduler_token) = due[0].clone();
+    // The hint is delivered twice: only the first swap wins.
+    let one = store::swap(&app.pool, &id, scheduler_token, Uuid::new_v4())
+        .await
+        .expect("swap");
+    let two = store::swap(&app.pool, &id, scheduler_token, Uuid::new_v4())
+        .await
+        .expect("swap");
+    assert!(one.is_some() && two.is_none());
+    // A plain Claim cannot take a row the retry path owns.
+    assert!(
+        store::claim(&app.pool, &id, Uuid::new_v4())
+            .await
+            .expect("claim")
+            .is_none()
+    );
+    assert_eq!(Ladder::outgoing().max_attempts, 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_hints_in_kafka_deliver_once_across_two_workers() {
+    let mut p = Pipeline::start(|_| {}).await;
+    p.spawn_worker();
+    let receiver = Receiver::start(vec![], Behaviour::Delay(Duration::from_millis(200), 200)).await;
+    let (endpoint, _) = p.endpoint(&receiver.url, 5_000).await;
+    let (_, delivery) = p.send(json!({})).await;
+    // The relay's Announcement plus five copies, as after relay restarts and redeliveries.
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &p.settings.kafka_brokers)
+        .create()
+        .expect("producer");
+    let topic = railhook_common::kafka::deliveries_topic(&p.settings.topic_prefix);
+    let copy = Announcement {
+        v: ANNOUNCEMENT_VERSION,
+        delivery_id: delivery.clone(),
+        endpoint_id: endpoint.clone(),
+        project_id: "proj".into(),
+        reason: "CREATED".into(),
+        outbox_id: 0,
+        commit_lsn: "0/0".into(),
+    };
+    for _ in 0..5 {
+        let payload = copy.encode();
+        producer
+            .send(
+                FutureRecord::to(&topic).key(&endpoint).payload(&payload),
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("produce");
+    }
+    p.wait_status(&delivery, "SUCCEEDED", Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(receiver.count(), 1, "a duplicate hint reached the receiver");
+    assert!(p.worker_metrics.claim_misses.get() >= 5);
+    p.stop().await;
+}

@@ -1,0 +1,159 @@
+//! A scriptable HTTP receiver on 127.0.0.1:0, written on raw TCP so it can misbehave the
+//! ways real receivers do: answer late, stall after the status line, reset the connection.
+#![allow(dead_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What to do with one request.
+#[derive(Debug, Clone, Copy)]
+pub enum Behaviour {
+    Status(u16),
+    /// Wait, then answer.
+    Delay(Duration, u16),
+    /// Send a 2xx status line and headers announcing a body, then never send it.
+    StallAfterStatus(u16),
+    /// Close the connection without answering (RST).
+    Reset,
+    /// Answer with `Retry-After: secs`.
+    RetryAfter(u16, u64),
+}
+
+/// One request as received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HashMap<String, String>,
+    pub body: String,
+    pub at: Instant,
+}
+
+#[derive(Clone)]
+pub struct Receiver {
+    pub url: String,
+    script: Arc<Mutex<VecDeque<Behaviour>>>,
+    default: Behaviour,
+    pub received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Receiver {
+    /// Follows `script` request by request, then `default` for ever.
+    pub async fn start(script: Vec<Behaviour>, default: Behaviour) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+        let r = Self {
+            url,
+            script: Arc::new(Mutex::new(script.into())),
+            default,
+            received: Arc::new(Mutex::new(Vec::new())),
+        };
+        let me = r.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let me = me.clone();
+                tokio::spawn(async move { me.serve(stream).await });
+            }
+        });
+        r
+    }
+
+    pub fn count(&self) -> usize {
+        self.received.lock().expect("lock").len()
+    }
+
+    pub fn requests(&self) -> Vec<Received> {
+        self.received.lock().expect("lock").clone()
+    }
+
+    async fn serve(&self, mut stream: TcpStream) {
+        loop {
+            let Some(request) = read_request(&mut stream).await else {
+                return;
+            };
+            self.received.lock().expect("lock").push(request);
+            let behaviour = self
+                .script
+                .lock()
+                .expect("lock")
+                .pop_front()
+                .unwrap_or(self.default);
+            let ok = match behaviour {
+                Behaviour::Status(code) => respond(&mut stream, code, "").await,
+                Behaviour::RetryAfter(code, secs) => {
+                    respond(&mut stream, code, &format!("retry-after: {secs}\r\n")).await
+                }
+                Behaviour::Delay(wait, code) => {
+                    tokio::time::sleep(wait).await;
+                    respond(&mut stream, code, "").await
+                }
+                Behaviour::StallAfterStatus(code) => {
+                    let head = format!("HTTP/1.1 {code} OK\r\ncontent-length: 1000\r\n\r\npartial");
+                    let _ = stream.write_all(head.as_bytes()).await;
+                    tokio::time::sleep(Duration::from_secs(600)).await;
+                    false
+                }
+                Behaviour::Reset => {
+                    // Zero linger makes the close an RST, which is the point here; the
+                    // deprecation is about blocking on drop, which a zero linger never does.
+                    #[allow(deprecated)]
+                    let _ = stream.set_linger(Some(Duration::ZERO));
+                    false
+                }
+            };
+            if !ok {
+                return;
+            }
+        }
+    }
+}
+
+async fn respond(stream: &mut TcpStream, code: u16, extra: &str) -> bool {
+    let body = "ok";
+    let head = format!(
+        "HTTP/1.1 {code} X\r\n{extra}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.is_ok()
+}
+
+async fn read_request(stream: &mut TcpStream) -> Option<Received> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let header_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..header_end]).to_string();
+    let headers: HashMap<String, String> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let length: usize = headers
+        .get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    while buf.len() < header_end + length {
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = String::from_utf8_lossy(&buf[header_end..header_end + length]).to_string();
+    Some(Received {
+        headers,
+        body,
+        at: Instant::now(),
+    })
+}

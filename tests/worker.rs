@@ -1,0 +1,239 @@
+//! The worker end to end: ingest → Outbox → Slot → relay → Kafka → worker → a real HTTP
+//! receiver on loopback, plus the Claim and the Fence against real Postgres.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use railhook_common::signing::SigningKey;
+use serde_json::json;
+use support::pipeline::Pipeline;
+use support::receiver::{Behaviour, Receiver};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Verifies a received request with the official Standard Webhooks library (Python).
+fn python_verifies(secret: &str, r: &support::receiver::Received) -> bool {
+    use std::io::Write;
+    let mut child = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/verify_signature.py"
+        ))
+        .arg(secret)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let input = json!({"headers": r.headers, "body": r.body}).to_string();
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write");
+    child.wait().expect("wait").success()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_arrives_once_signed_with_standard_webhooks_headers() {
+    let p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(204)).await;
+    let (endpoint, secret) = p.endpoint(&receiver.url, 5_000).await;
+    let started = Instant::now();
+    let (event, delivery) = p.send(json!({"order": 42})).await;
+    let d = p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    let latency = receiver.requests()[0].at - started;
+    println!("POST /v1/events → receiver: {} ms", latency.as_millis());
+
+    assert_eq!(receiver.count(), 1);
+    let r = &receiver.requests()[0];
+    assert_eq!(r.headers["webhook-id"], delivery);
+    assert_eq!(r.headers["x-event-id"], event);
+    assert_eq!(r.headers["x-event-type"], "order.paid");
+    assert_eq!(r.headers["content-type"], "application/json");
+    assert!(r.headers["user-agent"].starts_with("Railhook/"));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&r.body).expect("json"),
+        json!({"order": 42})
+    );
+    let ts: i64 = r.headers["webhook-timestamp"].parse().expect("timestamp");
+    let key = SigningKey::parse(&secret).expect("secret");
+    assert_eq!(
+        r.headers["webhook-signature"],
+        key.sign(&delivery, ts, r.body.as_bytes())
+    );
+    assert!(
+        python_verifies(&secret, r),
+        "the official library rejected the signature"
+    );
+    assert_eq!(d["attempt_count"], json!(1));
+    assert_eq!(d["attempts"][0]["status_code"], json!(204));
+    assert_eq!(d["attempts"][0]["outcome"], json!("SUCCEEDED"));
+    assert_eq!(d["endpoint_id"], json!(endpoint));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retryable_answers_climb_the_ladder_with_the_same_webhook_id() {
+    let p = Pipeline::start(|_| {}).await;
+    let script = vec![
+        Behaviour::Status(500),
+        Behaviour::RetryAfter(429, 0),
+        Behaviour::Status(503),
+    ];
+    let receiver = Receiver::start(script, Behaviour::Status(200)).await;
+    let (_, secret) = p.endpoint(&receiver.url, 5_000).await;
+    let (_, delivery) = p.send(json!({"n": 1})).await;
+    let d = p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    let requests = receiver.requests();
+    assert_eq!(requests.len(), 4);
+    assert!(requests.iter().all(|r| r.headers["webhook-id"] == delivery));
+    assert!(requests.iter().all(|r| python_verifies(&secret, r)));
+    assert_eq!(d["attempt_count"], json!(4));
+    let codes: Vec<_> = d["attempts"]
+        .as_array()
+        .expect("attempts")
+        .iter()
+        .map(|a| a["status_code"].clone())
+        .collect();
+    assert_eq!(codes, vec![json!(500), json!(429), json!(503), json!(200)]);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_full_ladder_ends_in_failed_messages_after_seven_attempts() {
+    let p = Pipeline::start(|s| s.retry_outgoing_delays = "0.1,0.1,0.1,0.1,0.1,0.1".into()).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(502)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    let (_, delivery) = p.send(json!({})).await;
+    let d = p.wait_status(&delivery, "FAILED", WAIT).await;
+    assert_eq!(receiver.count(), 7);
+    assert_eq!(d["attempt_count"], json!(7));
+    assert!(
+        d["failure_reason"]
+            .as_str()
+            .expect("reason")
+            .contains("7 attempts")
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.count(), 7, "attempts after FAILED");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_fail_at_once_and_410_disables_the_endpoint() {
+    let p = Pipeline::start(|_| {}).await;
+    let bad_request = Receiver::start(vec![], Behaviour::Status(400)).await;
+    let gone = Receiver::start(vec![], Behaviour::Status(410)).await;
+    let (_, _) = p.endpoint(&bad_request.url, 5_000).await;
+    let r = p.app.post_event(&p.key, "a.b", json!({}), None).await;
+    let first = r.body["deliveries"][0]["id"]
+        .as_str()
+        .expect("d")
+        .to_owned();
+    let d = p.wait_status(&first, "FAILED", WAIT).await;
+    assert_eq!(d["attempt_count"], json!(1));
+    assert!(
+        d["failure_reason"]
+            .as_str()
+            .expect("reason")
+            .contains("400")
+    );
+
+    let (gone_id, _) = p.endpoint(&gone.url, 5_000).await;
+    let r = p.app.post_event(&p.key, "a.c", json!({}), None).await;
+    let to_gone = r.body["deliveries"]
+        .as_array()
+        .expect("d")
+        .iter()
+        .find(|d| d["endpoint_id"] == json!(gone_id))
+        .expect("delivery")["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    p.wait_status(&to_gone, "FAILED", WAIT).await;
+    let ep = p
+        .app
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/endpoints/{gone_id}"),
+            Some(&p.key),
+            None,
+        )
+        .await;
+    assert_eq!(ep.body["enabled"], json!(false));
+    assert!(
+        ep.body["disabled_reason"]
+            .as_str()
+            .expect("reason")
+            .contains("410")
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2xx_status_line_is_delivery_even_when_the_body_never_comes() {
+    let p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(
+        vec![Behaviour::StallAfterStatus(200)],
+        Behaviour::Status(500),
+    )
+    .await;
+    p.endpoint(&receiver.url, 2_000).await;
+    let (_, delivery) = p.send(json!({})).await;
+    let d = p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(receiver.count(), 1, "a stalled body was retried");
+    assert_eq!(d["attempts"][0]["response_excerpt"], json!("partial"));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_and_resets_are_retried() {
+    let p = Pipeline::start(|_| {}).await;
+    let script = vec![
+        Behaviour::Delay(Duration::from_secs(3), 200),
+        Behaviour::Reset,
+    ];
+    let receiver = Receiver::start(script, Behaviour::Status(200)).await;
+    p.endpoint(&receiver.url, 1_000).await;
+    let (_, delivery) = p.send(json!({})).await;
+    let d = p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    let classes: Vec<_> = d["attempts"]
+        .as_array()
+        .expect("a")
+        .iter()
+        .map(|a| a["error_class"].clone())
+        .collect();
+    assert_eq!(classes[0], json!("timeout"));
+    assert!(
+        classes[1] == json!("reset") || classes[1] == json!("request"),
+        "{classes:?}"
+    );
+    assert_eq!(classes[2], serde_json::Value::Null);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_allowlist_loopback_targets_are_refused_and_nothing_is_sent() {
+    let p = Pipeline::start(|s| s.allow_private_targets = String::new()).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    let localhost = receiver.url.replace("127.0.0.1", "localhost");
+    p.endpoint(&receiver.url, 5_000).await;
+    p.endpoint(&localhost, 5_000).await;
+    let r = p.app.post_event(&p.key, "a.b", json!({}), None).await;
+    for d in r.body["deliveries"].as_array().expect("d") {
+        let d = p
+            .wait_status(d["id"].as_str().expect("id"), "FAILED", WAIT)
+            .await;
+        assert!(
+            d["failure_reason"]
+                .as_str()
+                .expect("reason")
+                .contains("not allowed"),
+            "{d}"
+        );
+    }
+    assert_eq!(receiver.count(), 0);
+    p.stop().await;
+}
