@@ -219,6 +219,7 @@ async fn service_routes_answer_and_openapi_describes_every_route() {
         "/v1/deliveries",
         "/v1/deliveries/{id}",
         "/v1/deliveries/{id}/attempts",
+        "/v1/deliveries/{id}/retry",
     ] {
         assert!(paths.contains(p), "openapi lacks {p}");
     }

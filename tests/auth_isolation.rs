@@ -47,6 +47,7 @@ async fn no_project_can_read_or_change_another_projects_rows() {
         (Method::GET, format!("/v1/events/{evt_id}"), None),
         (Method::GET, format!("/v1/deliveries/{dlv}"), None),
         (Method::GET, format!("/v1/deliveries/{dlv}/attempts"), None),
+        (Method::POST, format!("/v1/deliveries/{dlv}/retry"), None),
     ];
     for (method, path, body) in &by_id {
         let r = app

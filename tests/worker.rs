@@ -237,3 +237,47 @@ async fn without_the_allowlist_loopback_targets_are_refused_and_nothing_is_sent(
     assert_eq!(receiver.count(), 0);
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_retried_by_hand_goes_out_again_with_a_fresh_ladder() {
+    let p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(vec![Behaviour::Status(400)], Behaviour::Status(200)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    let (_, delivery) = p.send(json!({})).await;
+    p.wait_status(&delivery, "FAILED", WAIT).await;
+    let path = format!("/v1/deliveries/{delivery}/retry");
+    let r = p
+        .app
+        .call(reqwest::Method::POST, &path, Some(&p.key), None)
+        .await;
+    assert_eq!(r.status, reqwest::StatusCode::ACCEPTED, "{:?}", r.body);
+    assert_eq!(r.body["status"], json!("PENDING"));
+    let d = p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    assert_eq!(d["attempt_count"], json!(1), "the ladder restarts");
+    assert_eq!(
+        d["attempts"].as_array().expect("attempts").len(),
+        2,
+        "history is kept"
+    );
+    let requests = receiver.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[0].headers["webhook-id"],
+        requests[1].headers["webhook-id"]
+    );
+    let reasons: Vec<String> =
+        sqlx::query_scalar("SELECT reason FROM outbox WHERE delivery_id = $1 ORDER BY id")
+            .bind(&delivery)
+            .fetch_all(&p.app.pool)
+            .await
+            .expect("outbox");
+    assert_eq!(reasons, vec!["CREATED", "MANUAL_RETRY"]);
+    // Only FAILED deliveries can be retried.
+    let again = p
+        .app
+        .call(reqwest::Method::POST, &path, Some(&p.key), None)
+        .await;
+    assert_eq!(again.status, reqwest::StatusCode::CONFLICT);
+    assert_eq!(again.code(), "invalid_state");
+    p.stop().await;
+}

@@ -87,6 +87,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/deliveries", get(deliveries::list))
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/attempts", get(deliveries::attempts))
+        .route("/v1/deliveries/{id}/retry", post(deliveries::retry))
         .layer(DefaultBodyLimit::max(ENVELOPE_BYTES));
     Router::new()
         .merge(api)

@@ -30,7 +30,7 @@ impl Modify for BearerSchemes {
         subscriptions::create, subscriptions::list, subscriptions::get, subscriptions::update,
         subscriptions::delete,
         events::create, events::create_batch, events::get, events::list,
-        deliveries::list, deliveries::get, deliveries::attempts,
+        deliveries::list, deliveries::get, deliveries::attempts, deliveries::retry,
     ),
     modifiers(&BearerSchemes)
 )]

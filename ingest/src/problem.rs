@@ -25,6 +25,8 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("this Idempotency-Key was already used with a different request")]
     IdempotencyConflict,
+    #[error("{0}")]
+    InvalidState(&'static str),
     #[error("the organization's monthly event quota is used up")]
     QuotaExceeded,
     #[error("invalid cursor")]
@@ -69,6 +71,7 @@ impl ApiError {
             }
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::IdempotencyConflict => (StatusCode::CONFLICT, "idempotency_key_reused"),
+            ApiError::InvalidState(_) => (StatusCode::CONFLICT, "invalid_state"),
             ApiError::QuotaExceeded => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
             ApiError::InvalidCursor => (StatusCode::BAD_REQUEST, "invalid_cursor"),
             ApiError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),

@@ -152,3 +152,49 @@ pub async fn attempts(
     let delivery = find(&state, &project, &id).await?;
     Ok(Json(attempts_of(&state, &delivery.id).await?))
 }
+
+/// Sends a FAILED Delivery again with a fresh ladder: back to PENDING, attempt count and
+/// hard cap restarted, and a new Outbox row (reason `MANUAL_RETRY`) in the same transaction,
+/// so the relay announces it like any new Delivery. The `webhook-id` stays the same: it is
+/// the same Delivery, and a receiver that already processed it will recognise it.
+#[utoipa::path(post, path = "/v1/deliveries/{id}/retry", tag = "deliveries",
+    params(("id" = String, Path)),
+    responses((status = 202, body = Delivery), (status = 404, body = Problem),
+              (status = 409, description = "the Delivery is not FAILED", body = Problem)),
+    security(("api_key" = [])))]
+pub async fn retry(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<(axum::http::StatusCode, Json<Delivery>)> {
+    let current = find(&state, &project, &id).await?;
+    let mut tx = state.pool.begin().await?;
+    let delivery = sqlx::query_as!(
+        Delivery,
+        r#"UPDATE deliveries
+           SET status = 'PENDING', attempt_count = 0, next_retry_at = NULL, failure_reason = NULL,
+               claim_token = NULL, ladder_started_at = now(), updated_at = now(),
+               version = version + 1
+           WHERE id = $1 AND project_id = $2 AND status = 'FAILED'
+           RETURNING id, event_id, endpoint_id, status, attempt_count, next_retry_at,
+                     last_attempt_at, sequence_number, failure_reason, created_at, updated_at"#,
+        current.id,
+        project.id.as_str()
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(ApiError::InvalidState(
+        "only a FAILED delivery can be retried",
+    ))?;
+    sqlx::query!(
+        "INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+         VALUES ($1, $2, $3, 'MANUAL_RETRY')",
+        delivery.id,
+        delivery.endpoint_id,
+        project.id.as_str()
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok((axum::http::StatusCode::ACCEPTED, Json(delivery)))
+}
