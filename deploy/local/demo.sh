@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# demo.sh: brings everything up, migrates, starts `railhook all`, and walks one Event in:
-# an organization, a project, an endpoint with a subscription, and an Event accepted with
-# its Delivery and Outbox row. Railhook keeps running afterwards; stop it with down.sh.
+# demo.sh: brings everything up, migrates, starts `railhook all` and a local receiver, and
+# walks one Event through: an organization, a project, an endpoint (the receiver) with a
+# subscription, an Event accepted with its Delivery and Outbox row, then delivered, signed,
+# to the receiver, which verifies it with the official Standard Webhooks library. Prints the
+# 201 → receiver latency. Railhook keeps running afterwards; stop it with down.sh.
 source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
+ensure_standardwebhooks
 source "$ENV_FILE"
 cd "$ROOT"
 log "building railhook"
@@ -22,8 +25,20 @@ if pid_alive "$STATE/railhook.pid"; then
 fi
 port=$(free_port)
 export RAILHOOK_HTTP_ADDR="127.0.0.1:$port"
+export RAILHOOK_METRICS_ADDR="127.0.0.1:$(free_port)"
+# The demo receiver is on loopback, which the SSRF guard refuses unless allowed.
+export RAILHOOK_ALLOW_PRIVATE_TARGETS="127.0.0.0/8"
+
+# The demo receiver.
+if pid_alive "$STATE/receiver.pid"; then kill "$(cat "$STATE/receiver.pid")"; fi
+receiver_port=$(free_port)
+: > "$STATE/receiver.log"
+: > "$STATE/receiver.secret"
+python3 "$ROOT/deploy/local/demo_receiver.py" "$receiver_port" "$STATE/receiver.secret" "$STATE/receiver.log" \
+  </dev/null >>"$STATE/receiver.out" 2>&1 &
+echo $! > "$STATE/receiver.pid"
 set_env RAILHOOK_API "http://$RAILHOOK_HTTP_ADDR"
-"$BIN" all >>"$STATE/railhook.log" 2>&1 &
+"$BIN" all </dev/null >>"$STATE/railhook.log" 2>&1 &
 echo $! > "$STATE/railhook.pid"
 API="http://$RAILHOOK_HTTP_ADDR"
 wait_for "railhook" 30 curl -sf "$API/readyz"
@@ -37,21 +52,33 @@ call() { # call METHOD PATH TOKEN [BODY]
 org=$(call POST /v1/organizations "$RAILHOOK_ADMIN_TOKEN" '{"name":"Demo Org","monthly_quota":100000}' | json "['id']")
 project=$(call POST /v1/projects "$RAILHOOK_ADMIN_TOKEN" "{\"organization_id\":\"$org\",\"name\":\"Demo\"}")
 key=$(echo "$project" | json "['api_key']")
-endpoint=$(call POST /v1/endpoints "$key" '{"url":"http://127.0.0.1:9/demo-receiver","description":"demo"}' | json "['id']")
+created=$(call POST /v1/endpoints "$key" "{\"url\":\"http://127.0.0.1:$receiver_port/webhooks\",\"description\":\"demo receiver\"}")
+endpoint=$(echo "$created" | json "['id']")
+echo "$created" | json "['secret']" > "$STATE/receiver.secret"
 call POST /v1/subscriptions "$key" "{\"endpoint_id\":\"$endpoint\",\"event_types\":[\"order.*\"]}" >/dev/null
+idem="demo-order-$(date +%s%N)"
 echo
-echo "== POST /v1/events (Idempotency-Key: demo-order-1)"
+echo "== POST /v1/events (Idempotency-Key: $idem)"
+sent_ms=$(python3 -c 'import time; print(time.time()*1000)')
 curl -sS -w '\n-> HTTP %{http_code}\n' -X POST "$API/v1/events" -H "authorization: Bearer $key" \
-  -H 'content-type: application/json' -H 'Idempotency-Key: demo-order-1' \
+  -H 'content-type: application/json' -H "Idempotency-Key: $idem" \
   -d '{"type":"order.paid","payload":{"order_id":1,"amount_cents":4200}}'
 echo "== the same request again: the same Event, nothing new written"
 curl -sS -w '\n-> HTTP %{http_code}\n' -X POST "$API/v1/events" -H "authorization: Bearer $key" \
-  -H 'content-type: application/json' -H 'Idempotency-Key: demo-order-1' \
+  -H 'content-type: application/json' -H "Idempotency-Key: $idem" \
   -d '{"type":"order.paid","payload":{"order_id":1,"amount_cents":4200}}'
 echo "== committed together: the Event, its Delivery, its Outbox row"
 psql "$DATABASE_URL" -P pager=off -c "
   select e.id as event, d.id as delivery, d.status, o.id as outbox_row, o.reason
   from events e join deliveries d on d.event_id = e.id join outbox o on o.delivery_id = d.id
   where e.project_id = '$(echo "$project" | json "['id']")'"
+echo "== the receiver got it: signed, verified by the official Standard Webhooks library"
+wait_for "the webhook at the receiver" 30 test -s "$STATE/receiver.log"
+python3 - "$STATE/receiver.log" "$sent_ms" <<'PY'
+import json, sys
+line = json.loads(open(sys.argv[1]).readline())
+print(f"webhook-id {line['webhook_id']}  event {line['event_id']}  verified={line['verified']}  body={line['body']}")
+print(f"POST /v1/events sent -> webhook at the receiver: {line['arrived_ms'] - float(sys.argv[2]):.1f} ms")
+PY
 echo "API key for this demo project: $key"
 echo "Railhook keeps running at $API; stop everything with deploy/local/down.sh"

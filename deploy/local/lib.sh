@@ -56,3 +56,12 @@ apt_install() {
 }
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# The official Standard Webhooks library, used by tests and the demo receiver to verify
+# signatures independently of Railhook's own code.
+ensure_standardwebhooks() {
+  python3 -c 'import standardwebhooks' 2>/dev/null && return 0
+  log "pip install standardwebhooks"
+  python3 -m pip install --quiet standardwebhooks 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages standardwebhooks
+}

@@ -3,6 +3,7 @@
 # (installing it on a new machine), then runs the whole workspace's tests against it.
 source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
+ensure_standardwebhooks
 source "$ENV_FILE"
 cd "$ROOT"
 # Test databases (and their Slots) are per test; drop the ones earlier runs left behind.
