@@ -281,3 +281,65 @@ async fn a_failed_delivery_retried_by_hand_goes_out_again_with_a_fresh_ladder() 
     assert_eq!(again.code(), "invalid_state");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_may_carry_its_own_ladder() {
+    let p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(500)).await;
+    let body = json!({"url": receiver.url, "retry_delays_seconds": [0.1, 0.1], "max_attempts": 3});
+    let r = p
+        .app
+        .call(
+            reqwest::Method::POST,
+            "/v1/endpoints",
+            Some(&p.key),
+            Some(body),
+        )
+        .await;
+    assert_eq!(r.body["retry_delays_seconds"], json!([0.1, 0.1]));
+    assert_eq!(r.body["max_attempts"], json!(3));
+    let id = r.body["id"].as_str().expect("id").to_owned();
+    p.app.subscribe(&p.key, &id, &["*"], false).await;
+    let (_, delivery) = p.send(json!({})).await;
+    let d = p.wait_status(&delivery, "FAILED", WAIT).await;
+    assert_eq!(d["attempt_count"], json!(3));
+    assert_eq!(receiver.count(), 3);
+    let bad = json!({"max_attempts": 0});
+    let r = p
+        .app
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/v1/endpoints/{id}"),
+            Some(&p.key),
+            Some(bad),
+        )
+        .await;
+    assert_eq!(r.body["field"], json!("max_attempts"));
+    let reset = json!({"retry_delays_seconds": null, "max_attempts": null});
+    let r = p
+        .app
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/v1/endpoints/{id}"),
+            Some(&p.key),
+            Some(reset),
+        )
+        .await;
+    assert_eq!(r.body["max_attempts"], serde_json::Value::Null);
+    assert_eq!(r.body["retry_delays_seconds"], serde_json::Value::Null);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_not_followed() {
+    let p = Pipeline::start(|_| {}).await;
+    let inner = Receiver::start(vec![], Behaviour::Status(200)).await;
+    let redirecting = Receiver::start(vec![], Behaviour::Redirect(302)).await;
+    redirecting.set_location(&inner.url);
+    p.endpoint(&redirecting.url, 5_000).await;
+    let (_, delivery) = p.send(json!({})).await;
+    let d = p.wait_status(&delivery, "FAILED", WAIT).await;
+    assert_eq!(d["attempts"][0]["status_code"], json!(302));
+    assert_eq!(inner.count(), 0, "the redirect was followed");
+    p.stop().await;
+}

@@ -21,6 +21,8 @@ pub enum Behaviour {
     Reset,
     /// Answer with `Retry-After: secs`.
     RetryAfter(u16, u64),
+    /// Answer with a redirect to the URL set by `set_location`.
+    Redirect(u16),
 }
 
 /// One request as received.
@@ -37,9 +39,14 @@ pub struct Receiver {
     script: Arc<Mutex<VecDeque<Behaviour>>>,
     default: Behaviour,
     pub received: Arc<Mutex<Vec<Received>>>,
+    location: Arc<Mutex<String>>,
 }
 
 impl Receiver {
+    pub fn set_location(&self, url: &str) {
+        *self.location.lock().expect("lock") = url.to_owned();
+    }
+
     /// Follows `script` request by request, then `default` for ever.
     pub async fn start(script: Vec<Behaviour>, default: Behaviour) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -49,6 +56,7 @@ impl Receiver {
             script: Arc::new(Mutex::new(script.into())),
             default,
             received: Arc::new(Mutex::new(Vec::new())),
+            location: Arc::new(Mutex::new(String::new())),
         };
         let me = r.clone();
         tokio::spawn(async move {
@@ -82,6 +90,10 @@ impl Receiver {
                 .unwrap_or(self.default);
             let ok = match behaviour {
                 Behaviour::Status(code) => respond(&mut stream, code, "").await,
+                Behaviour::Redirect(code) => {
+                    let location = self.location.lock().expect("lock").clone();
+                    respond(&mut stream, code, &format!("location: {location}\r\n")).await
+                }
                 Behaviour::RetryAfter(code, secs) => {
                     respond(&mut stream, code, &format!("retry-after: {secs}\r\n")).await
                 }

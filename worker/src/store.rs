@@ -97,6 +97,9 @@ pub struct Target {
     pub enabled: bool,
     pub event_type: String,
     pub payload: String,
+    /// The endpoint's own ladder, if it has one: waits ("60,300") and Attempts.
+    pub retry_delays: Option<String>,
+    pub max_attempts: Option<i32>,
 }
 
 pub async fn target(pool: &PgPool, claimed: &Claimed) -> Result<Option<Target>, sqlx::Error> {
@@ -105,7 +108,7 @@ pub async fn target(pool: &PgPool, claimed: &Claimed) -> Result<Option<Target>, 
         r#"SELECT e.url, e.secret,
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
-                  v.event_type, v.payload::text AS "payload!"
+                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts
            FROM endpoints e, events v
            WHERE e.id = $1 AND v.id = $2"#,
         claimed.endpoint_id,

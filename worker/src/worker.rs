@@ -235,11 +235,7 @@ async fn deliver(shared: &Shared, claimed: Claimed) {
         return;
     };
     let report = shared.runner.run(&attempt).await;
-    let ladder = if claimed.direction == "incoming" {
-        &shared.incoming
-    } else {
-        &shared.outgoing
-    };
+    let ladder = endpoint_ladder(shared, &claimed, &target);
     let attempts = u32::try_from(claimed.attempt_count).unwrap_or(0) + 1;
     let age = (chrono::Utc::now() - claimed.ladder_started_at)
         .to_std()
@@ -249,7 +245,7 @@ async fn deliver(shared: &Shared, claimed: Claimed) {
         report.status,
         attempts,
         age,
-        ladder,
+        &ladder,
         rand::random::<f64>(),
     );
     let label = match report.outcome {
@@ -280,6 +276,26 @@ async fn deliver(shared: &Shared, claimed: Claimed) {
             tracing::error!(delivery_id = %claimed.id, "outcome not written; the sweep will hand the delivery back")
         }
     }
+}
+
+/// The direction's ladder, with the endpoint's own waits and Attempt count where it has them.
+fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &store::Target) -> Ladder {
+    let mut ladder = if claimed.direction == "incoming" {
+        shared.incoming.clone()
+    } else {
+        shared.outgoing.clone()
+    };
+    if let Some(delays) = target
+        .retry_delays
+        .as_deref()
+        .and_then(Ladder::parse_delays)
+    {
+        ladder.delays = delays;
+    }
+    if let Some(n) = target.max_attempts.and_then(|n| u32::try_from(n).ok()) {
+        ladder.max_attempts = n;
+    }
+    ladder
 }
 
 async fn finalise_with_retry(

@@ -31,6 +31,10 @@ pub struct Endpoint {
     pub rate_limit_per_second: Option<i32>,
     pub max_concurrency: Option<i32>,
     pub headers: BTreeMap<String, String>,
+    /// This endpoint's own retry waits in seconds; absent: the default ladder.
+    pub retry_delays_seconds: Option<Vec<f64>>,
+    /// This endpoint's own number of Attempts; absent: the default (7 outgoing).
+    pub max_attempts: Option<i32>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -45,6 +49,8 @@ struct EndpointRow {
     rate_limit_per_second: Option<i32>,
     max_concurrency: Option<i32>,
     headers: serde_json::Value,
+    retry_delays: Option<String>,
+    max_attempts: Option<i32>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -61,6 +67,10 @@ impl From<EndpointRow> for Endpoint {
             rate_limit_per_second: r.rate_limit_per_second,
             max_concurrency: r.max_concurrency,
             headers: serde_json::from_value(r.headers).unwrap_or_default(),
+            retry_delays_seconds: r
+                .retry_delays
+                .map(|d| d.split(',').filter_map(|v| v.parse().ok()).collect()),
+            max_attempts: r.max_attempts,
             created_at: r.created_at,
             updated_at: r.updated_at,
         }
@@ -92,6 +102,28 @@ fn check_positive(field: &'static str, value: Option<i32>) -> ApiResult<()> {
     }
 }
 
+/// A retry ladder override: 1–20 waits of 0 s to 7 days, stored as `"60,300,900"`.
+fn retry_delays(raw: &[f64]) -> ApiResult<String> {
+    let ok = (1..=20).contains(&raw.len()) && raw.iter().all(|d| (0.0..=604_800.0).contains(d));
+    if !ok {
+        return Err(ApiError::validation(
+            "retry_delays_seconds",
+            "retry_delays_seconds must hold 1-20 waits of 0 to 604800 seconds",
+        ));
+    }
+    Ok(raw.iter().map(f64::to_string).collect::<Vec<_>>().join(","))
+}
+
+fn check_max_attempts(value: Option<i32>) -> ApiResult<()> {
+    match value {
+        Some(v) if !(1..=50).contains(&v) => Err(ApiError::validation(
+            "max_attempts",
+            "max_attempts must be between 1 and 50",
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn check_description(d: &str) -> ApiResult<()> {
     if d.chars().count() > 1000 {
         return Err(ApiError::validation(
@@ -115,6 +147,10 @@ pub struct CreateEndpoint {
     pub max_concurrency: Option<i32>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Overrides the retry waits (seconds), e.g. `[30, 120, 600]`.
+    pub retry_delays_seconds: Option<Vec<f64>>,
+    /// Overrides the number of Attempts (1–50).
+    pub max_attempts: Option<i32>,
 }
 
 /// A new endpoint and its signing secret (also readable later via `/secret`).
@@ -140,16 +176,24 @@ pub async fn create(
     check_positive("rate_limit_per_second", body.rate_limit_per_second)?;
     check_positive("max_concurrency", body.max_concurrency)?;
     validate_headers(&body.headers)?;
+    let delays = body
+        .retry_delays_seconds
+        .as_deref()
+        .map(retry_delays)
+        .transpose()?;
+    check_max_attempts(body.max_attempts)?;
     let secret = generate_signing_secret();
     let headers = serde_json::to_value(&body.headers).unwrap_or_default();
     let id = EndpointId::generate();
     let row = sqlx::query_as!(
         EndpointRow,
         r#"INSERT INTO endpoints (id, project_id, url, description, secret, enabled, timeout_ms,
-                                  rate_limit_per_second, max_concurrency, headers)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                  rate_limit_per_second, max_concurrency, headers, retry_delays,
+                                  max_attempts)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
            RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
-                     rate_limit_per_second, max_concurrency, headers, created_at, updated_at"#,
+                     rate_limit_per_second, max_concurrency, headers, retry_delays, max_attempts,
+                  created_at, updated_at"#,
         id.as_str(),
         project.id.as_str(),
         url,
@@ -159,7 +203,9 @@ pub async fn create(
         timeout_ms,
         body.rate_limit_per_second,
         body.max_concurrency,
-        headers
+        headers,
+        delays,
+        body.max_attempts
     )
     .fetch_one(&state.pool)
     .await?;
@@ -189,7 +235,8 @@ pub async fn list(
     let rows = sqlx::query_as!(
         EndpointRow,
         r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
-                  rate_limit_per_second, max_concurrency, headers, created_at, updated_at
+                  rate_limit_per_second, max_concurrency, headers, retry_delays, max_attempts,
+                  created_at, updated_at
            FROM endpoints
            WHERE project_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR id < $2)
            ORDER BY id DESC LIMIT $3"#,
@@ -216,7 +263,8 @@ pub async fn get(
     let row = sqlx::query_as!(
         EndpointRow,
         r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
-                  rate_limit_per_second, max_concurrency, headers, created_at, updated_at
+                  rate_limit_per_second, max_concurrency, headers, retry_delays, max_attempts,
+                  created_at, updated_at
            FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
         id.as_str(),
         project.id.as_str()
@@ -243,6 +291,13 @@ pub struct UpdateEndpoint {
     #[schema(value_type = Option<i32>)]
     pub max_concurrency: Option<Option<i32>>,
     pub headers: Option<BTreeMap<String, String>>,
+    /// `null` returns to the default ladder.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<Vec<f64>>)]
+    pub retry_delays_seconds: Option<Option<Vec<f64>>>,
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<i32>)]
+    pub max_attempts: Option<Option<i32>>,
 }
 
 #[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints",
@@ -276,6 +331,12 @@ pub async fn update(
         .headers
         .as_ref()
         .map(|h| serde_json::to_value(h).unwrap_or_default());
+    let delays = body
+        .retry_delays_seconds
+        .as_ref()
+        .map(|d| d.as_deref().map(retry_delays).transpose())
+        .transpose()?;
+    check_max_attempts(body.max_attempts.flatten())?;
     let row = sqlx::query_as!(
         EndpointRow,
         r#"UPDATE endpoints SET
@@ -287,10 +348,13 @@ pub async fn update(
                rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
                max_concurrency = CASE WHEN $9 THEN $10 ELSE max_concurrency END,
                headers = coalesce($11, headers),
+               retry_delays = CASE WHEN $12 THEN $13 ELSE retry_delays END,
+               max_attempts = CASE WHEN $14 THEN $15 ELSE max_attempts END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
            RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
-                     rate_limit_per_second, max_concurrency, headers, created_at, updated_at"#,
+                     rate_limit_per_second, max_concurrency, headers, retry_delays, max_attempts,
+                  created_at, updated_at"#,
         id.as_str(),
         project.id.as_str(),
         url,
@@ -301,7 +365,11 @@ pub async fn update(
         body.rate_limit_per_second.flatten(),
         body.max_concurrency.is_some(),
         body.max_concurrency.flatten(),
-        headers
+        headers,
+        delays.is_some(),
+        delays.flatten(),
+        body.max_attempts.is_some(),
+        body.max_attempts.flatten()
     )
     .fetch_optional(&state.pool)
     .await?
