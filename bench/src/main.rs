@@ -2,6 +2,7 @@
 //! local infrastructure (`deploy/local/up.sh`, settings from the environment) and measures a
 //! baseline in the same run, so the printed ratios compare like with like.
 
+mod e2e;
 mod relay;
 mod stats;
 
@@ -19,11 +20,14 @@ enum Bench {
     /// Backlog drain (rows/s) against pg_recvlogical and a bare producer, then
     /// commit → Kafka-ack latency at a steady rate.
     Relay(relay::Args),
+    /// POST → receiver latency at a steady rate, then deliveries/s for a burst.
+    E2e(e2e::Args),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
         Bench::Relay(args) => relay::run(args).await,
+        Bench::E2e(args) => e2e::run(args).await,
     }
 }

@@ -1,0 +1,310 @@
+//! End-to-end benchmark: POST /v1/events → ingest → Outbox → Slot → relay → Kafka → worker →
+//! a fast local receiver, all real, in one process (release build).
+//!
+//! 1. Latency: `--rate` events/s for `--seconds`, each POSTed on its own schedule; per event,
+//!    the time from just before the POST to the receiver's arrival.
+//! 2. Throughput: `--burst` events through the batch endpoint as fast as they are accepted;
+//!    deliveries/s from the first POST to the last arrival.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use axum::Router;
+use axum::routing::post;
+use railhook_common::config::Settings;
+use railhook_ingest::AppState;
+use railhook_relay::{Faults, RelayConfig, RelayMetrics};
+use railhook_worker::{WorkerConfig, WorkerMetrics};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+
+use crate::stats::percentiles;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 1_000)]
+    rate: u64,
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    #[arg(long, default_value_t = 20_000)]
+    burst: u64,
+}
+
+type Arrivals = Arc<Mutex<HashMap<u64, Instant>>>;
+
+async fn receiver(arrivals: Arrivals) -> anyhow::Result<String> {
+    let app = Router::new().route(
+        "/hook",
+        post(move |body: String| {
+            let arrivals = arrivals.clone();
+            async move {
+                let at = Instant::now();
+                let seq = serde_json::from_str::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v["seq"].as_u64());
+                if let (Some(seq), Ok(mut a)) = (seq, arrivals.lock()) {
+                    a.entry(seq).or_insert(at);
+                }
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/hook", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(url)
+}
+
+struct Stack {
+    api: String,
+    key: String,
+    _stops: Vec<oneshot::Sender<()>>,
+    pool: PgPool,
+    slot: String,
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}{}", ulid::Ulid::new().to_string().to_lowercase())
+}
+
+async fn stack(receiver_url: &str) -> anyhow::Result<Stack> {
+    let mut s = Settings::load().context("run `source .local/env` (deploy/local/up.sh) first")?;
+    let server = s.database_url_string();
+    let base = server
+        .rsplit_once('/')
+        .context("DATABASE_URL")?
+        .0
+        .to_owned();
+    let db = unique("rh_bench_");
+    let admin = PgPool::connect(&format!("{base}/postgres")).await?;
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&admin)
+        .await?;
+    s.set_database_url(&format!("{base}/{db}"));
+    s.slot = unique("rh_bench_e2e_");
+    s.topic_prefix = format!("{}.", unique("bench"));
+    s.worker_group = unique("bench-");
+    s.allow_private_targets = "127.0.0.0/8".into();
+    s.worker_max_in_flight = 256;
+    s.db_max_connections = 40;
+    s.admin_token = Some("bench-admin-token-0123456789".to_owned().into());
+    let pool = railhook_common::db::connect(&s).await?;
+    railhook_common::db::MIGRATOR.run(&pool).await?;
+    railhook_common::db::ensure_publication(&pool, &s.publication).await?;
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(&s.slot)
+        .execute(&pool)
+        .await?;
+
+    let mut stops = Vec::new();
+    let (stop, stopped) = oneshot::channel::<()>();
+    stops.push(stop);
+    tokio::spawn(railhook_relay::run(
+        RelayConfig::from_settings(&s),
+        RelayMetrics::new(),
+        Arc::new(Faults::default()),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let (stop, stopped) = oneshot::channel::<()>();
+    stops.push(stop);
+    tokio::spawn(railhook_worker::run(
+        WorkerConfig::from_settings(&s),
+        pool.clone(),
+        WorkerMetrics::new(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let state = AppState::new(pool.clone(), &s)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let api = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = oneshot::channel::<()>();
+    stops.push(stop);
+    tokio::spawn(railhook_ingest::serve(listener, state, async move {
+        let _ = stopped.await;
+    }));
+
+    let http = reqwest::Client::new();
+    let admin = "bench-admin-token-0123456789";
+    let org: Value = http
+        .post(format!("{api}/v1/organizations"))
+        .bearer_auth(admin)
+        .json(&json!({"name": "bench", "monthly_quota": 1_000_000_000i64}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let project: Value = http
+        .post(format!("{api}/v1/projects"))
+        .bearer_auth(admin)
+        .json(&json!({"organization_id": org["id"], "name": "bench"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let key = project["api_key"].as_str().context("api key")?.to_owned();
+    let endpoint: Value = http
+        .post(format!("{api}/v1/endpoints"))
+        .bearer_auth(&key)
+        .json(&json!({"url": receiver_url}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    http.post(format!("{api}/v1/subscriptions"))
+        .bearer_auth(&key)
+        .json(&json!({"endpoint_id": endpoint["id"], "event_types": ["*"]}))
+        .send()
+        .await?;
+    Ok(Stack {
+        api,
+        key,
+        _stops: stops,
+        pool,
+        slot: s.slot.clone(),
+    })
+}
+
+async fn wait_for(arrivals: &Arrivals, count: usize, limit: Duration) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if arrivals.lock().map(|a| a.len()).unwrap_or(0) >= count {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let arrivals: Arrivals = Arc::default();
+    let url = receiver(arrivals.clone()).await?;
+    let st = stack(&url).await?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .build()?;
+    // Warm-up: one event through the whole path.
+    http.post(format!("{}/v1/events", st.api))
+        .bearer_auth(&st.key)
+        .json(&json!({"type": "bench.warmup", "payload": {"seq": u64::MAX}}))
+        .send()
+        .await?;
+    if !wait_for(&arrivals, 1, Duration::from_secs(30)).await {
+        bail!("the warm-up event never arrived");
+    }
+    arrivals.lock().map(|mut a| a.clear()).ok();
+
+    eprintln!("e2e: {} events/s for {} s", args.rate, args.seconds);
+    let total = args.rate * args.seconds;
+    let period = Duration::from_secs_f64(1.0 / args.rate as f64);
+    let sent: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(total as usize);
+    for seq in 0..total {
+        tokio::time::sleep_until((started + period * seq as u32).into()).await;
+        let (http, api, key, sent) = (http.clone(), st.api.clone(), st.key.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            sent.lock().map(|mut s| s.insert(seq, Instant::now())).ok();
+            http.post(format!("{api}/v1/events"))
+                .bearer_auth(&key)
+                .json(&json!({"type": "order.paid", "payload": {"seq": seq}}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }));
+    }
+    let mut refused = 0;
+    for t in tasks {
+        if !matches!(t.await, Ok(Ok(201))) {
+            refused += 1;
+        }
+    }
+    wait_for(&arrivals, total as usize, Duration::from_secs(60)).await;
+    let mut latencies: Vec<Duration> = {
+        let (sent, arrived) = (
+            sent.lock().map_err(|_| anyhow::anyhow!("lock"))?,
+            arrivals.lock().map_err(|_| anyhow::anyhow!("lock"))?,
+        );
+        sent.iter()
+            .filter_map(|(seq, at)| {
+                arrived
+                    .get(seq)
+                    .map(|got| got.saturating_duration_since(*at))
+            })
+            .collect()
+    };
+    let delivered = latencies.len();
+    println!();
+    println!(
+        "## POST /v1/events → receiver at {} events/s for {} s (1 endpoint)",
+        args.rate, args.seconds
+    );
+    println!("| measure | p50 ms | p90 ms | p99 ms | max ms |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    if let Some([p50, p90, p99, max]) = percentiles(&mut latencies) {
+        println!(
+            "| POST → webhook at the receiver ({delivered} of {total}; {refused} not 201) | {p50:.1} | {p90:.1} | {p99:.1} | {max:.1} |"
+        );
+    }
+
+    arrivals.lock().map(|mut a| a.clear()).ok();
+    let started = Instant::now();
+    let mut seq = 0;
+    while seq < args.burst {
+        let n = 500.min(args.burst - seq);
+        let events: Vec<Value> = (seq..seq + n)
+            .map(|i| json!({"type": "order.paid", "payload": {"seq": 1_000_000 + i}}))
+            .collect();
+        let r = http
+            .post(format!("{}/v1/events/batch", st.api))
+            .bearer_auth(&st.key)
+            .json(&json!({"events": events}))
+            .send()
+            .await?;
+        if r.status().as_u16() != 201 {
+            bail!("batch refused: {}", r.status());
+        }
+        seq += n;
+    }
+    let accepted = started.elapsed();
+    let complete = wait_for(&arrivals, args.burst as usize, Duration::from_secs(300)).await;
+    let elapsed = started.elapsed();
+    let got = arrivals.lock().map(|a| a.len()).unwrap_or(0);
+    println!();
+    println!(
+        "## burst: {} events via /v1/events/batch (500 per request), 1 endpoint",
+        args.burst
+    );
+    println!("| measure | value |");
+    println!("| --- | ---: |");
+    println!(
+        "| accepted (201) in | {:.2} s ({:.0} events/s) |",
+        accepted.as_secs_f64(),
+        args.burst as f64 / accepted.as_secs_f64()
+    );
+    println!(
+        "| delivered {} of {} in | {:.2} s |",
+        got,
+        args.burst,
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "| **deliveries/s** (first POST → last arrival) | **{:.0}** |",
+        got as f64 / elapsed.as_secs_f64()
+    );
+    if !complete {
+        println!("(not all arrived within the limit)");
+    }
+    drop(st._stops);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&st.slot)
+        .execute(&st.pool)
+        .await;
+    Ok(())
+}
