@@ -185,6 +185,22 @@ async fn a_2xx_status_line_is_delivery_even_when_the_body_never_comes() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(receiver.count(), 1, "a stalled body was retried");
     assert_eq!(d["attempts"][0]["response_excerpt"], json!("partial"));
+    // A body that trickles in: delivered on the status line; the excerpt waits at most ~1 s.
+    let slow = Receiver::start(vec![Behaviour::SlowBody(200)], Behaviour::Status(500)).await;
+    let (slow_ep, _) = p.endpoint(&slow.url, 2_000).await;
+    let r = p.app.post_event(&p.key, "b.c", json!({}), None).await;
+    let to_slow = r.body["deliveries"]
+        .as_array()
+        .expect("d")
+        .iter()
+        .find(|d| d["endpoint_id"] == json!(slow_ep))
+        .expect("delivery")["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let d = p.wait_status(&to_slow, "SUCCEEDED", WAIT).await;
+    assert_eq!(slow.count(), 1);
+    assert!(d["attempts"][0]["duration_ms"].as_i64().expect("ms") < 1_000);
     p.stop().await;
 }
 

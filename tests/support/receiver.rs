@@ -17,6 +17,8 @@ pub enum Behaviour {
     Delay(Duration, u16),
     /// Send a 2xx status line and headers announcing a body, then never send it.
     StallAfterStatus(u16),
+    /// Send the status line, then the body one byte every 200 ms.
+    SlowBody(u16),
     /// Close the connection without answering (RST).
     Reset,
     /// Answer with `Retry-After: secs`.
@@ -106,6 +108,19 @@ impl Receiver {
                     let _ = stream.write_all(head.as_bytes()).await;
                     tokio::time::sleep(Duration::from_secs(600)).await;
                     false
+                }
+                Behaviour::SlowBody(code) => {
+                    let body = "slowly, slowly";
+                    let head = format!(
+                        "HTTP/1.1 {code} OK\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let mut ok = stream.write_all(head.as_bytes()).await.is_ok();
+                    for byte in body.bytes() {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        ok &= stream.write_all(&[byte]).await.is_ok();
+                    }
+                    ok
                 }
                 Behaviour::Reset => {
                     // Zero linger makes the close an RST, which is the point here; the
