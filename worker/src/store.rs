@@ -129,7 +129,7 @@ fn outcome_name(o: &Outcome) -> &'static str {
 /// Invariant 3 (the Fence): writes the Decision only where the row still carries our token,
 /// and says whether it wrote. The caller queues no successor (next retry, ordering release)
 /// unless it did. Invariant 6: an Attempt row is written for every request that was sent,
-/// fenced or not, in the same transaction.
+/// fenced or not, in the same statement.
 pub async fn finalise(
     pool: &PgPool,
     claimed: &Claimed,
@@ -144,59 +144,123 @@ pub async fn finalise(
             disable_endpoint,
         } => ("FAILED", None, Some(reason.clone()), *disable_endpoint),
     };
-    let sent = i32::from(report.sent);
-    let mut tx = pool.begin().await?;
-    let wrote = sqlx::query_scalar!(
-        r#"UPDATE deliveries
-           SET status = $3, claim_token = NULL, attempt_count = attempt_count + $4,
-               next_retry_at = CASE WHEN $5::float8 IS NULL THEN NULL
-                                    ELSE now() + make_interval(secs => $5) END,
-               failure_reason = $6, updated_at = now(), version = version + 1
-           WHERE id = $1 AND claim_token = $2
-           RETURNING id"#,
+    let finished_at =
+        report.started_at + chrono::Duration::from_std(report.duration).unwrap_or_default();
+    // One statement (one round trip, one commit): the fenced update, the endpoint disable
+    // that only a written 410 may cause, and the Attempt row, marked fenced when the update
+    // matched nothing.
+    sqlx::query_scalar!(
+        r#"WITH upd AS (
+               UPDATE deliveries
+               SET status = $3, claim_token = NULL, attempt_count = attempt_count + $4,
+                   next_retry_at = CASE WHEN $5::float8 IS NULL THEN NULL
+                                        ELSE now() + make_interval(secs => $5) END,
+                   failure_reason = $6, updated_at = now(), version = version + 1
+               WHERE id = $1 AND claim_token = $2
+               RETURNING id
+           ), disabled AS (
+               UPDATE endpoints
+               SET enabled = false, updated_at = now(),
+                   disabled_reason = 'disabled after a 410 Gone at ' || now()::text
+               WHERE id = $7 AND $8 AND EXISTS (SELECT 1 FROM upd)
+               RETURNING id
+           ), attempt AS (
+               INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at,
+                                     status_code, outcome, duration_ms, error_class,
+                                     response_excerpt, fenced)
+               SELECT $1,
+                      (SELECT coalesce(max(attempt_number), 0) + 1 FROM attempts WHERE delivery_id = $1),
+                      $9, $10, $11, $12, $13, $14, $15, NOT EXISTS (SELECT 1 FROM upd)
+               WHERE $16
+               RETURNING id
+           )
+           SELECT EXISTS (SELECT 1 FROM upd) AS "wrote!""#,
         claimed.id,
         claimed.token,
         status,
-        sent,
+        i32::from(report.sent),
         wait,
-        reason
+        reason,
+        claimed.endpoint_id,
+        disable,
+        report.started_at,
+        finished_at,
+        report.status.map(i32::from),
+        outcome_name(&report.outcome),
+        report.duration.as_millis().min(i32::MAX as u128) as i32,
+        report.error.map(|e| e.as_str()),
+        report.excerpt,
+        report.sent
     )
-    .fetch_optional(&mut *tx)
-    .await?
-    .is_some();
-    if wrote && disable {
-        sqlx::query!(
-            "UPDATE endpoints SET enabled = false, updated_at = now(),
-                    disabled_reason = 'disabled after a 410 Gone at ' || now()::text
-             WHERE id = $1",
-            claimed.endpoint_id
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
-    if report.sent {
-        let finished_at =
-            report.started_at + chrono::Duration::from_std(report.duration).unwrap_or_default();
-        sqlx::query!(
-            r#"INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at, status_code,
-                                     outcome, duration_ms, error_class, response_excerpt, fenced)
-               SELECT $1, coalesce(max(attempt_number), 0) + 1, $2, $3, $4, $5, $6, $7, $8, $9
-               FROM attempts WHERE delivery_id = $1"#,
-            claimed.id,
-            report.started_at,
-            finished_at,
-            report.status.map(i32::from),
-            outcome_name(&report.outcome),
-            report.duration.as_millis().min(i32::MAX as u128) as i32,
-            report.error.map(|e| e.as_str()),
-            report.excerpt,
-            !wrote
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(wrote)
+    .fetch_one(pool)
+    .await
+}
+
+/// Claims a batch of hinted Deliveries in one statement (one commit for the whole batch)
+/// and returns each won Claim with what its Attempt needs. A hint repeated in the batch, or
+/// for a row that is not due, simply returns nothing for it.
+pub async fn claim_batch(
+    pool: &PgPool,
+    ids: &[String],
+) -> Result<Vec<(Claimed, Target)>, sqlx::Error> {
+    let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
+    let rows = sqlx::query!(
+        r#"WITH want AS (
+               SELECT * FROM unnest($1::text[], $2::uuid[]) AS w(id, token)
+           ), claimed AS (
+               UPDATE deliveries d
+               SET status = 'PROCESSING', claim_token = w.token, last_attempt_at = now(),
+                   updated_at = now(), version = d.version + 1
+               FROM want w
+               WHERE d.id = w.id AND d.status = 'PENDING'
+                 AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
+               RETURNING d.id, d.claim_token, d.attempt_count, d.event_id, d.endpoint_id,
+                         d.direction, d.sequence_number, d.ladder_started_at
+           )
+           SELECT c.id AS "id!", c.claim_token AS "token!", c.attempt_count AS "attempt_count!",
+                  c.event_id AS "event_id!", c.endpoint_id AS "endpoint_id!",
+                  c.direction AS "direction!", c.sequence_number,
+                  c.ladder_started_at AS "ladder_started_at!",
+                  e.url, e.secret,
+                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
+                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts
+           FROM claimed c
+           JOIN endpoints e ON e.id = c.endpoint_id
+           JOIN events v ON v.id = c.event_id"#,
+        ids,
+        &tokens
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let claimed = Claimed {
+                id: r.id,
+                token: r.token,
+                attempt_count: r.attempt_count,
+                event_id: r.event_id,
+                endpoint_id: r.endpoint_id,
+                direction: r.direction,
+                sequence_number: r.sequence_number,
+                ladder_started_at: r.ladder_started_at,
+            };
+            let target = Target {
+                url: r.url,
+                secret: r.secret,
+                previous_secret: r.previous_secret,
+                headers: r.headers,
+                timeout_ms: r.timeout_ms,
+                enabled: r.enabled,
+                event_type: r.event_type,
+                payload: r.payload,
+                retry_delays: r.retry_delays,
+                max_attempts: r.max_attempts,
+            };
+            (claimed, target)
+        })
+        .collect())
 }
 
 /// Ends a claimed Delivery without an Attempt (its endpoint was disabled or deleted).

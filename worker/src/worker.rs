@@ -21,6 +21,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use railhook_common::announcement::Announcement;
 use railhook_common::config::Settings;
 use railhook_common::kafka;
@@ -140,18 +141,25 @@ pub async fn run(
     let permits = Arc::new(Semaphore::new(config.max_in_flight));
     let mut scheduler = tokio::time::interval(config.scheduler_interval);
     let mut sweep = tokio::time::interval(config.sweep_interval);
+    // Whatever the consumer has ready, up to a batch: claimed in one statement, so one commit
+    // (one WAL flush) serves the whole batch.
+    let mut hints = consumer.stream().ready_chunks(CLAIM_BATCH);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            message = consumer.recv() => match message {
-                Ok(m) => {
-                    on_message(&shared, &config, &permits, &m).await;
-                    if let Err(e) = consumer.store_offset_from_message(&m) {
+            batch = hints.next() => {
+                let Some(batch) = batch else { return Ok(()) };
+                let messages: Vec<BorrowedMessage<'_>> = batch
+                    .into_iter()
+                    .filter_map(|m| m.map_err(|e| tracing::warn!(error = %e, "consumer error")).ok())
+                    .collect();
+                on_batch(&shared, &config, &permits, &messages).await;
+                for m in &messages {
+                    if let Err(e) = consumer.store_offset_from_message(m) {
                         tracing::warn!(error = %e, "offset not stored");
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "consumer error"),
             },
             _ = scheduler.tick() => schedule_retries(&shared, &config, &producer).await,
             _ = sweep.tick() => sweeps(&shared, &config).await,
@@ -159,61 +167,88 @@ pub async fn run(
     }
 }
 
-/// Claims the Delivery a hint names (retrying while Postgres is away, so no offset moves past
-/// an unanswered hint) and hands a won Claim to an Attempt task.
-async fn on_message(
-    shared: &Shared,
-    config: &WorkerConfig,
-    permits: &Arc<Semaphore>,
-    m: &BorrowedMessage<'_>,
-) {
-    let Some(payload) = m.payload() else {
-        shared.metrics.bad_hints.inc();
-        return;
-    };
-    let Ok(permit) = permits.clone().acquire_owned().await else {
-        return;
-    };
-    let token = Uuid::new_v4();
-    let claimed = loop {
-        let attempt = if m.topic() == config.retries_topic {
-            match RetryHint::decode(payload) {
-                Some(h) => store::swap(&shared.pool, &h.delivery_id, h.token, token).await,
-                None => break None,
-            }
-        } else {
-            match Announcement::decode(payload) {
-                Ok(a) => store::claim(&shared.pool, &a.delivery_id, token).await,
-                Err(_) => break None,
-            }
-        };
-        match attempt {
-            Ok(c) => break Some(c),
+/// Most hints claimed in one statement.
+const CLAIM_BATCH: usize = 256;
+
+/// Retries `op` while Postgres is away, so no offset moves past an unanswered hint.
+async fn until_ok<T, F, Fut>(what: &str, mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    loop {
+        match op().await {
+            Ok(v) => return v,
             Err(e) => {
-                tracing::warn!(error = %e, "claim failed; retrying");
+                tracing::warn!(error = %e, "{what} failed; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-        }
-    };
-    match claimed {
-        None => shared.metrics.bad_hints.inc(),
-        Some(None) => shared.metrics.claim_misses.inc(),
-        Some(Some(c)) => {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                deliver(&shared, c).await;
-                drop(permit);
-            });
         }
     }
 }
 
-/// One claimed Delivery: target, Attempt, decision, finalise.
-async fn deliver(shared: &Shared, claimed: Claimed) {
-    let target = match store::target(&shared.pool, &claimed).await {
-        Ok(Some(t)) => t,
-        Ok(None) | Err(_) => return, // the processing sweep hands the row back
-    };
+/// Claims what a batch of hints names and hands each won Claim to an Attempt task. Returns
+/// once every Claim's statement committed (or matched nothing): only then are the batch's
+/// offsets stored.
+async fn on_batch(
+    shared: &Shared,
+    config: &WorkerConfig,
+    permits: &Arc<Semaphore>,
+    messages: &[BorrowedMessage<'_>],
+) {
+    let mut announced = Vec::new();
+    let mut retries = Vec::new();
+    for m in messages {
+        let payload = m.payload().unwrap_or_default();
+        if m.topic() == config.retries_topic {
+            match RetryHint::decode(payload) {
+                Some(h) => retries.push(h),
+                None => shared.metrics.bad_hints.inc(),
+            }
+        } else {
+            match Announcement::decode(payload) {
+                Ok(a) => announced.push(a.delivery_id),
+                Err(_) => shared.metrics.bad_hints.inc(),
+            }
+        }
+    }
+    let mut won = Vec::new();
+    if !announced.is_empty() {
+        won = until_ok("claim", || store::claim_batch(&shared.pool, &announced)).await;
+        let misses = announced.len().saturating_sub(won.len());
+        shared.metrics.claim_misses.inc_by(misses as u64);
+    }
+    for h in retries {
+        let token = Uuid::new_v4();
+        let swapped = until_ok("swap", || {
+            store::swap(&shared.pool, &h.delivery_id, h.token, token)
+        })
+        .await;
+        let Some(claimed) = swapped else {
+            shared.metrics.claim_misses.inc();
+            continue;
+        };
+        match until_ok("target", || store::target(&shared.pool, &claimed)).await {
+            Some(target) => won.push((claimed, target)),
+            None => {
+                tracing::warn!(delivery_id = %claimed.id, "claimed delivery has no endpoint or event")
+            }
+        }
+    }
+    for (claimed, target) in won {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            deliver(&shared, claimed, target).await;
+            drop(permit);
+        });
+    }
+}
+
+/// One claimed Delivery: Attempt, decision, finalise.
+async fn deliver(shared: &Shared, claimed: Claimed, target: store::Target) {
     if !target.enabled {
         let _ = store::fail_unsent(
             &shared.pool,
