@@ -59,6 +59,8 @@ async fn receiver(arrivals: Arrivals) -> anyhow::Result<String> {
 }
 
 struct Stack {
+    relay: RelayMetrics,
+    worker: WorkerMetrics,
     api: String,
     key: String,
     _stops: Vec<oneshot::Sender<()>>,
@@ -102,9 +104,11 @@ async fn stack(receiver_url: &str) -> anyhow::Result<Stack> {
     let mut stops = Vec::new();
     let (stop, stopped) = oneshot::channel::<()>();
     stops.push(stop);
+    let relay = RelayMetrics::new();
+    let worker = WorkerMetrics::new();
     tokio::spawn(railhook_relay::run(
         RelayConfig::from_settings(&s),
-        RelayMetrics::new(),
+        relay.clone(),
         Arc::new(Faults::default()),
         async move {
             let _ = stopped.await;
@@ -115,7 +119,7 @@ async fn stack(receiver_url: &str) -> anyhow::Result<Stack> {
     tokio::spawn(railhook_worker::run(
         WorkerConfig::from_settings(&s),
         pool.clone(),
-        WorkerMetrics::new(),
+        worker.clone(),
         async move {
             let _ = stopped.await;
         },
@@ -162,6 +166,8 @@ async fn stack(receiver_url: &str) -> anyhow::Result<Stack> {
         .send()
         .await?;
     Ok(Stack {
+        relay,
+        worker,
         api,
         key,
         _stops: stops,
@@ -209,19 +215,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tokio::time::sleep_until((started + period * seq as u32).into()).await;
         let (http, api, key, sent) = (http.clone(), st.api.clone(), st.key.clone(), sent.clone());
         tasks.push(tokio::spawn(async move {
-            sent.lock().map(|mut s| s.insert(seq, Instant::now())).ok();
+            let at = Instant::now();
+            sent.lock().map(|mut s| s.insert(seq, at)).ok();
             http.post(format!("{api}/v1/events"))
                 .bearer_auth(&key)
                 .json(&json!({"type": "order.paid", "payload": {"seq": seq}}))
                 .send()
                 .await
-                .map(|r| r.status().as_u16())
+                .map(|r| (r.status().as_u16(), at.elapsed()))
         }));
     }
     let mut refused = 0;
+    let mut post_latency = Vec::new();
     for t in tasks {
-        if !matches!(t.await, Ok(Ok(201))) {
-            refused += 1;
+        match t.await {
+            Ok(Ok((201, took))) => post_latency.push(took),
+            _ => refused += 1,
         }
     }
     wait_for(&arrivals, total as usize, Duration::from_secs(60)).await;
@@ -251,6 +260,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "| POST → webhook at the receiver ({delivered} of {total}; {refused} not 201) | {p50:.1} | {p90:.1} | {p99:.1} | {max:.1} |"
         );
     }
+
+    if let Some([p50, p90, p99, max]) = percentiles(&mut post_latency) {
+        println!("| of which POST → 201 | {p50:.1} | {p90:.1} | {p99:.1} | {max:.1} |");
+    }
+    let (ack, claims) = (
+        &st.relay.commit_to_ack_seconds,
+        st.worker.claim_misses.get(),
+    );
+    println!(
+        "| of which commit → Kafka ack (relay histogram) | {:.1} | {:.1} | {:.1} | — |",
+        crate::stats::histogram_quantile(ack, 0.5),
+        crate::stats::histogram_quantile(ack, 0.9),
+        crate::stats::histogram_quantile(ack, 0.99)
+    );
+    let _ = claims;
 
     arrivals.lock().map(|mut a| a.clear()).ok();
     let started = Instant::now();
