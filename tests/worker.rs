@@ -70,6 +70,10 @@ async fn an_event_arrives_once_signed_with_standard_webhooks_headers() {
     assert_eq!(d["attempts"][0]["status_code"], json!(204));
     assert_eq!(d["attempts"][0]["outcome"], json!("SUCCEEDED"));
     assert_eq!(d["endpoint_id"], json!(endpoint));
+    // Delivery latency runs from the Event's commit to the 2xx.
+    let h = &p.worker_metrics.delivery_latency;
+    assert_eq!(h.get_sample_count(), 1);
+    assert!(h.get_sample_sum() > 0.0 && h.get_sample_sum() <= latency.as_secs_f64() + 0.05);
     p.stop().await;
 }
 

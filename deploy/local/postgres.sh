@@ -35,7 +35,8 @@ up() {
   fi
   local port
   if as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1; then
-    port=$(sed -n 's/^port = \([0-9]*\).*/\1/p' "$PGDATA/postgresql.auto.conf" | tail -1)
+    # ALTER SYSTEM rewrites postgresql.auto.conf (and may quote values): read either form.
+    port=$(sed -n "s/^port = '\\{0,1\\}\\([0-9]*\\).*/\\1/p" "$PGDATA/postgresql.auto.conf" | tail -1)
   else
     port=$(free_port)
     # Replication settings the relay needs; max_slot_wal_keep_size bounds the WAL a stalled

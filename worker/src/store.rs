@@ -100,6 +100,8 @@ pub struct Target {
     /// The endpoint's own ladder, if it has one: waits ("60,300") and Attempts.
     pub retry_delays: Option<String>,
     pub max_attempts: Option<i32>,
+    /// When the Event committed: the start of the delivery latency.
+    pub event_created_at: DateTime<Utc>,
 }
 
 pub async fn target(pool: &PgPool, claimed: &Claimed) -> Result<Option<Target>, sqlx::Error> {
@@ -108,7 +110,8 @@ pub async fn target(pool: &PgPool, claimed: &Claimed) -> Result<Option<Target>, 
         r#"SELECT e.url, e.secret,
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
-                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts
+                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
+                  v.created_at AS event_created_at
            FROM endpoints e, events v
            WHERE e.id = $1 AND v.id = $2"#,
         claimed.endpoint_id,
@@ -224,7 +227,8 @@ pub async fn claim_batch(
                   e.url, e.secret,
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
-                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts
+                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
+                  v.created_at AS event_created_at
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            JOIN events v ON v.id = c.event_id"#,
@@ -257,6 +261,7 @@ pub async fn claim_batch(
                 payload: r.payload,
                 retry_delays: r.retry_delays,
                 max_attempts: r.max_attempts,
+                event_created_at: r.event_created_at,
             };
             (claimed, target)
         })

@@ -294,10 +294,11 @@ async fn deliver(shared: &Shared, claimed: Claimed, target: store::Target) {
     match finalise_with_retry(shared, &claimed, &report, &decision).await {
         Some(true) => {
             if decision == Decision::Succeeded {
+                let since_commit = chrono::Utc::now() - target.event_created_at;
                 shared
                     .metrics
                     .delivery_latency
-                    .observe(report.duration.as_secs_f64());
+                    .observe(since_commit.to_std().unwrap_or_default().as_secs_f64());
             }
             if matches!(decision, Decision::Failed { .. }) {
                 shared.metrics.failed_messages.inc();
