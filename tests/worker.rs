@@ -145,16 +145,7 @@ async fn client_errors_fail_at_once_and_410_disables_the_endpoint() {
     );
 
     let (gone_id, _) = p.endpoint(&gone.url, 5_000).await;
-    let r = p.app.post_event(&p.key, "a.c", json!({}), None).await;
-    let to_gone = r.body["deliveries"]
-        .as_array()
-        .expect("d")
-        .iter()
-        .find(|d| d["endpoint_id"] == json!(gone_id))
-        .expect("delivery")["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let to_gone = p.send_to("a.c", &gone_id).await;
     p.wait_status(&to_gone, "FAILED", WAIT).await;
     let ep = p
         .app
@@ -192,16 +183,7 @@ async fn a_2xx_status_line_is_delivery_even_when_the_body_never_comes() {
     // A body that trickles in: delivered on the status line; the excerpt waits at most ~1 s.
     let slow = Receiver::start(vec![Behaviour::SlowBody(200)], Behaviour::Status(500)).await;
     let (slow_ep, _) = p.endpoint(&slow.url, 2_000).await;
-    let r = p.app.post_event(&p.key, "b.c", json!({}), None).await;
-    let to_slow = r.body["deliveries"]
-        .as_array()
-        .expect("d")
-        .iter()
-        .find(|d| d["endpoint_id"] == json!(slow_ep))
-        .expect("delivery")["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let to_slow = p.send_to("b.c", &slow_ep).await;
     let d = p.wait_status(&to_slow, "SUCCEEDED", WAIT).await;
     assert_eq!(slow.count(), 1);
     assert!(d["attempts"][0]["duration_ms"].as_i64().expect("ms") < 1_000);

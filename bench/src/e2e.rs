@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use axum::Router;
 use axum::routing::post;
-use railhook_common::config::Settings;
 use railhook_ingest::AppState;
 use railhook_relay::{Faults, RelayConfig, RelayMetrics};
 use railhook_worker::{WorkerConfig, WorkerMetrics};
@@ -21,6 +20,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
+use crate::setup::unique;
 use crate::stats::percentiles;
 
 #[derive(clap::Args)]
@@ -68,24 +68,8 @@ struct Stack {
     slot: String,
 }
 
-fn unique(prefix: &str) -> String {
-    format!("{prefix}{}", ulid::Ulid::new().to_string().to_lowercase())
-}
-
 async fn stack(receiver_url: &str) -> anyhow::Result<Stack> {
-    let mut s = Settings::load().context("run `source .local/env` (deploy/local/up.sh) first")?;
-    let server = s.database_url_string();
-    let base = server
-        .rsplit_once('/')
-        .context("DATABASE_URL")?
-        .0
-        .to_owned();
-    let db = unique("rh_bench_");
-    let admin = PgPool::connect(&format!("{base}/postgres")).await?;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&admin)
-        .await?;
-    s.set_database_url(&format!("{base}/{db}"));
+    let (mut s, _, pool) = crate::setup::fresh().await?;
     s.slot = unique("rh_bench_e2e_");
     s.topic_prefix = format!("{}.", unique("bench"));
     s.worker_group = unique("bench-");
@@ -93,9 +77,8 @@ async fn stack(receiver_url: &str) -> anyhow::Result<Stack> {
     s.worker_max_in_flight = 256;
     s.db_max_connections = 40;
     s.admin_token = Some("bench-admin-token-0123456789".to_owned().into());
+    pool.close().await;
     let pool = railhook_common::db::connect(&s).await?;
-    railhook_common::db::MIGRATOR.run(&pool).await?;
-    railhook_common::db::ensure_publication(&pool, &s.publication).await?;
     sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
         .bind(&s.slot)
         .execute(&pool)

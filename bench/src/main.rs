@@ -4,6 +4,7 @@
 
 mod e2e;
 mod relay;
+mod setup;
 mod stats;
 
 use clap::{Parser, Subcommand};

@@ -28,6 +28,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
+use crate::setup::unique;
 use crate::stats::{histogram_quantile, percentiles};
 
 #[derive(clap::Args)]
@@ -56,28 +57,8 @@ struct Setup {
     raw_slot: String,
 }
 
-fn unique(prefix: &str) -> String {
-    format!("{prefix}{}", ulid::Ulid::new().to_string().to_lowercase())
-}
-
 async fn setup(args: &Args) -> anyhow::Result<Setup> {
-    let mut settings =
-        Settings::load().context("run `source .local/env` (deploy/local/up.sh) first")?;
-    let server = settings.database_url_string();
-    let base = server
-        .rsplit_once('/')
-        .context("DATABASE_URL")?
-        .0
-        .to_owned();
-    let db = unique("rh_bench_");
-    let admin = PgPool::connect(&format!("{base}/postgres")).await?;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&admin)
-        .await?;
-    let url = format!("{base}/{db}");
-    let pool = PgPool::connect(&url).await?;
-    railhook_common::db::MIGRATOR.run(&pool).await?;
-    railhook_common::db::ensure_publication(&pool, &settings.publication).await?;
+    let (mut settings, url, pool) = crate::setup::fresh().await?;
     let (relay_slot, raw_slot) = (unique("rh_bench_relay_"), unique("rh_bench_raw_"));
     for slot in [&relay_slot, &raw_slot] {
         sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
@@ -85,7 +66,6 @@ async fn setup(args: &Args) -> anyhow::Result<Setup> {
             .execute(&pool)
             .await?;
     }
-    settings.set_database_url(&url);
     settings.topic_prefix = format!("{}.", unique("bench"));
     settings.kafka_partitions = args.partitions;
     Ok(Setup {

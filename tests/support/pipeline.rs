@@ -130,6 +130,20 @@ impl Pipeline {
         )
     }
 
+    /// Posts an Event of `event_type`; returns the id of its Delivery to `endpoint`.
+    pub async fn send_to(&self, event_type: &str, endpoint: &str) -> String {
+        let r = self
+            .app
+            .post_event(&self.key, event_type, json!({}), None)
+            .await;
+        let deliveries = r.body["deliveries"].as_array().expect("deliveries");
+        let to = deliveries
+            .iter()
+            .find(|d| d["endpoint_id"] == json!(endpoint))
+            .expect("delivery");
+        to["id"].as_str().expect("id").to_owned()
+    }
+
     pub async fn delivery(&self, id: &str) -> Value {
         self.app
             .call(

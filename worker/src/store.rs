@@ -28,29 +28,20 @@ pub struct Claimed {
 /// The Claim (duplicate windows 4 and 5): one worker gets the row back; every other copy of
 /// the hint — a republished Outbox row, a rebalance replay — matches nothing.
 pub async fn claim(pool: &PgPool, id: &str, token: Uuid) -> Result<Option<Claimed>, sqlx::Error> {
-    let row = sqlx::query!(
+    sqlx::query_as!(
+        Claimed,
         r#"UPDATE deliveries
            SET status = 'PROCESSING', claim_token = $2, last_attempt_at = now(),
                updated_at = now(), version = version + 1
            WHERE id = $1 AND status = 'PENDING'
              AND (next_retry_at IS NULL OR next_retry_at <= now())
-           RETURNING id, attempt_count, event_id, endpoint_id, direction, sequence_number,
-                     ladder_started_at"#,
+           RETURNING id, claim_token AS "token!", attempt_count, event_id, endpoint_id,
+                     direction, sequence_number, ladder_started_at"#,
         id,
         token
     )
     .fetch_optional(pool)
-    .await?;
-    Ok(row.map(|r| Claimed {
-        id: r.id,
-        token,
-        attempt_count: r.attempt_count,
-        event_id: r.event_id,
-        endpoint_id: r.endpoint_id,
-        direction: r.direction,
-        sequence_number: r.sequence_number,
-        ladder_started_at: r.ladder_started_at,
-    }))
+    .await
 }
 
 /// The retry path (duplicate window 5 on the retry topic): the scheduler claimed the row
@@ -62,28 +53,19 @@ pub async fn swap(
     scheduler_token: Uuid,
     token: Uuid,
 ) -> Result<Option<Claimed>, sqlx::Error> {
-    let row = sqlx::query!(
+    sqlx::query_as!(
+        Claimed,
         r#"UPDATE deliveries
            SET claim_token = $3, last_attempt_at = now(), updated_at = now(), version = version + 1
            WHERE id = $1 AND status = 'PROCESSING' AND claim_token = $2
-           RETURNING id, attempt_count, event_id, endpoint_id, direction, sequence_number,
-                     ladder_started_at"#,
+           RETURNING id, claim_token AS "token!", attempt_count, event_id, endpoint_id,
+                     direction, sequence_number, ladder_started_at"#,
         id,
         scheduler_token,
         token
     )
     .fetch_optional(pool)
-    .await?;
-    Ok(row.map(|r| Claimed {
-        id: r.id,
-        token,
-        attempt_count: r.attempt_count,
-        event_id: r.event_id,
-        endpoint_id: r.endpoint_id,
-        direction: r.direction,
-        sequence_number: r.sequence_number,
-        ladder_started_at: r.ladder_started_at,
-    }))
+    .await
 }
 
 /// Where and what to send for a claimed Delivery.
