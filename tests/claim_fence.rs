@@ -29,8 +29,8 @@ fn report(outcome: Outcome) -> Report {
     }
 }
 
-#[tokio::test]
-async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
+/// An app with one endpoint and one Event: returns the app and the Delivery's id.
+async fn one_pending_delivery() -> (support::TestApp, String) {
     let app = spawn_app().await;
     let (_, key) = app.project().await;
     let ep = app.endpoint(&key).await;
@@ -40,6 +40,12 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
         .as_str()
         .expect("id")
         .to_owned();
+    (app, id)
+}
+
+#[tokio::test]
+async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
+    let (app, id) = one_pending_delivery().await;
 
     // Worker A claims; a duplicate hint claims nothing.
     let a = store::claim(&app.pool, &id, Uuid::new_v4())
@@ -100,15 +106,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
 
 #[tokio::test]
 async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
-    let app = spawn_app().await;
-    let (_, key) = app.project().await;
-    let ep = app.endpoint(&key).await;
-    app.subscribe(&key, &ep, &["*"], false).await;
-    let r = app.post_event(&key, "a.b", json!({}), None).await;
-    let id = r.body["deliveries"][0]["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let (app, id) = one_pending_delivery().await;
     let c = store::claim(&app.pool, &id, Uuid::new_v4())
         .await
         .expect("claim")
