@@ -4,6 +4,8 @@
 source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
 ensure_standardwebhooks
+# promtool checks the alert rules and the /metrics page (tests/observability.rs).
+command -v promtool >/dev/null || apt_install prometheus
 source "$ENV_FILE"
 cd "$ROOT"
 # Test databases (and their Slots) are per test; drop the ones earlier runs left behind.

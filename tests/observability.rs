@@ -1,0 +1,153 @@
+//! The metrics catalogue against what operators are given: every metric the Grafana
+//! dashboard and the alert rules name must be one the code exports, the rules must pass
+//! `promtool check rules`, and a live `/metrics` must pass `promtool check metrics`.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::json;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn names_in(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("railhook_") {
+        let start = i + at;
+        let end = bytes[start..]
+            .iter()
+            .position(|b| !(b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_'))
+            .map_or(bytes.len(), |n| start + n);
+        names.insert(text[start..end].to_owned());
+        i = end;
+    }
+    names
+}
+
+/// The metric names declared as constants in the roles' metrics modules.
+fn exported() -> BTreeSet<String> {
+    ["ingest", "relay", "worker"]
+        .iter()
+        .flat_map(|c| {
+            names_in(
+                &std::fs::read_to_string(format!("{ROOT}/{c}/src/metrics.rs")).expect("metrics.rs"),
+            )
+        })
+        .filter(|n| n.len() > "railhook_".len())
+        .collect()
+}
+
+/// A referenced name is known if it, or its histogram base, is exported.
+fn unknown(referenced: &BTreeSet<String>, exported: &BTreeSet<String>) -> Vec<String> {
+    referenced
+        .iter()
+        .filter(|n| {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n);
+            !exported.contains(*n) && !exported.contains(base)
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn the_dashboard_leads_with_the_slot_and_names_only_exported_metrics() {
+    let raw =
+        std::fs::read_to_string(format!("{ROOT}/deploy/grafana/railhook.json")).expect("dashboard");
+    let dash: serde_json::Value = serde_json::from_str(&raw).expect("dashboard is JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    assert_eq!(panels[0]["type"], json!("row"));
+    assert_eq!(panels[0]["title"], json!("Replication slot"));
+    let exprs: Vec<&str> = panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["expr"].as_str())
+        .collect();
+    assert!(exprs.len() > 10);
+    let referenced: BTreeSet<String> = exprs.iter().flat_map(|e| names_in(e)).collect();
+    let exported = exported();
+    assert!(exported.len() > 25, "{exported:?}");
+    assert_eq!(unknown(&referenced, &exported), Vec::<String>::new());
+    for must in [
+        "railhook_relay_slot_lag_bytes",
+        "railhook_relay_lag_seconds",
+        "railhook_relay_safe_wal_size_bytes",
+        "railhook_relay_wal_status",
+        "railhook_relay_active",
+        "railhook_relay_heartbeat_age_seconds",
+    ] {
+        assert!(referenced.contains(must), "the dashboard lacks {must}");
+    }
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_name_only_exported_metrics() {
+    let path = format!("{ROOT}/deploy/prometheus/alerts.yml");
+    let rules = std::fs::read_to_string(&path).expect("alerts.yml");
+    assert_eq!(
+        unknown(&names_in(&rules), &exported()),
+        Vec::<String>::new()
+    );
+    let out = Command::new("promtool")
+        .args(["check", "rules", &path])
+        .output()
+        .expect("promtool (apt: prometheus)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn a_live_metrics_page_passes_promtool() {
+    let mut app = support::spawn_app().await;
+    // The page of `railhook all`: ingest's registry plus the relay's and the worker's.
+    let relay = railhook_relay::RelayMetrics::new();
+    let worker = railhook_worker::WorkerMetrics::new();
+    app.state.other_registries = vec![relay.registry.clone(), worker.registry.clone()];
+    let state = app.state.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    app.base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(
+        async move { railhook_ingest::serve(listener, state, std::future::pending()).await },
+    );
+    let (_, key) = app.project().await;
+    app.post_event(&key, "a.b", json!({}), None).await;
+    relay.commit_to_ack_seconds.observe(0.01);
+    worker.attempts.with_label_values(&["succeeded"]).inc();
+    let page = app.metrics().await;
+    assert!(
+        page.contains("railhook_relay_slot_lag_bytes")
+            && page.contains("railhook_worker_attempts_total")
+    );
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (apt: prometheus)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(page.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
