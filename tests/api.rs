@@ -247,16 +247,36 @@ fn railhook(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
 }
 
 #[tokio::test]
-async fn migrate_is_safe_to_run_twice_and_creates_the_publication() {
+async fn migrate_is_safe_to_run_twice_and_creates_the_publication_and_slot() {
     let url = fresh_database().await;
+    // Slot names are cluster-wide: this test's own.
+    let slot = format!("rh_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let env = [
+        ("DATABASE_URL", url.as_str()),
+        ("RAILHOOK_SLOT", slot.as_str()),
+    ];
     for _ in 0..2 {
-        let out = railhook(&["migrate"], &[("DATABASE_URL", &url)]);
+        let out = railhook(&["migrate"], &env);
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    let status = railhook(&["slot", "status"], &env);
+    let printed = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        printed.contains("wal_status           reserved"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!("slot                 {slot}")),
+        "{printed}"
+    );
+    let dropped = railhook(&["slot", "drop"], &env);
+    assert!(String::from_utf8_lossy(&dropped.stdout).contains("dropped"));
+    let missing = railhook(&["slot", "status"], &env);
+    assert_eq!(missing.status.code(), Some(3));
     let pool = sqlx::PgPool::connect(&url).await.expect("connect");
     let publishes: (bool, bool, bool) = sqlx::query_as(
         "SELECT pubinsert, pubdelete, pubupdate FROM pg_publication WHERE pubname = 'railhook_outbox'",
