@@ -306,27 +306,17 @@ async fn an_endpoint_may_carry_its_own_ladder() {
     let d = p.wait_status(&delivery, "FAILED", WAIT).await;
     assert_eq!(d["attempt_count"], json!(3));
     assert_eq!(receiver.count(), 3);
-    let bad = json!({"max_attempts": 0});
-    let r = p
-        .app
-        .call(
-            reqwest::Method::PATCH,
-            &format!("/v1/endpoints/{id}"),
-            Some(&p.key),
-            Some(bad),
-        )
-        .await;
+    let patch = |body: serde_json::Value| {
+        let path = format!("/v1/endpoints/{id}");
+        let (app, key) = (&p.app, &p.key);
+        async move {
+            app.call(reqwest::Method::PATCH, &path, Some(key), Some(body))
+                .await
+        }
+    };
+    let r = patch(json!({"max_attempts": 0})).await;
     assert_eq!(r.body["field"], json!("max_attempts"));
-    let reset = json!({"retry_delays_seconds": null, "max_attempts": null});
-    let r = p
-        .app
-        .call(
-            reqwest::Method::PATCH,
-            &format!("/v1/endpoints/{id}"),
-            Some(&p.key),
-            Some(reset),
-        )
-        .await;
+    let r = patch(json!({"retry_delays_seconds": null, "max_attempts": null})).await;
     assert_eq!(r.body["max_attempts"], serde_json::Value::Null);
     assert_eq!(r.body["retry_delays_seconds"], serde_json::Value::Null);
     p.stop().await;

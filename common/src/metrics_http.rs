@@ -8,6 +8,15 @@ use axum::http::header;
 use axum::routing::get;
 use prometheus::{Encoder, Registry, TextEncoder};
 
+/// Registers a collector and hands it back, for metrics structs built field by field.
+/// Names are constants, so a failure here is a programming error caught by any test.
+pub fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
+    c
+}
+
 /// Serves the registries until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,

@@ -53,12 +53,7 @@ pub struct RelayMetrics {
     pub commit_to_read_seconds: Histogram,
 }
 
-fn reg<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
-    registry
-        .register(Box::new(c.clone()))
-        .expect("unique metric");
-    c
-}
+use railhook_common::metrics_http::register as reg;
 
 /// A latency histogram with buckets fine enough for millisecond percentiles.
 fn latency(registry: &Registry, name: &str, help: &str) -> Histogram {

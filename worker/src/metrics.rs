@@ -28,12 +28,7 @@ pub struct WorkerMetrics {
     pub bad_hints: IntCounter,
 }
 
-fn reg<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
-    registry
-        .register(Box::new(c.clone()))
-        .expect("unique metric");
-    c
-}
+use railhook_common::metrics_http::register as reg;
 
 impl WorkerMetrics {
     pub fn new() -> Self {

@@ -247,27 +247,20 @@ async fn on_batch(
     }
 }
 
+/// Ends a claimed Delivery as FAILED without sending anything; counted only if it wrote.
+async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) {
+    if let Ok(true) = store::fail_unsent(&shared.pool, claimed, reason).await {
+        shared.metrics.failed_messages.inc();
+    }
+}
+
 /// One claimed Delivery: Attempt, decision, finalise.
 async fn deliver(shared: &Shared, claimed: Claimed, target: store::Target) {
     if !target.enabled {
-        let _ = store::fail_unsent(
-            &shared.pool,
-            &claimed,
-            "the endpoint is disabled or deleted",
-        )
-        .await;
-        shared.metrics.failed_messages.inc();
-        return;
+        return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
     }
     let Some(attempt) = build_attempt(&claimed, &target) else {
-        let _ = store::fail_unsent(
-            &shared.pool,
-            &claimed,
-            "the endpoint's URL or secret is invalid",
-        )
-        .await;
-        shared.metrics.failed_messages.inc();
-        return;
+        return give_up(shared, &claimed, "the endpoint's URL or secret is invalid").await;
     };
     let report = shared.runner.run(&attempt).await;
     let ladder = endpoint_ladder(shared, &claimed, &target);
