@@ -80,6 +80,20 @@ pub struct Settings {
     pub processing_timeout_seconds: u64,
     /// PENDING with nothing scheduled for longer than this goes to the retry path.
     pub stranded_after_seconds: u64,
+    /// How long a parked ordered Delivery waits for a stuck predecessor (from its first
+    /// park) before it goes without it. Also read as `ORDERING_GAP_TIMEOUT_SECONDS`.
+    pub ordering_gap_timeout_seconds: u64,
+    /// Circuit breaker: opens after this many retryable failures in a row...
+    pub breaker_consecutive_failures: u32,
+    /// ...or at this failure rate (0-1) over at least `breaker_min_requests` Attempts in a
+    /// `breaker_window_seconds` window.
+    pub breaker_failure_rate: f64,
+    pub breaker_min_requests: u32,
+    pub breaker_window_seconds: u64,
+    /// How long an open breaker defers everything before one probe may go (half-open).
+    pub breaker_cooldown_seconds: u64,
+    /// The longest a single Deferral waits (the doubling back-off's cap).
+    pub deferral_max_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -124,6 +138,13 @@ struct Defaults {
     sweep_ms: u64,
     processing_timeout_seconds: u64,
     stranded_after_seconds: u64,
+    ordering_gap_timeout_seconds: u64,
+    breaker_consecutive_failures: u32,
+    breaker_failure_rate: f64,
+    breaker_min_requests: u32,
+    breaker_window_seconds: u64,
+    breaker_cooldown_seconds: u64,
+    deferral_max_seconds: u64,
 }
 
 const DEFAULTS: Defaults = Defaults {
@@ -159,6 +180,13 @@ const DEFAULTS: Defaults = Defaults {
     sweep_ms: 30_000,
     processing_timeout_seconds: 300,
     stranded_after_seconds: 3_600,
+    ordering_gap_timeout_seconds: 60,
+    breaker_consecutive_failures: 5,
+    breaker_failure_rate: 0.5,
+    breaker_min_requests: 20,
+    breaker_window_seconds: 60,
+    breaker_cooldown_seconds: 30,
+    deferral_max_seconds: 300,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -188,7 +216,12 @@ impl Settings {
             figment = figment.merge(Toml::file_exact(PathBuf::from(path)));
         }
         let figment = figment
-            .merge(Env::raw().only(&["DATABASE_URL", "KAFKA_BROKERS", "REDIS_URL"]))
+            .merge(Env::raw().only(&[
+                "DATABASE_URL",
+                "KAFKA_BROKERS",
+                "REDIS_URL",
+                "ORDERING_GAP_TIMEOUT_SECONDS",
+            ]))
             .merge(Env::prefixed("RAILHOOK_").ignore(&["CONFIG"]));
         Self::from_figment(figment)
     }
@@ -316,6 +349,24 @@ impl Settings {
         }
         if self.db_max_connections == 0 {
             return Err(invalid("db_max_connections", "must be greater than 0"));
+        }
+        if !(self.breaker_failure_rate > 0.0 && self.breaker_failure_rate <= 1.0) {
+            return Err(invalid(
+                "breaker_failure_rate",
+                "must be above 0 and at most 1",
+            ));
+        }
+        if self.breaker_consecutive_failures == 0 || self.breaker_min_requests == 0 {
+            return Err(invalid(
+                "breaker_consecutive_failures",
+                "and breaker_min_requests must be at least 1",
+            ));
+        }
+        if self.breaker_window_seconds == 0 || self.deferral_max_seconds == 0 {
+            return Err(invalid(
+                "breaker_window_seconds",
+                "and deferral_max_seconds must be at least 1",
+            ));
         }
         Ok(())
     }

@@ -85,6 +85,9 @@ prefixed_id!(
     /// A subscription of an endpoint to event-type patterns.
     SubscriptionId, "sub_", "subscription");
 prefixed_id!(
+    /// Where one provider's webhooks arrive (`POST /in/{source_id}`).
+    SourceId, "src_", "source");
+prefixed_id!(
     /// What a sender announced. Sent to receivers as `X-Event-Id`; stable across replays.
     EventId, "evt_", "event");
 prefixed_id!(

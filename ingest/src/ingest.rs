@@ -423,8 +423,15 @@ async fn assign_sequence_numbers(state: &AppState, plan: &DeliveryPlan) {
         r#"WITH input AS (
                SELECT x.delivery_id, x.endpoint_id, x.n
                FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(delivery_id, endpoint_id, n)
+           ), unnumbered AS (
+               -- Locked, and only those still without a number: a worker's ordering gate
+               -- may have numbered one already (then the counter must not move for it).
+               SELECT i.delivery_id, i.endpoint_id, i.n
+               FROM input i JOIN deliveries d ON d.id = i.delivery_id
+               WHERE d.sequence_number IS NULL
+               FOR UPDATE OF d
            ), wanted AS (
-               SELECT endpoint_id, count(*) AS how_many FROM input GROUP BY endpoint_id
+               SELECT endpoint_id, count(*) AS how_many FROM unnumbered GROUP BY endpoint_id
            ), bumped AS (
                INSERT INTO endpoint_sequences (endpoint_id, last_assigned)
                SELECT endpoint_id, how_many FROM wanted ORDER BY endpoint_id
@@ -432,13 +439,13 @@ async fn assign_sequence_numbers(state: &AppState, plan: &DeliveryPlan) {
                DO UPDATE SET last_assigned = endpoint_sequences.last_assigned + EXCLUDED.last_assigned
                RETURNING endpoint_id, last_assigned
            ), numbered AS (
-               SELECT i.delivery_id,
+               SELECT u.delivery_id,
                       b.last_assigned - w.how_many
-                        + row_number() OVER (PARTITION BY i.endpoint_id ORDER BY i.n) AS seq
-               FROM input i JOIN wanted w USING (endpoint_id) JOIN bumped b USING (endpoint_id)
+                        + row_number() OVER (PARTITION BY u.endpoint_id ORDER BY u.n) AS seq
+               FROM unnumbered u JOIN wanted w USING (endpoint_id) JOIN bumped b USING (endpoint_id)
            )
            UPDATE deliveries d SET sequence_number = numbered.seq
-           FROM numbered WHERE d.id = numbered.delivery_id AND d.sequence_number IS NULL"#,
+           FROM numbered WHERE d.id = numbered.delivery_id"#,
         &deliveries,
         &endpoints
     )

@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod extract;
+pub mod incoming;
 pub mod ingest;
 pub mod metrics;
 pub mod openapi;
@@ -27,6 +28,7 @@ use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 
+use crate::incoming::routes as sources;
 use crate::problem::ApiError;
 use crate::routes::{admin, deliveries, endpoints, events, health, subscriptions};
 pub use crate::state::AppState;
@@ -88,7 +90,21 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/attempts", get(deliveries::attempts))
         .route("/v1/deliveries/{id}/retry", post(deliveries::retry))
-        .layer(DefaultBodyLimit::max(ENVELOPE_BYTES));
+        .route("/v1/sources", post(sources::create).get(sources::list))
+        .route(
+            "/v1/sources/{id}",
+            get(sources::get).delete(sources::delete),
+        )
+        .route(
+            "/v1/sources/{id}/destinations",
+            post(sources::create_destination).get(sources::list_destinations),
+        )
+        .layer(DefaultBodyLimit::max(ENVELOPE_BYTES))
+        // A provider's body is taken as it came (no JSON envelope), up to the payload limit.
+        .route(
+            "/in/{source_id}",
+            post(incoming::receive).layer(DefaultBodyLimit::max(state.limits.max_payload_bytes)),
+        );
     Router::new()
         .merge(api)
         .route("/healthz", get(health::healthz))

@@ -12,6 +12,10 @@ pub const DELIVERIES_CREATED_TOTAL: &str = "railhook_ingest_deliveries_created_t
 pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "railhook_ingest_idempotent_replays_total";
 pub const QUOTA_CHARGE_SKIPPED_TOTAL: &str = "railhook_quota_charge_skipped_total";
 pub const QUOTA_REJECTED_TOTAL: &str = "railhook_quota_rejected_total";
+pub const INCOMING_RECEIVED_TOTAL: &str = "railhook_incoming_received_total";
+pub const INCOMING_REJECTED_TOTAL: &str = "railhook_incoming_rejected_total";
+/// `provider` label values of the incoming metrics.
+pub const PROVIDERS: [&str; 5] = ["github", "stripe", "shopify", "standard", "generic"];
 pub const SEQUENCE_ASSIGNMENT_FAILED_TOTAL: &str =
     "railhook_ingest_sequence_assignment_failed_total";
 
@@ -27,6 +31,10 @@ pub struct IngestMetrics {
     pub quota_charge_skipped: IntCounterVec,
     pub quota_rejected: IntCounter,
     pub sequence_assignment_failed: IntCounter,
+    /// `provider`, `result`: `accepted` or `duplicate`.
+    pub incoming_received: IntCounterVec,
+    /// `provider`, `reason`: `missing`, `malformed`, `mismatch` or `stale`.
+    pub incoming_rejected: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -97,6 +105,18 @@ impl IngestMetrics {
                 &registry,
                 SEQUENCE_ASSIGNMENT_FAILED_TOTAL,
                 "Post-commit Sequence Number assignments that failed (the worker assigns later).",
+            ),
+            incoming_received: counter_vec(
+                &registry,
+                INCOMING_RECEIVED_TOTAL,
+                "Provider webhooks with a valid signature, by provider and result (accepted or duplicate).",
+                &["provider", "result"],
+            ),
+            incoming_rejected: counter_vec(
+                &registry,
+                INCOMING_REJECTED_TOTAL,
+                "Provider webhooks refused with 401 before anything was stored, by provider and reason.",
+                &["provider", "reason"],
             ),
             registry,
         }

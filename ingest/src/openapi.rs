@@ -3,6 +3,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use crate::incoming::{self, routes as sources};
 use crate::routes::{admin, deliveries, endpoints, events, subscriptions};
 
 struct BearerSchemes;
@@ -31,6 +32,8 @@ impl Modify for BearerSchemes {
         subscriptions::delete,
         events::create, events::create_batch, events::get, events::list,
         deliveries::list, deliveries::get, deliveries::attempts, deliveries::retry,
+        sources::create, sources::list, sources::get, sources::delete,
+        sources::create_destination, sources::list_destinations, incoming::receive,
     ),
     modifiers(&BearerSchemes)
 )]

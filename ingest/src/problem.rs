@@ -13,6 +13,8 @@ use serde::Serialize;
 pub enum ApiError {
     #[error("missing or invalid credentials")]
     Unauthorized,
+    #[error("the webhook signature is {0}")]
+    InvalidSignature(&'static str),
     #[error("{0} not found")]
     NotFound(&'static str),
     #[error("{detail}")]
@@ -63,6 +65,7 @@ impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::InvalidSignature(_) => (StatusCode::UNAUTHORIZED, "invalid_signature"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Validation { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
             ApiError::MalformedJson(_) => (StatusCode::BAD_REQUEST, "malformed_json"),

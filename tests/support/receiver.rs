@@ -33,6 +33,8 @@ pub struct Received {
     pub headers: HashMap<String, String>,
     pub body: String,
     pub at: Instant,
+    /// The status this receiver answered with (none for a reset or a stalled answer).
+    pub answered: Option<u16>,
 }
 
 #[derive(Clone)]
@@ -42,9 +44,15 @@ pub struct Receiver {
     default: Behaviour,
     pub received: Arc<Mutex<Vec<Received>>>,
     location: Arc<Mutex<String>>,
+    poison: Arc<Mutex<Option<String>>>,
 }
 
 impl Receiver {
+    /// Answers 500 to every request whose body contains `marker`, whatever the script says.
+    pub fn set_poison(&self, marker: &str) {
+        *self.poison.lock().expect("lock") = Some(marker.to_owned());
+    }
+
     pub fn set_location(&self, url: &str) {
         *self.location.lock().expect("lock") = url.to_owned();
     }
@@ -59,6 +67,7 @@ impl Receiver {
             default,
             received: Arc::new(Mutex::new(Vec::new())),
             location: Arc::new(Mutex::new(String::new())),
+            poison: Arc::new(Mutex::new(None)),
         };
         let me = r.clone();
         tokio::spawn(async move {
@@ -83,13 +92,31 @@ impl Receiver {
             let Some(request) = read_request(&mut stream).await else {
                 return;
             };
-            self.received.lock().expect("lock").push(request);
-            let behaviour = self
-                .script
+            let mut request = request;
+            let poisoned = self
+                .poison
                 .lock()
                 .expect("lock")
-                .pop_front()
-                .unwrap_or(self.default);
+                .as_ref()
+                .is_some_and(|m| request.body.contains(m.as_str()));
+            let behaviour = if poisoned {
+                Behaviour::Status(500)
+            } else {
+                self.script
+                    .lock()
+                    .expect("lock")
+                    .pop_front()
+                    .unwrap_or(self.default)
+            };
+            request.answered = match behaviour {
+                Behaviour::Status(c)
+                | Behaviour::Redirect(c)
+                | Behaviour::RetryAfter(c, _)
+                | Behaviour::Delay(_, c)
+                | Behaviour::SlowBody(c) => Some(c),
+                Behaviour::StallAfterStatus(_) | Behaviour::Reset => None,
+            };
+            self.received.lock().expect("lock").push(request);
             let ok = match behaviour {
                 Behaviour::Status(code) => respond(&mut stream, code, "").await,
                 Behaviour::Redirect(code) => {
@@ -182,5 +209,6 @@ async fn read_request(stream: &mut TcpStream) -> Option<Received> {
         headers,
         body,
         at: Instant::now(),
+        answered: None,
     })
 }

@@ -49,6 +49,8 @@ pub struct Attempt {
     pub keys: Vec<SigningKey>,
     pub timeout: Duration,
     pub sequence_number: Option<i64>,
+    /// The body's media type; `application/json` unless a forwarded webhook said otherwise.
+    pub content_type: Option<String>,
 }
 
 /// How an Attempt ended, decided by [`classify`].
@@ -211,7 +213,12 @@ impl Runner {
         if let Some(seq) = a.sequence_number {
             set("x-sequence-number", seq.to_string());
         }
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let content_type = a
+            .content_type
+            .as_deref()
+            .and_then(|c| HeaderValue::from_str(c).ok())
+            .unwrap_or(HeaderValue::from_static("application/json"));
+        h.insert(CONTENT_TYPE, content_type);
         h.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
         h
     }

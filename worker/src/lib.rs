@@ -5,7 +5,9 @@
 
 pub mod attempt;
 pub mod hint;
+pub mod limits;
 pub mod metrics;
+pub mod ordering;
 pub mod schedule;
 pub mod ssrf;
 pub mod store;

@@ -1,6 +1,8 @@
 //! Worker metrics: names, help texts and label sets in one place. No ids as labels.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 pub const ATTEMPTS_TOTAL: &str = "railhook_worker_attempts_total";
 pub const CLAIM_MISSES_TOTAL: &str = "railhook_worker_claim_misses_total";
@@ -10,6 +12,17 @@ pub const SWEPT_TOTAL: &str = "railhook_worker_swept_total";
 pub const FAILED_MESSAGES_TOTAL: &str = "railhook_worker_failed_messages_total";
 pub const DELIVERY_LATENCY_SECONDS: &str = "railhook_worker_delivery_latency_seconds";
 pub const BAD_HINTS_TOTAL: &str = "railhook_worker_bad_hints_total";
+pub const DEFERRALS_TOTAL: &str = "railhook_worker_deferrals_total";
+pub const ORDERING_GAP_TIMEOUT_TOTAL: &str = "railhook_ordering_gap_timeout_total";
+pub const ORDERING_RELEASED_TOTAL: &str = "railhook_ordering_released_total";
+pub const BREAKER_TRANSITIONS_TOTAL: &str = "railhook_worker_breaker_transitions_total";
+pub const ENDPOINT_BREAKERS: &str = "railhook_endpoint_breakers";
+pub const LIMITS_UNAVAILABLE_TOTAL: &str = "railhook_worker_limits_unavailable_total";
+
+/// `reason` label values of [`DEFERRALS_TOTAL`] (see `limits::Reason`).
+pub const DEFERRAL_REASONS: [&str; 5] = ["breaker", "throttled", "concurrency", "rate", "ordering"];
+/// `state` label values of [`BREAKER_TRANSITIONS_TOTAL`] and [`ENDPOINT_BREAKERS`].
+pub const BREAKER_STATES: [&str; 3] = ["closed", "open", "half_open"];
 
 /// `outcome` label values of [`ATTEMPTS_TOTAL`].
 pub const OUTCOMES: [&str; 3] = ["succeeded", "retry", "failed"];
@@ -26,6 +39,15 @@ pub struct WorkerMetrics {
     pub failed_messages: IntCounter,
     pub delivery_latency: Histogram,
     pub bad_hints: IntCounter,
+    /// `reason`: one of [`DEFERRAL_REASONS`].
+    pub deferrals: IntCounterVec,
+    pub ordering_gap_timeouts: IntCounter,
+    pub ordering_released: IntCounter,
+    /// `state`: the state entered.
+    pub breaker_transitions: IntCounterVec,
+    /// `state`: live endpoints in that state (read from Postgres by the sweep).
+    pub endpoint_breakers: IntGaugeVec,
+    pub limits_unavailable: IntCounter,
 }
 
 use railhook_common::metrics_http::register as reg;
@@ -85,8 +107,60 @@ impl WorkerMetrics {
                 BAD_HINTS_TOTAL,
                 "Kafka messages that could not be decoded (skipped).",
             ),
+            deferrals: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        DEFERRALS_TOTAL,
+                        "Claimed Deliveries put back without an Attempt, by reason.",
+                    ),
+                    &["reason"],
+                )
+                .expect("valid metric"),
+            ),
+            ordering_gap_timeouts: counter(
+                ORDERING_GAP_TIMEOUT_TOTAL,
+                "Ordered Deliveries that went without a stuck predecessor after the gap timeout.",
+            ),
+            ordering_released: counter(
+                ORDERING_RELEASED_TOTAL,
+                "Parked ordered Deliveries released through the Outbox when a predecessor resolved.",
+            ),
+            breaker_transitions: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        BREAKER_TRANSITIONS_TOTAL,
+                        "Circuit-breaker state changes, by the state entered.",
+                    ),
+                    &["state"],
+                )
+                .expect("valid metric"),
+            ),
+            endpoint_breakers: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        ENDPOINT_BREAKERS,
+                        "Live endpoints by circuit-breaker state.",
+                    ),
+                    &["state"],
+                )
+                .expect("valid metric"),
+            ),
+            limits_unavailable: counter(
+                LIMITS_UNAVAILABLE_TOTAL,
+                "Deliveries sent without the breaker and limit checks because Redis did not answer.",
+            ),
             registry: r,
         };
+        for reason in DEFERRAL_REASONS {
+            m.deferrals.with_label_values(&[reason]);
+        }
+        for state in BREAKER_STATES {
+            m.breaker_transitions.with_label_values(&[state]);
+            m.endpoint_breakers.with_label_values(&[state]);
+        }
         for o in OUTCOMES {
             m.attempts.with_label_values(&[o]);
         }

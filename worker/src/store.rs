@@ -5,8 +5,10 @@
 //! conditional on still owning the row (`claim_token = $token`), so a duplicate hint, a
 //! redelivered retry message, or a worker that stalled past the sweep changes nothing.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
 use crate::attempt::{Outcome, Report};
@@ -23,6 +25,9 @@ pub struct Claimed {
     pub direction: String,
     pub sequence_number: Option<i64>,
     pub ladder_started_at: DateTime<Utc>,
+    /// Opted into the Ordering Buffer (and not skipped out of it).
+    pub ordered: bool,
+    pub deferral_count: i32,
 }
 
 /// The Claim (duplicate windows 4 and 5): one worker gets the row back; every other copy of
@@ -36,7 +41,8 @@ pub async fn claim(pool: &PgPool, id: &str, token: Uuid) -> Result<Option<Claime
            WHERE id = $1 AND status = 'PENDING'
              AND (next_retry_at IS NULL OR next_retry_at <= now())
            RETURNING id, claim_token AS "token!", attempt_count, event_id, endpoint_id,
-                     direction, sequence_number, ladder_started_at"#,
+                     direction, sequence_number, ladder_started_at,
+                     (ordered AND ordering_skipped_at IS NULL) AS "ordered!", deferral_count"#,
         id,
         token
     )
@@ -59,7 +65,8 @@ pub async fn swap(
            SET claim_token = $3, last_attempt_at = now(), updated_at = now(), version = version + 1
            WHERE id = $1 AND status = 'PROCESSING' AND claim_token = $2
            RETURNING id, claim_token AS "token!", attempt_count, event_id, endpoint_id,
-                     direction, sequence_number, ladder_started_at"#,
+                     direction, sequence_number, ladder_started_at,
+                     (ordered AND ordering_skipped_at IS NULL) AS "ordered!", deferral_count"#,
         id,
         scheduler_token,
         token
@@ -84,6 +91,12 @@ pub struct Target {
     pub max_attempts: Option<i32>,
     /// When the Event committed: the start of the delivery latency.
     pub event_created_at: DateTime<Utc>,
+    pub rate_limit_per_second: Option<i32>,
+    pub rate_limit_burst: Option<i32>,
+    pub max_concurrency: Option<i32>,
+    /// Incoming webhooks: the provider's body as it came, and the headers to pass on.
+    pub raw_body: Option<Vec<u8>>,
+    pub forward_headers: Option<serde_json::Value>,
 }
 
 pub async fn target(pool: &PgPool, claimed: &Claimed) -> Result<Option<Target>, sqlx::Error> {
@@ -93,7 +106,9 @@ pub async fn target(pool: &PgPool, claimed: &Claimed) -> Result<Option<Target>, 
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
                   v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
-                  v.created_at AS event_created_at
+                  v.created_at AS event_created_at,
+                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
+                  v.raw_body, v.forward_headers
            FROM endpoints e, events v
            WHERE e.id = $1 AND v.id = $2"#,
         claimed.endpoint_id,
@@ -116,7 +131,7 @@ fn outcome_name(o: &Outcome) -> &'static str {
 /// unless it did. Invariant 6: an Attempt row is written for every request that was sent,
 /// fenced or not, in the same statement.
 pub async fn finalise(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     claimed: &Claimed,
     report: &Report,
     decision: &Decision,
@@ -177,7 +192,7 @@ pub async fn finalise(
         report.excerpt,
         report.sent
     )
-    .fetch_one(pool)
+    .fetch_one(db)
     .await
 }
 
@@ -200,17 +215,20 @@ pub async fn claim_batch(
                WHERE d.id = w.id AND d.status = 'PENDING'
                  AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
                RETURNING d.id, d.claim_token, d.attempt_count, d.event_id, d.endpoint_id,
-                         d.direction, d.sequence_number, d.ladder_started_at
+                         d.direction, d.sequence_number, d.ladder_started_at,
+                         (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
            )
            SELECT c.id AS "id!", c.claim_token AS "token!", c.attempt_count AS "attempt_count!",
                   c.event_id AS "event_id!", c.endpoint_id AS "endpoint_id!",
                   c.direction AS "direction!", c.sequence_number,
                   c.ladder_started_at AS "ladder_started_at!",
+                  c.ordered AS "ordered!", c.deferral_count AS "deferral_count!",
+                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
                   e.url, e.secret,
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
                   v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
-                  v.created_at AS event_created_at
+                  v.created_at AS event_created_at, v.raw_body, v.forward_headers
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            JOIN events v ON v.id = c.event_id"#,
@@ -231,6 +249,8 @@ pub async fn claim_batch(
                 direction: r.direction,
                 sequence_number: r.sequence_number,
                 ladder_started_at: r.ladder_started_at,
+                ordered: r.ordered,
+                deferral_count: r.deferral_count,
             };
             let target = Target {
                 url: r.url,
@@ -244,6 +264,11 @@ pub async fn claim_batch(
                 retry_delays: r.retry_delays,
                 max_attempts: r.max_attempts,
                 event_created_at: r.event_created_at,
+                rate_limit_per_second: r.rate_limit_per_second,
+                rate_limit_burst: r.rate_limit_burst,
+                max_concurrency: r.max_concurrency,
+                raw_body: r.raw_body,
+                forward_headers: r.forward_headers,
             };
             (claimed, target)
         })
@@ -252,7 +277,7 @@ pub async fn claim_batch(
 
 /// Ends a claimed Delivery without an Attempt (its endpoint was disabled or deleted).
 pub async fn fail_unsent(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     claimed: &Claimed,
     reason: &str,
 ) -> Result<bool, sqlx::Error> {
@@ -264,9 +289,53 @@ pub async fn fail_unsent(
         claimed.token,
         reason
     )
+    .execute(db)
+    .await?;
+    Ok(wrote.rows_affected() == 1)
+}
+
+/// A Deferral: the Claim is released and the Delivery waits `wait`; no Attempt is spent,
+/// so `attempt_count` and the ladder's start stay as they were. Fenced like every write.
+pub async fn defer(pool: &PgPool, claimed: &Claimed, wait: Duration) -> Result<bool, sqlx::Error> {
+    let wrote = sqlx::query!(
+        "UPDATE deliveries
+         SET status = 'PENDING', claim_token = NULL,
+             next_retry_at = now() + make_interval(secs => $3),
+             deferral_count = deferral_count + 1, updated_at = now(), version = version + 1
+         WHERE id = $1 AND claim_token = $2",
+        claimed.id,
+        claimed.token,
+        wait.as_secs_f64()
+    )
     .execute(pool)
     .await?;
     Ok(wrote.rows_affected() == 1)
+}
+
+/// Mirrors a breaker change (kept in Redis, see `limits`) onto the endpoint row, where the
+/// API and the metrics read it.
+pub async fn set_breaker(pool: &PgPool, endpoint_id: &str, state: &str) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE endpoints SET breaker_state = $2, breaker_changed_at = now(),
+                breaker_opened_at = CASE WHEN $2 = 'open' THEN now() ELSE breaker_opened_at END
+         WHERE id = $1",
+        endpoint_id,
+        state
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Live endpoints per breaker state, for the `railhook_endpoint_breakers` gauge.
+pub async fn breaker_counts(pool: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"SELECT breaker_state, count(*) AS "n!" FROM endpoints
+           WHERE deleted_at IS NULL GROUP BY breaker_state"#
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.breaker_state, r.n)).collect())
 }
 
 /// The retry scheduler's Claim: due rows, in batches, skipping rows another scheduler holds.

@@ -38,7 +38,11 @@ use uuid::Uuid;
 
 use crate::attempt::{Attempt, ClientError, Outcome, Runner};
 use crate::hint::RetryHint;
+use crate::limits::{
+    Admission, BreakerPolicy, BreakerState, EndpointLimits, Limits, Reason, Verdict, deferral_wait,
+};
 use crate::metrics::WorkerMetrics;
+use crate::ordering::{self, Gate};
 use crate::schedule::{Decision, decide};
 use crate::ssrf::{Allowlist, BadCidr};
 use crate::store::{self, Claimed};
@@ -60,6 +64,10 @@ pub struct WorkerConfig {
     pub stranded_after: Duration,
     pub allow_private_targets: String,
     pub message_timeout: Duration,
+    pub redis_url: String,
+    pub breaker: BreakerPolicy,
+    pub ordering_gap_timeout: Duration,
+    pub deferral_max: Duration,
 }
 
 impl WorkerConfig {
@@ -80,6 +88,17 @@ impl WorkerConfig {
             stranded_after: Duration::from_secs(s.stranded_after_seconds),
             allow_private_targets: s.allow_private_targets.clone(),
             message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
+            redis_url: s.redis_url.clone(),
+            breaker: BreakerPolicy {
+                consecutive_failures: s.breaker_consecutive_failures,
+                failure_rate: s.breaker_failure_rate,
+                min_requests: s.breaker_min_requests,
+                window: Duration::from_secs(s.breaker_window_seconds),
+                cooldown: Duration::from_secs(s.breaker_cooldown_seconds),
+                probe_lease: Duration::from_secs(60),
+            },
+            ordering_gap_timeout: Duration::from_secs(s.ordering_gap_timeout_seconds),
+            deferral_max: Duration::from_secs(s.deferral_max_seconds),
         }
     }
 }
@@ -92,6 +111,8 @@ pub enum WorkerError {
     Allowlist(#[from] BadCidr),
     #[error(transparent)]
     Client(#[from] ClientError),
+    #[error("REDIS_URL")]
+    Redis(#[from] redis::RedisError),
 }
 
 /// Everything an Attempt task needs; cheap to clone.
@@ -102,6 +123,9 @@ struct Shared {
     metrics: WorkerMetrics,
     outgoing: Ladder,
     incoming: Ladder,
+    limits: Limits,
+    gap_timeout: Duration,
+    deferral_max: Duration,
 }
 
 /// Runs the worker until `shutdown` resolves.
@@ -137,6 +161,9 @@ pub async fn run(
         metrics,
         outgoing: config.outgoing.clone(),
         incoming: config.incoming.clone(),
+        limits: Limits::new(&config.redis_url, config.breaker.clone())?,
+        gap_timeout: config.ordering_gap_timeout,
+        deferral_max: config.deferral_max,
     };
     let permits = Arc::new(Semaphore::new(config.max_in_flight));
     let mut scheduler = tokio::time::interval(config.scheduler_interval);
@@ -249,20 +276,191 @@ async fn on_batch(
 
 /// Ends a claimed Delivery as FAILED without sending anything; counted only if it wrote.
 async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) {
-    if let Ok(true) = store::fail_unsent(&shared.pool, claimed, reason).await {
+    if let Ok(true) = resolve(shared, claimed, Resolution::Unsent(reason)).await {
         shared.metrics.failed_messages.inc();
     }
 }
 
-/// One claimed Delivery: Attempt, decision, finalise.
-async fn deliver(shared: &Shared, claimed: Claimed, target: store::Target) {
+/// A write that ends a claimed Delivery's turn.
+enum Resolution<'a> {
+    /// The Attempt's outcome, through `store::finalise`.
+    Outcome(&'a crate::attempt::Report, &'a Decision),
+    /// FAILED without an Attempt.
+    Unsent(&'a str),
+}
+
+async fn write_resolution(
+    db: impl sqlx::PgExecutor<'_>,
+    claimed: &Claimed,
+    what: &Resolution<'_>,
+) -> sqlx::Result<bool> {
+    match what {
+        Resolution::Outcome(report, decision) => {
+            store::finalise(db, claimed, report, decision).await
+        }
+        Resolution::Unsent(reason) => store::fail_unsent(db, claimed, reason).await,
+    }
+}
+
+/// Writes a Resolution behind the Fence. For an ordered Delivery that resolves (SUCCEEDED
+/// or FAILED, not a retry), the write runs under the endpoint's ordering lock and, if it
+/// landed, releases the next parked Delivery in the same transaction (see `ordering`).
+async fn resolve(shared: &Shared, claimed: &Claimed, what: Resolution<'_>) -> sqlx::Result<bool> {
+    let resolves = !matches!(what, Resolution::Outcome(_, Decision::RetryAfter(_)));
+    if !(claimed.ordered && resolves) {
+        return write_resolution(&shared.pool, claimed, &what).await;
+    }
+    let mut tx = ordering::begin_resolve(&shared.pool, &claimed.endpoint_id).await?;
+    let wrote = write_resolution(&mut *tx, claimed, &what).await?;
+    let mut released = false;
+    if wrote && let Some(seq) = claimed.sequence_number {
+        released = ordering::release_next(&mut tx, &claimed.endpoint_id, seq).await?;
+    }
+    tx.commit().await?;
+    if released {
+        shared.metrics.ordering_released.inc();
+    }
+    Ok(wrote)
+}
+
+/// A Deferral: the Claim goes back, no Attempt is spent.
+async fn defer(shared: &Shared, claimed: &Claimed, reason: Reason, asked: Duration) {
+    let wait = deferral_wait(
+        reason,
+        asked,
+        claimed.deferral_count,
+        shared.deferral_max,
+        rand::random::<f64>(),
+    );
+    match store::defer(&shared.pool, claimed, wait).await {
+        Ok(true) => shared
+            .metrics
+            .deferrals
+            .with_label_values(&[reason.as_str()])
+            .inc(),
+        Ok(false) => shared.metrics.fence_rejections.inc(),
+        Err(e) => {
+            tracing::warn!(error = %e, delivery_id = %claimed.id, "deferral not written; the sweep will hand the delivery back")
+        }
+    }
+}
+
+async fn breaker_changed(shared: &Shared, endpoint_id: &str, state: BreakerState) {
+    shared
+        .metrics
+        .breaker_transitions
+        .with_label_values(&[state.as_str()])
+        .inc();
+    tracing::info!(
+        endpoint_id,
+        state = state.as_str(),
+        "circuit breaker changed"
+    );
+    if let Err(e) = store::set_breaker(&shared.pool, endpoint_id, state.as_str()).await {
+        tracing::warn!(error = %e, "breaker state not mirrored to the endpoint row");
+    }
+}
+
+/// The checks before a request is built: the ordering gate, then the endpoint's breaker and
+/// limits. `None` means the Delivery was deferred (or parked) and must not be sent; `Some`
+/// carries the concurrency lease to give back.
+async fn admit(
+    shared: &Shared,
+    claimed: &mut Claimed,
+    target: &store::Target,
+) -> Option<Option<String>> {
+    if claimed.ordered {
+        match ordering::gate(&shared.pool, claimed, shared.gap_timeout).await {
+            Ok(Gate::Go { sequence_number }) => claimed.sequence_number = Some(sequence_number),
+            Ok(Gate::GoAfterGap { sequence_number }) => {
+                shared.metrics.ordering_gap_timeouts.inc();
+                claimed.sequence_number = Some(sequence_number);
+            }
+            Ok(Gate::Parked) => {
+                shared
+                    .metrics
+                    .deferrals
+                    .with_label_values(&[Reason::Ordering.as_str()])
+                    .inc();
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, delivery_id = %claimed.id, "ordering gate failed; the sweep will hand the delivery back");
+                return None;
+            }
+        }
+    }
+    let positive = |v: Option<i32>| v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0);
+    let limits = EndpointLimits {
+        rate_per_second: positive(target.rate_limit_per_second),
+        burst: positive(target.rate_limit_burst),
+        max_concurrency: positive(target.max_concurrency),
+        timeout: Duration::from_millis(u64::try_from(target.timeout_ms).unwrap_or(30_000)),
+    };
+    let lease_token = claimed.token.to_string();
+    match shared
+        .limits
+        .admit(&claimed.endpoint_id, &claimed.id, &lease_token, &limits)
+        .await
+    {
+        Admission::Go { lease, changed } => {
+            if let Some(state) = changed {
+                breaker_changed(shared, &claimed.endpoint_id, state).await;
+            }
+            Some(lease)
+        }
+        Admission::Defer { reason, wait } => {
+            defer(shared, claimed, reason, wait).await;
+            None
+        }
+        Admission::Unavailable => {
+            shared.metrics.limits_unavailable.inc();
+            Some(None)
+        }
+    }
+}
+
+/// How the breaker reads a report, and how long a 429 (or a 503 with `Retry-After`) pauses
+/// the whole endpoint.
+fn breaker_verdict(report: &crate::attempt::Report, max: Duration) -> (Verdict, Option<Duration>) {
+    if !report.sent {
+        return (Verdict::Neutral, None);
+    }
+    match &report.outcome {
+        Outcome::Delivered => (Verdict::Ok, None),
+        Outcome::Retry { retry_after } => {
+            if report.status == Some(429) {
+                let pause = retry_after.unwrap_or(Duration::from_secs(1)).min(max);
+                (Verdict::Neutral, Some(pause))
+            } else {
+                (Verdict::Fail, retry_after.map(|d| d.min(max)))
+            }
+        }
+        Outcome::Failed { .. } => (Verdict::Neutral, None),
+    }
+}
+
+/// One claimed Delivery: gate and limits (or a Deferral), Attempt, decision, finalise.
+async fn deliver(shared: &Shared, mut claimed: Claimed, target: store::Target) {
     if !target.enabled {
         return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
     }
-    let Some(attempt) = build_attempt(&claimed, &target) else {
+    let Some(mut attempt) = build_attempt(&claimed, &target) else {
         return give_up(shared, &claimed, "the endpoint's URL or secret is invalid").await;
     };
+    let Some(lease) = admit(shared, &mut claimed, &target).await else {
+        return;
+    };
+    attempt.sequence_number = claimed.sequence_number;
     let report = shared.runner.run(&attempt).await;
+    let (verdict, throttle) = breaker_verdict(&report, shared.deferral_max);
+    if let Some(state) = shared
+        .limits
+        .record(&claimed.endpoint_id, lease.as_deref(), verdict, throttle)
+        .await
+    {
+        breaker_changed(shared, &claimed.endpoint_id, state).await;
+    }
     let ladder = endpoint_ladder(shared, &claimed, &target);
     let attempts = u32::try_from(claimed.attempt_count).unwrap_or(0) + 1;
     let age = (chrono::Utc::now() - claimed.ladder_started_at)
@@ -335,7 +533,7 @@ async fn finalise_with_retry(
 ) -> Option<bool> {
     for pause in [0u64, 200, 1_000, 5_000] {
         tokio::time::sleep(Duration::from_millis(pause)).await;
-        match store::finalise(&shared.pool, claimed, report, decision).await {
+        match resolve(shared, claimed, Resolution::Outcome(report, decision)).await {
             Ok(wrote) => return Some(wrote),
             Err(e) => tracing::warn!(error = %e, "finalise failed"),
         }
@@ -348,25 +546,39 @@ fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
     if let Some(prev) = &target.previous_secret {
         keys.push(SigningKey::parse(prev).ok()?);
     }
-    let custom_headers = target
-        .headers
-        .as_object()
-        .map(|o| {
-            o.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-                .collect()
-        })
-        .unwrap_or_default();
+    let as_pairs = |v: Option<&serde_json::Value>| -> Vec<(String, String)> {
+        v.and_then(|v| v.as_object())
+            .map(|o| {
+                o.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // A forwarded webhook keeps the provider's headers (a fixed safe subset chosen at
+    // receipt) and its content type; the endpoint's own custom headers come last and win.
+    let mut forwarded = as_pairs(target.forward_headers.as_ref());
+    let content_type = forwarded
+        .iter()
+        .position(|(k, _)| k == "content-type")
+        .map(|i| forwarded.remove(i).1);
+    let mut custom_headers = forwarded;
+    custom_headers.extend(as_pairs(Some(&target.headers)));
+    let body = match &target.raw_body {
+        Some(raw) => bytes::Bytes::from(raw.clone()),
+        None => bytes::Bytes::from(target.payload.clone().into_bytes()),
+    };
     Some(Attempt {
         delivery_id: claimed.id.clone(),
         event_id: claimed.event_id.clone(),
         event_type: target.event_type.clone(),
         url: url::Url::parse(&target.url).ok()?,
-        body: bytes::Bytes::from(target.payload.clone().into_bytes()),
+        body,
         custom_headers,
         keys,
         timeout: Duration::from_millis(u64::try_from(target.timeout_ms).unwrap_or(30_000)),
         sequence_number: claimed.sequence_number,
+        content_type,
     })
 }
 
@@ -417,5 +629,18 @@ async fn sweeps(shared: &Shared, config: &WorkerConfig) {
             .with_label_values(&["stranded"])
             .inc_by(n),
         Err(e) => tracing::warn!(error = %e, "stranded sweep failed"),
+    }
+    if let Ok(counts) = store::breaker_counts(&shared.pool).await {
+        for state in crate::metrics::BREAKER_STATES {
+            let n = counts
+                .iter()
+                .find(|(s, _)| s == state)
+                .map_or(0, |(_, n)| *n);
+            shared
+                .metrics
+                .endpoint_breakers
+                .with_label_values(&[state])
+                .set(n);
+        }
     }
 }

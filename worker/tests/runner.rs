@@ -51,6 +51,7 @@ fn attempt(url: &str, keys: Vec<SigningKey>, timeout: Duration) -> Attempt {
         keys,
         timeout,
         sequence_number: Some(7),
+        content_type: None,
     }
 }
 

@@ -24,7 +24,11 @@ pub struct Delivery {
     pub attempt_count: i32,
     pub next_retry_at: Option<DateTime<Utc>>,
     pub last_attempt_at: Option<DateTime<Utc>>,
+    /// Set for ordered subscriptions: the endpoint-scoped `X-Sequence-Number`.
     pub sequence_number: Option<i64>,
+    /// Times this Delivery was put back without an Attempt (breaker open, concurrency or
+    /// rate limit, ordering gate). Deferrals never use up the retry ladder.
+    pub deferral_count: i32,
     pub failure_reason: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -79,7 +83,7 @@ pub async fn list(
     let rows = sqlx::query_as!(
         Delivery,
         r#"SELECT id, event_id, endpoint_id, status, attempt_count, next_retry_at,
-                  last_attempt_at, sequence_number, failure_reason, created_at, updated_at
+                  last_attempt_at, sequence_number, deferral_count, failure_reason, created_at, updated_at
            FROM deliveries
            WHERE project_id = $1
              AND ($2::text IS NULL OR status = $2)
@@ -116,7 +120,7 @@ async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<Deliv
     sqlx::query_as!(
         Delivery,
         r#"SELECT id, event_id, endpoint_id, status, attempt_count, next_retry_at,
-                  last_attempt_at, sequence_number, failure_reason, created_at, updated_at
+                  last_attempt_at, sequence_number, deferral_count, failure_reason, created_at, updated_at
            FROM deliveries WHERE id = $1 AND project_id = $2"#,
         id.as_str(),
         project.id.as_str()
@@ -174,10 +178,13 @@ pub async fn retry(
         r#"UPDATE deliveries
            SET status = 'PENDING', attempt_count = 0, next_retry_at = NULL, failure_reason = NULL,
                claim_token = NULL, ladder_started_at = now(), updated_at = now(),
-               version = version + 1
+               version = version + 1,
+               -- A re-sent ordered Delivery does not hold the endpoint's line again: the
+               -- ones numbered after it went on without it.
+               ordering_skipped_at = CASE WHEN ordered THEN coalesce(ordering_skipped_at, now()) END
            WHERE id = $1 AND project_id = $2 AND status = 'FAILED'
            RETURNING id, event_id, endpoint_id, status, attempt_count, next_retry_at,
-                     last_attempt_at, sequence_number, failure_reason, created_at, updated_at"#,
+                     last_attempt_at, sequence_number, deferral_count, failure_reason, created_at, updated_at"#,
         current.id,
         project.id.as_str()
     )

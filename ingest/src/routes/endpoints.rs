@@ -28,13 +28,19 @@ pub struct Endpoint {
     /// Why the endpoint was disabled, when it was disabled by Railhook (e.g. after a `410`).
     pub disabled_reason: Option<String>,
     pub timeout_ms: i32,
+    /// Requests per second across all workers (a token bucket); absent: unlimited.
     pub rate_limit_per_second: Option<i32>,
+    /// Requests the bucket lets through at once; absent: one second's worth.
+    pub rate_limit_burst: Option<i32>,
+    /// Requests in flight at once across all workers; absent: unlimited.
     pub max_concurrency: Option<i32>,
     pub headers: BTreeMap<String, String>,
     /// This endpoint's own retry waits in seconds; absent: the default ladder.
     pub retry_delays_seconds: Option<Vec<f64>>,
     /// This endpoint's own number of Attempts; absent: the default (7 outgoing).
     pub max_attempts: Option<i32>,
+    /// Set when this endpoint is a Destination of an incoming-webhook Source.
+    pub source_id: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -47,10 +53,12 @@ struct EndpointRow {
     disabled_reason: Option<String>,
     timeout_ms: i32,
     rate_limit_per_second: Option<i32>,
+    rate_limit_burst: Option<i32>,
     max_concurrency: Option<i32>,
     headers: serde_json::Value,
     retry_delays: Option<String>,
     max_attempts: Option<i32>,
+    source_id: Option<String>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -65,12 +73,14 @@ impl From<EndpointRow> for Endpoint {
             disabled_reason: r.disabled_reason,
             timeout_ms: r.timeout_ms,
             rate_limit_per_second: r.rate_limit_per_second,
+            rate_limit_burst: r.rate_limit_burst,
             max_concurrency: r.max_concurrency,
             headers: serde_json::from_value(r.headers).unwrap_or_default(),
             retry_delays_seconds: r
                 .retry_delays
                 .map(|d| d.split(',').filter_map(|v| v.parse().ok()).collect()),
             max_attempts: r.max_attempts,
+            source_id: r.source_id,
             created_at: r.created_at,
             updated_at: r.updated_at,
         }
@@ -144,6 +154,7 @@ pub struct CreateEndpoint {
     /// Per-Attempt timeout, 1000–300000 ms; default 30000.
     pub timeout_ms: Option<i32>,
     pub rate_limit_per_second: Option<i32>,
+    pub rate_limit_burst: Option<i32>,
     pub max_concurrency: Option<i32>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -169,11 +180,23 @@ pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateEndpoint>,
 ) -> ApiResult<(StatusCode, Json<CreatedEndpoint>)> {
+    let created = insert(&state, &project, body, None).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Validates and stores an endpoint; with `source_id`, a Destination of that Source.
+pub(crate) async fn insert(
+    state: &AppState,
+    project: &Project,
+    body: CreateEndpoint,
+    source_id: Option<&str>,
+) -> ApiResult<CreatedEndpoint> {
     let url = validate_url(&body.url)?;
     check_description(&body.description)?;
     let timeout_ms = body.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
     check_timeout(timeout_ms)?;
     check_positive("rate_limit_per_second", body.rate_limit_per_second)?;
+    check_positive("rate_limit_burst", body.rate_limit_burst)?;
     check_positive("max_concurrency", body.max_concurrency)?;
     validate_headers(&body.headers)?;
     let delays = body
@@ -189,10 +212,11 @@ pub async fn create(
         EndpointRow,
         r#"INSERT INTO endpoints (id, project_id, url, description, secret, enabled, timeout_ms,
                                   rate_limit_per_second, max_concurrency, headers, retry_delays,
-                                  max_attempts)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                                  max_attempts, rate_limit_burst, source_id)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
            RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
-                     rate_limit_per_second, max_concurrency, headers, retry_delays, max_attempts,
+                     rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
+                  source_id,
                   created_at, updated_at"#,
         id.as_str(),
         project.id.as_str(),
@@ -205,17 +229,31 @@ pub async fn create(
         body.max_concurrency,
         headers,
         delays,
-        body.max_attempts
+        body.max_attempts,
+        body.rate_limit_burst,
+        source_id
     )
     .fetch_one(&state.pool)
     .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(CreatedEndpoint {
-            endpoint: row.into(),
-            secret,
-        }),
-    ))
+    Ok(CreatedEndpoint {
+        endpoint: row.into(),
+        secret,
+    })
+}
+
+/// A Source's live Destinations, oldest first.
+pub(crate) async fn of_source(state: &AppState, source_id: &str) -> ApiResult<Vec<Endpoint>> {
+    let rows = sqlx::query_as!(
+        EndpointRow,
+        r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
+                  rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays,
+                  max_attempts, source_id, created_at, updated_at
+           FROM endpoints WHERE source_id = $1 AND deleted_at IS NULL ORDER BY id"#,
+        source_id
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    Ok(rows.into_iter().map(Endpoint::from).collect())
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -235,7 +273,8 @@ pub async fn list(
     let rows = sqlx::query_as!(
         EndpointRow,
         r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
-                  rate_limit_per_second, max_concurrency, headers, retry_delays, max_attempts,
+                  rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
+                  source_id,
                   created_at, updated_at
            FROM endpoints
            WHERE project_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR id < $2)
@@ -263,7 +302,8 @@ pub async fn get(
     let row = sqlx::query_as!(
         EndpointRow,
         r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
-                  rate_limit_per_second, max_concurrency, headers, retry_delays, max_attempts,
+                  rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
+                  source_id,
                   created_at, updated_at
            FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
         id.as_str(),
@@ -287,6 +327,9 @@ pub struct UpdateEndpoint {
     #[serde(default, deserialize_with = "double_option")]
     #[schema(value_type = Option<i32>)]
     pub rate_limit_per_second: Option<Option<i32>>,
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<i32>)]
+    pub rate_limit_burst: Option<Option<i32>>,
     #[serde(default, deserialize_with = "double_option")]
     #[schema(value_type = Option<i32>)]
     pub max_concurrency: Option<Option<i32>>,
@@ -323,6 +366,7 @@ pub async fn update(
         "rate_limit_per_second",
         body.rate_limit_per_second.flatten(),
     )?;
+    check_positive("rate_limit_burst", body.rate_limit_burst.flatten())?;
     check_positive("max_concurrency", body.max_concurrency.flatten())?;
     if let Some(h) = &body.headers {
         validate_headers(h)?;
@@ -350,10 +394,12 @@ pub async fn update(
                headers = coalesce($11, headers),
                retry_delays = CASE WHEN $12 THEN $13 ELSE retry_delays END,
                max_attempts = CASE WHEN $14 THEN $15 ELSE max_attempts END,
+               rate_limit_burst = CASE WHEN $16 THEN $17 ELSE rate_limit_burst END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
            RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
-                     rate_limit_per_second, max_concurrency, headers, retry_delays, max_attempts,
+                     rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
+                  source_id,
                   created_at, updated_at"#,
         id.as_str(),
         project.id.as_str(),
@@ -369,7 +415,9 @@ pub async fn update(
         delays.is_some(),
         delays.flatten(),
         body.max_attempts.is_some(),
-        body.max_attempts.flatten()
+        body.max_attempts.flatten(),
+        body.rate_limit_burst.is_some(),
+        body.rate_limit_burst.flatten()
     )
     .fetch_optional(&state.pool)
     .await?
@@ -487,8 +535,10 @@ pub struct EndpointHealth {
     pub endpoint_id: String,
     pub enabled: bool,
     pub disabled_reason: Option<String>,
-    /// `closed`, `open` or `half_open`.
+    /// `closed`, `open` or `half_open` (shared by every worker; see docs/ARCHITECTURE.md).
     pub breaker_state: String,
+    /// When the breaker last changed state.
+    pub breaker_changed_at: Option<DateTime<Utc>>,
     pub attempts_24h: i64,
     pub succeeded_24h: i64,
     /// Share of the last 24 hours' Attempts that succeeded; absent when there were none.
@@ -506,7 +556,7 @@ pub async fn health(
 ) -> ApiResult<Json<EndpointHealth>> {
     let id = parse_id(&id)?;
     let row = sqlx::query!(
-        r#"SELECT e.enabled, e.disabled_reason, e.breaker_state,
+        r#"SELECT e.enabled, e.disabled_reason, e.breaker_state, e.breaker_changed_at,
                   count(a.id) AS "attempts!",
                   count(a.id) FILTER (WHERE a.outcome = 'SUCCEEDED') AS "succeeded!"
            FROM endpoints e
@@ -525,6 +575,7 @@ pub async fn health(
         enabled: row.enabled,
         disabled_reason: row.disabled_reason,
         breaker_state: row.breaker_state,
+        breaker_changed_at: row.breaker_changed_at,
         attempts_24h: row.attempts,
         succeeded_24h: row.succeeded,
         success_rate_24h: (row.attempts > 0).then(|| row.succeeded as f64 / row.attempts as f64),

@@ -73,12 +73,15 @@ pub async fn create(
         .map_err(|e| ApiError::validation("endpoint_id", e.to_string()))?;
     let patterns = parse_patterns(&body.event_types)?;
     let id = SubscriptionId::generate();
-    // The endpoint must be this project's: the INSERT … SELECT finds nothing otherwise.
+    // The endpoint must be this project's, and not a Destination of an incoming Source
+    // (those receive only their Source's webhooks): the INSERT … SELECT finds nothing
+    // otherwise.
     let row = sqlx::query_as!(
         Subscription,
         r#"INSERT INTO subscriptions (id, project_id, endpoint_id, event_types, ordered)
            SELECT $1, $2, e.id, $4, $5 FROM endpoints e
            WHERE e.id = $3 AND e.project_id = $2 AND e.deleted_at IS NULL
+             AND e.source_id IS NULL
            RETURNING id, endpoint_id, event_types, ordered, created_at, updated_at"#,
         id.as_str(),
         project.id.as_str(),

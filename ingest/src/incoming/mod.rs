@@ -1,0 +1,375 @@
+//! Incoming webhooks: other companies' webhooks arrive at `POST /in/{source_id}`, are
+//! verified with the provider's own scheme ([`verify`]), deduplicated on the provider's own
+//! id, and forwarded to the Source's Destinations through the same Delivery / Claim /
+//! Attempt machinery as outgoing Events, on the shorter incoming ladder.
+//!
+//! Invariants kept in [`receive`]:
+//! - **Nothing is stored before the signature verified.** A bad, missing or stale signature
+//!   is a `401` problem+json and `railhook_incoming_rejected_total{provider,reason}`; the
+//!   body is never parsed, logged or kept.
+//! - **One Event per provider id** (duplicate window 2): the Event row is inserted with
+//!   `ON CONFLICT (source_id, provider_event_id) DO NOTHING`; a resend finds the row and is
+//!   answered `200` with the first Event's id, creating nothing. Two concurrent resends
+//!   collide on the unique index: the second waits for the first's transaction and inserts
+//!   nothing.
+//! - **Event, Deliveries and Outbox rows commit together** (the same transaction shape as
+//!   outgoing ingest), then `202`. The provider's own retries are its business: we answer
+//!   fast and never make it wait on a Destination.
+//! - **The body is forwarded byte for byte** (`events.raw_body`), with a fixed safe subset
+//!   of the provider's headers; the Destination gets our Standard Webhooks signature, not
+//!   the provider's.
+
+pub mod routes;
+pub mod verify;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use railhook_common::ids::{DeliveryId, EventId, SourceId};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::state::AppState;
+use verify::Refusal;
+
+/// A provider whose signing scheme Railhook knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    Github,
+    Stripe,
+    Shopify,
+    Standard,
+    Generic,
+}
+
+impl Provider {
+    pub const ALL: [Provider; 5] = [
+        Provider::Github,
+        Provider::Stripe,
+        Provider::Shopify,
+        Provider::Standard,
+        Provider::Generic,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Github => "github",
+            Provider::Stripe => "stripe",
+            Provider::Shopify => "shopify",
+            Provider::Standard => "standard",
+            Provider::Generic => "generic",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// Provider headers forwarded to Destinations (lowercase). Signature headers are not
+    /// among them: a Destination verifies Railhook's signature, with its own secret.
+    fn forwarded_headers(self) -> &'static [&'static str] {
+        match self {
+            Provider::Github => &[
+                "x-github-event",
+                "x-github-delivery",
+                "x-github-hook-id",
+                "x-github-hook-installation-target-id",
+                "x-github-hook-installation-target-type",
+            ],
+            Provider::Shopify => &[
+                "x-shopify-topic",
+                "x-shopify-shop-domain",
+                "x-shopify-webhook-id",
+                "x-shopify-event-id",
+                "x-shopify-api-version",
+                "x-shopify-triggered-at",
+            ],
+            Provider::Stripe | Provider::Standard | Provider::Generic => &[],
+        }
+    }
+}
+
+/// Most characters kept of a provider's event id or event type.
+const MAX_ID_CHARS: usize = 255;
+
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn bounded(s: &str) -> Option<String> {
+    let s = s.trim();
+    (!s.is_empty() && s.chars().count() <= MAX_ID_CHARS).then(|| s.to_owned())
+}
+
+/// Verifies the signature on the raw body, exactly as the provider documents it.
+fn verify_signature(
+    provider: Provider,
+    secret: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(), Refusal> {
+    let now = chrono::Utc::now().timestamp();
+    match provider {
+        Provider::Github => verify::github(secret, header(headers, "x-hub-signature-256"), body),
+        Provider::Stripe => verify::stripe(secret, header(headers, "stripe-signature"), body, now),
+        Provider::Shopify => {
+            verify::shopify(secret, header(headers, "x-shopify-hmac-sha256"), body)
+        }
+        Provider::Standard => verify::standard(
+            secret,
+            header(headers, "webhook-id"),
+            header(headers, "webhook-timestamp"),
+            header(headers, "webhook-signature"),
+            body,
+            now,
+        ),
+        Provider::Generic => verify::generic(secret, header(headers, "x-signature"), body),
+    }
+}
+
+/// What a verified request is: the provider's own id (the dedupe key) and event type.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub provider_event_id: Option<String>,
+    pub event_type: String,
+}
+
+/// The provider's id and type, from where each provider puts them. Railhook's event type
+/// is `{provider}.{the provider's own type}`.
+pub fn identify(provider: Provider, headers: &HeaderMap, json: Option<&Value>) -> Identity {
+    let from_body = |key: &str| json.and_then(|j| j.get(key)).and_then(Value::as_str);
+    let (id, native) = match provider {
+        Provider::Github => (
+            header(headers, "x-github-delivery"),
+            header(headers, "x-github-event"),
+        ),
+        Provider::Stripe => (from_body("id"), from_body("type")),
+        Provider::Shopify => (
+            header(headers, "x-shopify-webhook-id").or(header(headers, "x-shopify-event-id")),
+            header(headers, "x-shopify-topic"),
+        ),
+        Provider::Standard => (header(headers, "webhook-id"), from_body("type")),
+        Provider::Generic => (
+            header(headers, "idempotency-key").or(header(headers, "x-request-id")),
+            from_body("type"),
+        ),
+    };
+    let native = native.and_then(bounded).unwrap_or_else(|| "webhook".into());
+    Identity {
+        provider_event_id: id.and_then(bounded),
+        event_type: format!("{}.{native}", provider.as_str()),
+    }
+}
+
+/// The answer to a provider.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Received {
+    pub event_id: String,
+    /// `false` when this was a resend of an Event already received (nothing was created).
+    pub created: bool,
+    pub deliveries: usize,
+}
+
+/// `POST /in/{source_id}`: verify, dedupe, store Event + Deliveries + Outbox in one
+/// transaction, answer.
+#[utoipa::path(post, path = "/in/{source_id}", tag = "incoming",
+    params(("source_id" = String, Path)),
+    request_body(content = String, description = "the provider's webhook, as the provider sent it"),
+    responses((status = 202, body = Received, description = "stored; forwarding to the Destinations"),
+              (status = 200, body = Received, description = "a resend: nothing created"),
+              (status = 401, body = Problem), (status = 404, body = Problem),
+              (status = 413, body = Problem)))]
+pub async fn receive(
+    State(state): State<AppState>,
+    Path(source_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, Json<Received>)> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(format!(
+                "a webhook body may be at most {} bytes",
+                state.limits.max_payload_bytes
+            ))
+        } else {
+            ApiError::validation("body", "the request body could not be read")
+        }
+    })?;
+    let source_id = SourceId::parse(&source_id).map_err(|_| ApiError::NotFound("source"))?;
+    let source = sqlx::query!(
+        "SELECT project_id, provider, secret FROM sources WHERE id = $1 AND deleted_at IS NULL",
+        source_id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("source"))?;
+    let provider = Provider::parse(&source.provider).ok_or(ApiError::NotFound("source"))?;
+    if let Err(refusal) = verify_signature(provider, &source.secret, &headers, &body) {
+        state
+            .metrics
+            .incoming_rejected
+            .with_label_values(&[provider.as_str(), refusal.as_str()])
+            .inc();
+        return Err(ApiError::InvalidSignature(match refusal {
+            Refusal::Missing => "missing",
+            Refusal::Malformed => "malformed",
+            Refusal::Mismatch => "invalid",
+            Refusal::Stale => "too old or too far in the future",
+        }));
+    }
+    let json: Option<Value> = serde_json::from_slice(&body).ok();
+    let identity = identify(provider, &headers, json.as_ref());
+    let forward: serde_json::Map<String, Value> = provider
+        .forwarded_headers()
+        .iter()
+        .chain(["content-type"].iter())
+        .filter_map(|name| Some((name.to_string(), Value::from(header(&headers, name)?))))
+        .collect();
+    // The payload column is for search and the API: the JSON body when it is JSON, else
+    // the body as a string (lossy for non-UTF-8). What is forwarded is `raw_body`.
+    let payload = json.unwrap_or_else(|| Value::from(String::from_utf8_lossy(&body).into_owned()));
+
+    let event_id = EventId::generate();
+    let mut tx = state.pool.begin().await?;
+    let inserted = sqlx::query_scalar!(
+        r#"INSERT INTO events (id, project_id, event_type, payload, source_id, provider_event_id,
+                               raw_body, forward_headers)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+           ON CONFLICT (source_id, provider_event_id) WHERE provider_event_id IS NOT NULL
+           DO NOTHING
+           RETURNING id"#,
+        event_id.as_str(),
+        source.project_id,
+        identity.event_type,
+        payload,
+        source_id.as_str(),
+        identity.provider_event_id,
+        &body[..],
+        Value::Object(forward)
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(event_id) = inserted else {
+        tx.rollback().await?;
+        let first = sqlx::query_scalar!(
+            "SELECT id FROM events WHERE source_id = $1 AND provider_event_id = $2",
+            source_id.as_str(),
+            identity.provider_event_id
+        )
+        .fetch_one(&state.pool)
+        .await?;
+        state
+            .metrics
+            .incoming_received
+            .with_label_values(&[provider.as_str(), "duplicate"])
+            .inc();
+        return Ok((
+            StatusCode::OK,
+            Json(Received {
+                event_id: first,
+                created: false,
+                deliveries: 0,
+            }),
+        ));
+    };
+    let destinations = sqlx::query_scalar!(
+        "SELECT id FROM endpoints
+         WHERE source_id = $1 AND deleted_at IS NULL AND enabled ORDER BY id",
+        source_id.as_str()
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let delivery_ids: Vec<String> = destinations
+        .iter()
+        .map(|_| DeliveryId::generate().into_string())
+        .collect();
+    if !destinations.is_empty() {
+        sqlx::query!(
+            r#"WITH d AS (
+                   INSERT INTO deliveries (id, project_id, event_id, endpoint_id, direction)
+                   SELECT x.id, $1, $2, x.endpoint_id, 'incoming'
+                   FROM unnest($3::text[], $4::text[]) AS x(id, endpoint_id)
+                   RETURNING id, endpoint_id
+               )
+               INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+               SELECT id, endpoint_id, $1, 'CREATED' FROM d"#,
+            source.project_id,
+            event_id,
+            &delivery_ids,
+            &destinations
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    state
+        .metrics
+        .incoming_received
+        .with_label_values(&[provider.as_str(), "accepted"])
+        .inc();
+    state.metrics.events_created.inc();
+    state
+        .metrics
+        .deliveries_created
+        .inc_by(delivery_ids.len() as u64);
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Received {
+            event_id,
+            created: true,
+            deliveries: delivery_ids.len(),
+        }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+    use serde_json::json;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).expect("header"));
+        }
+        h
+    }
+
+    #[test]
+    fn each_provider_names_its_id_and_type_where_it_documents_them() {
+        let gh = identify(
+            Provider::Github,
+            &headers(&[
+                ("x-github-delivery", "72d3162e"),
+                ("x-github-event", "push"),
+            ]),
+            None,
+        );
+        assert_eq!(gh.provider_event_id.as_deref(), Some("72d3162e"));
+        assert_eq!(gh.event_type, "github.push");
+        let body = json!({"id": "evt_1", "type": "invoice.paid"});
+        let st = identify(Provider::Stripe, &HeaderMap::new(), Some(&body));
+        assert_eq!(st.provider_event_id.as_deref(), Some("evt_1"));
+        assert_eq!(st.event_type, "stripe.invoice.paid");
+        let sh = identify(
+            Provider::Shopify,
+            &headers(&[
+                ("x-shopify-webhook-id", "b54557e4"),
+                ("x-shopify-topic", "orders/create"),
+            ]),
+            None,
+        );
+        assert_eq!(sh.provider_event_id.as_deref(), Some("b54557e4"));
+        assert_eq!(sh.event_type, "shopify.orders/create");
+        let generic = identify(Provider::Generic, &HeaderMap::new(), None);
+        assert_eq!(generic.provider_event_id, None);
+        assert_eq!(generic.event_type, "generic.webhook");
+        let long = "x".repeat(300);
+        let too_long = identify(Provider::Standard, &headers(&[("webhook-id", &long)]), None);
+        assert_eq!(too_long.provider_event_id, None);
+    }
+}

@@ -1,0 +1,231 @@
+//! Sources (where a provider's webhooks arrive) and their Destinations (where Railhook
+//! forwards them). A Destination is an endpoint row with `source_id` set, so everything an
+//! endpoint has (signing secret, timeout, rate and concurrency limits, breaker, health,
+//! ladder override) a Destination has too, through the same `/v1/endpoints/{id}` routes.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use railhook_common::ids::SourceId;
+use serde::{Deserialize, Serialize};
+
+use super::Provider;
+use crate::auth::Project;
+use crate::extract::{ApiJson, ApiQuery};
+use crate::pagination::{Listing, PageRequest};
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::routes::endpoints::{self, CreateEndpoint, CreatedEndpoint, Endpoint};
+use crate::state::AppState;
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Source {
+    pub id: String,
+    /// `github`, `stripe`, `shopify`, `standard` or `generic`.
+    pub provider: String,
+    pub name: String,
+    /// Where the provider must send its webhooks (relative to the API's public address).
+    pub ingest_path: String,
+    pub created_at: DateTime<Utc>,
+}
+
+struct SourceRow {
+    id: String,
+    provider: String,
+    name: String,
+    created_at: DateTime<Utc>,
+}
+
+impl From<SourceRow> for Source {
+    fn from(r: SourceRow) -> Self {
+        Source {
+            ingest_path: format!("/in/{}", r.id),
+            id: r.id,
+            provider: r.provider,
+            name: r.name,
+            created_at: r.created_at,
+        }
+    }
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSource {
+    pub provider: String,
+    #[serde(default)]
+    pub name: String,
+    /// The provider's verification secret: GitHub's webhook secret, Stripe's endpoint
+    /// `whsec_…`, Shopify's app client secret, a Standard Webhooks `whsec_…`, or the shared
+    /// key of a `generic` sender. Stored, never returned.
+    pub secret: String,
+}
+
+fn parse_id(raw: &str) -> ApiResult<SourceId> {
+    SourceId::parse(raw).map_err(|_| ApiError::NotFound("source"))
+}
+
+#[utoipa::path(post, path = "/v1/sources", tag = "incoming", request_body = CreateSource,
+    responses((status = 201, body = Source), (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn create(
+    project: Project,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateSource>,
+) -> ApiResult<(StatusCode, Json<Source>)> {
+    let provider = Provider::parse(&body.provider).ok_or_else(|| {
+        ApiError::validation(
+            "provider",
+            "provider must be one of github, stripe, shopify, standard, generic",
+        )
+    })?;
+    if body.name.chars().count() > 200 {
+        return Err(ApiError::validation(
+            "name",
+            "name must be at most 200 characters",
+        ));
+    }
+    let secret = body.secret.trim();
+    if secret.len() < 8 || secret.len() > 512 {
+        return Err(ApiError::validation(
+            "secret",
+            "secret must be 8-512 characters",
+        ));
+    }
+    if provider == Provider::Standard
+        && railhook_common::signing::SigningKey::parse(secret).is_err()
+    {
+        return Err(ApiError::validation(
+            "secret",
+            "a Standard Webhooks secret is whsec_ followed by base64",
+        ));
+    }
+    let id = SourceId::generate();
+    let row = sqlx::query_as!(
+        SourceRow,
+        r#"INSERT INTO sources (id, project_id, provider, name, secret)
+           VALUES ($1, $2, $3, $4, $5)
+           RETURNING id, provider, name, created_at"#,
+        id.as_str(),
+        project.id.as_str(),
+        provider.as_str(),
+        body.name,
+        secret
+    )
+    .fetch_one(&state.pool)
+    .await?;
+    Ok((StatusCode::CREATED, Json(row.into())))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/sources", tag = "incoming", params(ListQuery),
+    responses((status = 200, body = Listing<Source>)), security(("api_key" = [])))]
+pub async fn list(
+    project: Project,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Listing<Source>>> {
+    let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    let rows = sqlx::query_as!(
+        SourceRow,
+        r#"SELECT id, provider, name, created_at FROM sources
+           WHERE project_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR id < $2)
+           ORDER BY id DESC LIMIT $3"#,
+        project.id.as_str(),
+        page.after,
+        page.fetch()
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    let rows = rows.into_iter().map(Source::from).collect();
+    Ok(Json(page.finish(rows, |s: &Source| &s.id)))
+}
+
+async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<SourceRow> {
+    let id = parse_id(raw)?;
+    sqlx::query_as!(
+        SourceRow,
+        r#"SELECT id, provider, name, created_at FROM sources
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("source"))
+}
+
+#[utoipa::path(get, path = "/v1/sources/{id}", tag = "incoming",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Source), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn get(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Source>> {
+    Ok(Json(find(&state, &project, &id).await?.into()))
+}
+
+/// Deleting a Source stops it receiving (`/in/{id}` answers 404) and removes its
+/// Destinations; stored Events and Deliveries stay readable.
+#[utoipa::path(delete, path = "/v1/sources/{id}", tag = "incoming",
+    params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn delete(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let source = find(&state, &project, &id).await?;
+    let mut tx = state.pool.begin().await?;
+    sqlx::query!(
+        "UPDATE sources SET deleted_at = now(), updated_at = now() WHERE id = $1",
+        source.id
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "UPDATE endpoints SET deleted_at = now(), updated_at = now()
+         WHERE source_id = $1 AND deleted_at IS NULL",
+        source.id
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sources/{id}/destinations", tag = "incoming",
+    params(("id" = String, Path)), request_body = CreateEndpoint,
+    responses((status = 201, body = CreatedEndpoint), (status = 404, body = Problem),
+              (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn create_destination(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<CreateEndpoint>,
+) -> ApiResult<(StatusCode, Json<CreatedEndpoint>)> {
+    let source = find(&state, &project, &id).await?;
+    let created = endpoints::insert(&state, &project, body, Some(&source.id)).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+#[utoipa::path(get, path = "/v1/sources/{id}/destinations", tag = "incoming",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Vec<Endpoint>), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn list_destinations(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<Endpoint>>> {
+    let source = find(&state, &project, &id).await?;
+    Ok(Json(endpoints::of_source(&state, &source.id).await?))
+}

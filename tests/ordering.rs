@@ -1,0 +1,248 @@
+//! The Ordering Buffer, end to end (real Postgres, relay, broker, worker, HTTP receiver):
+//! ordered Deliveries arrive in Sequence Number order through injected retries; a poisoned
+//! Event holds its successors only until the gap timeout; unordered subscriptions on the
+//! same endpoint are never held.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use support::eventually;
+use support::pipeline::Pipeline;
+use support::receiver::{Behaviour, Received, Receiver};
+
+/// An endpoint at `url` with a short retry ladder and many Attempts (so a poisoned Event
+/// keeps retrying for the whole test); returns its id.
+async fn endpoint(p: &Pipeline, url: &str) -> String {
+    let r = p
+        .app
+        .call(
+            Method::POST,
+            "/v1/endpoints",
+            Some(&p.key),
+            Some(json!({"url": url, "timeout_ms": 5000,
+                        "retry_delays_seconds": [0.3], "max_attempts": 50})),
+        )
+        .await;
+    assert_eq!(r.status, reqwest::StatusCode::CREATED, "{:?}", r.body);
+    r.body["id"].as_str().expect("id").to_owned()
+}
+
+/// Posts `n` events of `event_type` (payload `{"i": from..}`) in batches of 250; a batch
+/// is numbered in its own order.
+async fn post_many(p: &Pipeline, event_type: &str, from: usize, n: usize) {
+    let mut i = from;
+    while i < from + n {
+        let upto = (i + 250).min(from + n);
+        let events: Vec<Value> = (i..upto)
+            .map(|k| json!({"type": event_type, "payload": {"i": k}}))
+            .collect();
+        let r = p
+            .app
+            .call(
+                Method::POST,
+                "/v1/events/batch",
+                Some(&p.key),
+                Some(json!({ "events": events })),
+            )
+            .await;
+        assert_eq!(r.status, reqwest::StatusCode::CREATED, "{:?}", r.body);
+        i = upto;
+    }
+}
+
+async fn count_status(p: &Pipeline, endpoint: &str, status: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND status = $2")
+        .bind(endpoint)
+        .bind(status)
+        .fetch_one(&p.app.pool)
+        .await
+        .expect("count")
+}
+
+fn sequence(r: &Received) -> i64 {
+    r.headers
+        .get("x-sequence-number")
+        .expect("ordered deliveries carry X-Sequence-Number")
+        .parse()
+        .expect("a number")
+}
+
+fn accepted(rx: &Receiver) -> Vec<Received> {
+    rx.requests()
+        .into_iter()
+        .filter(|r| r.answered.is_some_and(|s| (200..300).contains(&s)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_ordered_events_arrive_in_order_through_retries() {
+    let p = Pipeline::start(|s| s.ordering_gap_timeout_seconds = 120).await;
+    // Every 97th request fails: the Delivery it carried goes through the retry path while
+    // everything numbered after it waits in the buffer.
+    let script: Vec<Behaviour> = (1..=2000)
+        .map(|k| {
+            if k % 97 == 0 {
+                Behaviour::Status(500)
+            } else {
+                Behaviour::Status(200)
+            }
+        })
+        .collect();
+    let rx = Receiver::start(script, Behaviour::Status(200)).await;
+    let ep = endpoint(&p, &rx.url).await;
+    p.app.subscribe(&p.key, &ep, &["order.*"], true).await;
+
+    const N: usize = 1000;
+    let started = Instant::now();
+    post_many(&p, "order.paid", 0, N).await;
+    eventually(
+        "all ordered deliveries succeeded",
+        Duration::from_secs(240),
+        || async { (count_status(&p, &ep, "SUCCEEDED").await == N as i64).then_some(()) },
+    )
+    .await;
+    let took = started.elapsed();
+
+    let ok = accepted(&rx);
+    let seqs: Vec<i64> = ok.iter().map(sequence).collect();
+    assert_eq!(seqs.len(), N, "each Delivery accepted exactly once");
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "accepted out of order: {:?}",
+        seqs.windows(2).find(|w| w[0] >= w[1])
+    );
+    assert_eq!(seqs.first(), Some(&1));
+    assert_eq!(seqs.last(), Some(&(N as i64)));
+    // The payload order is the numbering order (a batch is numbered in its own order).
+    let payload_order: Vec<u64> = ok
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<Value>(&r.body).expect("json")["i"]
+                .as_u64()
+                .expect("i")
+        })
+        .collect();
+    assert!(payload_order.windows(2).all(|w| w[0] < w[1]));
+    let failed_first = rx.count() - N;
+    assert!(failed_first >= 9, "retries were injected: {failed_first}");
+    assert_eq!(p.worker_metrics.ordering_gap_timeouts.get(), 0);
+    assert!(p.worker_metrics.ordering_released.get() > 0);
+    eprintln!(
+        "ordering: {N} events in order in {:.1} s, {failed_first} injected failures, {} parks, {} releases",
+        took.as_secs_f64(),
+        p.worker_metrics
+            .deferrals
+            .with_label_values(&["ordering"])
+            .get(),
+        p.worker_metrics.ordering_released.get()
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poisoned_event_holds_the_line_only_until_the_gap_timeout() {
+    let gap = 3;
+    let p = Pipeline::start(|s| s.ordering_gap_timeout_seconds = gap).await;
+    let rx = Receiver::start(vec![], Behaviour::Status(200)).await;
+    rx.set_poison("\"poison\"");
+    let ep = endpoint(&p, &rx.url).await;
+    p.app.subscribe(&p.key, &ep, &["order.*"], true).await;
+
+    let first = p
+        .app
+        .post_event(&p.key, "order.paid", json!({"poison": true}), None)
+        .await;
+    let poisoned = first.body["deliveries"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let sent = Instant::now();
+    post_many(&p, "order.paid", 1, 5).await;
+    eventually(
+        "the successors went on",
+        Duration::from_secs(30),
+        || async { (accepted(&rx).len() == 5).then_some(()) },
+    )
+    .await;
+    let ok = accepted(&rx);
+    let first_ok = ok[0].at.duration_since(sent);
+    assert!(
+        first_ok >= Duration::from_secs(gap - 1),
+        "successors waited for the gap timeout, not less: {first_ok:?}"
+    );
+    assert!(
+        first_ok < Duration::from_secs(gap + 10),
+        "successors waited about the gap timeout, not more: {first_ok:?}"
+    );
+    let seqs: Vec<i64> = ok.iter().map(sequence).collect();
+    assert_eq!(
+        seqs,
+        vec![2, 3, 4, 5, 6],
+        "the successors kept their own order"
+    );
+    assert!(p.worker_metrics.ordering_gap_timeouts.get() >= 1);
+    // The poisoned one is still on its ladder, out of the line.
+    let row: (String, bool, i32) = sqlx::query_as(
+        "SELECT status, ordering_skipped_at IS NOT NULL, attempt_count FROM deliveries WHERE id = $1",
+    )
+    .bind(&poisoned)
+    .fetch_one(&p.app.pool)
+    .await
+    .expect("row");
+    assert_eq!(row.0, "PENDING".to_string());
+    assert!(row.1, "the stuck Delivery left the line");
+    assert!(row.2 >= 2, "and kept retrying: {} attempts", row.2);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unordered_subscriptions_on_the_same_endpoint_are_never_held() {
+    let p = Pipeline::start(|s| s.ordering_gap_timeout_seconds = 60).await;
+    let rx = Receiver::start(vec![], Behaviour::Status(200)).await;
+    rx.set_poison("\"poison\"");
+    let ep = endpoint(&p, &rx.url).await;
+    p.app.subscribe(&p.key, &ep, &["order.*"], true).await;
+    p.app.subscribe(&p.key, &ep, &["user.*"], false).await;
+
+    p.app
+        .post_event(&p.key, "order.paid", json!({"poison": true}), None)
+        .await;
+    post_many(&p, "order.paid", 1, 3).await;
+    let sent = Instant::now();
+    post_many(&p, "user.created", 100, 5).await;
+    eventually(
+        "the unordered deliveries arrived",
+        Duration::from_secs(20),
+        || async {
+            let users = accepted(&rx)
+                .into_iter()
+                .filter(|r| !r.headers.contains_key("x-sequence-number"))
+                .count();
+            (users == 5).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        sent.elapsed() < Duration::from_secs(20),
+        "unordered deliveries did not wait for the ordered line"
+    );
+    // Meanwhile the ordered successors are parked behind the poisoned Event.
+    assert!(
+        accepted(&rx)
+            .iter()
+            .all(|r| !r.headers.contains_key("x-sequence-number")),
+        "no ordered successor went before the gap timeout"
+    );
+    let parked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND parked_at IS NOT NULL",
+    )
+    .bind(&ep)
+    .fetch_one(&p.app.pool)
+    .await
+    .expect("count");
+    assert!(parked >= 1, "successors wait in the buffer");
+    p.stop().await;
+}

@@ -1,0 +1,215 @@
+//! The Ordering Buffer: ordered Deliveries reach an endpoint in Sequence Number order, with
+//! a bounded wait.
+//!
+//! **Where the order comes from.** Ingest numbers ordered Deliveries per endpoint right
+//! after its commit (a rolled-back ingest burns no number). If that step did not happen (the
+//! process died between commit and numbering), the gate numbers the Delivery here, under
+//! the same row lock discipline, so no Delivery is numbered twice and none goes unnumbered.
+//!
+//! **The gate** (run after the Claim, before anything is built): a Delivery may go when no
+//! ordered Delivery of the same endpoint with a smaller number is still unresolved
+//! (`PENDING` or `PROCESSING`, and not skipped). Otherwise it is **parked**: a Deferral
+//! (Claim released, token cleared, no Attempt spent) with `parked_at` set on the first
+//! park, and `next_retry_at` at `parked_at + gap timeout` as the fallback wake-up.
+//!
+//! **Release.** When an ordered Delivery resolves (SUCCEEDED or FAILED), the next parked
+//! one on its endpoint is announced again through the Outbox (reason `RELEASED`), so the
+//! relay carries it like any other hint.
+//!
+//! **Lost wake-ups.** Park (check + write) and resolve (finalise + release) each run in a
+//! transaction holding a per-endpoint advisory lock, so one of them always sees the other:
+//! either the gate sees the predecessor resolved and goes, or the release sees the parked
+//! Delivery and announces it. The gap-timeout wake-up covers a release that was lost to a
+//! crash.
+//!
+//! **Gap timeout.** A Delivery parked for longer than the gap timeout (from its first park)
+//! stops waiting for predecessors that are stuck (in their retry ladder, or never claimed):
+//! they are marked `ordering_skipped_at` and leave the line (they still deliver, just not
+//! in order), and `railhook_ordering_gap_timeout_total` counts the Delivery that went
+//! without them. Predecessors that are moving (in flight, or parked themselves) are still
+//! waited for, so a timeout does not scramble the ones behind the stuck Delivery.
+
+use std::time::Duration;
+
+use sqlx::{PgPool, Postgres, Transaction};
+
+use crate::store::Claimed;
+
+/// What the gate decided for one claimed Delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Nothing unresolved ahead of it.
+    Go { sequence_number: i64 },
+    /// Went after its gap timeout, leaving stuck predecessors behind.
+    GoAfterGap { sequence_number: i64 },
+    /// Parked (the Claim is released); or the Claim was lost meanwhile.
+    Parked,
+}
+
+async fn lock_endpoint(tx: &mut Transaction<'_, Postgres>, endpoint_id: &str) -> sqlx::Result<()> {
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock(hashtextextended('railhook.ordering:' || $1, 0))",
+        endpoint_id
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Numbers a claimed ordered Delivery that ingest left unnumbered. The row is locked first
+/// and the counter moves only if the row still has no number, so racing ingest's own
+/// numbering neither double-numbers it nor burns a number.
+async fn number(
+    tx: &mut Transaction<'_, Postgres>,
+    claimed: &Claimed,
+) -> sqlx::Result<Option<i64>> {
+    let current = sqlx::query_scalar!(
+        "SELECT sequence_number FROM deliveries WHERE id = $1 AND claim_token = $2 FOR UPDATE",
+        claimed.id,
+        claimed.token
+    )
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(current) = current else {
+        return Ok(None);
+    };
+    if let Some(n) = current {
+        return Ok(Some(n));
+    }
+    let n = sqlx::query_scalar!(
+        r#"WITH bumped AS (
+               INSERT INTO endpoint_sequences (endpoint_id, last_assigned) VALUES ($2, 1)
+               ON CONFLICT (endpoint_id)
+               DO UPDATE SET last_assigned = endpoint_sequences.last_assigned + 1
+               RETURNING last_assigned
+           )
+           UPDATE deliveries SET sequence_number = (SELECT last_assigned FROM bumped)
+           WHERE id = $1
+           RETURNING sequence_number AS "n!""#,
+        claimed.id,
+        claimed.endpoint_id
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(Some(n))
+}
+
+/// Out of the buffer: a later park (after a retry) starts its own clock, and a Delivery
+/// that is no longer waiting must not look like one to those behind it.
+async fn leave_buffer(
+    tx: &mut Transaction<'_, Postgres>,
+    id: &str,
+    parked: bool,
+) -> sqlx::Result<()> {
+    if parked {
+        sqlx::query!("UPDATE deliveries SET parked_at = NULL WHERE id = $1", id)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The ordering gate for one claimed ordered Delivery.
+pub async fn gate(pool: &PgPool, claimed: &Claimed, gap_timeout: Duration) -> sqlx::Result<Gate> {
+    let mut tx = pool.begin().await?;
+    lock_endpoint(&mut tx, &claimed.endpoint_id).await?;
+    let Some(seq) = number(&mut tx, claimed).await? else {
+        return Ok(Gate::Parked);
+    };
+    let row = sqlx::query!(
+        r#"SELECT
+             count(*) AS "ahead!",
+             count(*) FILTER (WHERE p.status = 'PROCESSING' OR p.parked_at IS NOT NULL) AS "moving!",
+             (SELECT parked_at IS NOT NULL FROM deliveries WHERE id = $1) AS "parked!",
+             coalesce((SELECT parked_at + make_interval(secs => $4) <= now()
+                       FROM deliveries WHERE id = $1), false) AS "timed_out!"
+           FROM deliveries p
+           WHERE p.endpoint_id = $2 AND p.ordered AND p.ordering_skipped_at IS NULL
+             AND p.status IN ('PENDING', 'PROCESSING') AND p.sequence_number < $3"#,
+        claimed.id,
+        claimed.endpoint_id,
+        seq,
+        gap_timeout.as_secs_f64()
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if row.ahead == 0 {
+        leave_buffer(&mut tx, &claimed.id, row.parked).await?;
+        tx.commit().await?;
+        return Ok(Gate::Go {
+            sequence_number: seq,
+        });
+    }
+    if row.timed_out && row.moving == 0 {
+        sqlx::query!(
+            "UPDATE deliveries SET ordering_skipped_at = now(), updated_at = now()
+             WHERE endpoint_id = $1 AND ordered AND ordering_skipped_at IS NULL
+               AND status IN ('PENDING', 'PROCESSING') AND sequence_number < $2",
+            claimed.endpoint_id,
+            seq
+        )
+        .execute(&mut *tx)
+        .await?;
+        leave_buffer(&mut tx, &claimed.id, row.parked).await?;
+        tx.commit().await?;
+        return Ok(Gate::GoAfterGap {
+            sequence_number: seq,
+        });
+    }
+    // Park. The fallback wake-up is the gap timeout from the first park; once that has
+    // passed (it is waiting only for moving predecessors), look again shortly.
+    sqlx::query!(
+        "UPDATE deliveries
+         SET status = 'PENDING', claim_token = NULL, parked_at = coalesce(parked_at, now()),
+             next_retry_at = greatest(coalesce(parked_at, now()) + make_interval(secs => $3),
+                                      now() + interval '1 second'),
+             deferral_count = deferral_count + 1, updated_at = now(), version = version + 1
+         WHERE id = $1 AND claim_token = $2",
+        claimed.id,
+        claimed.token,
+        gap_timeout.as_secs_f64()
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Gate::Parked)
+}
+
+/// Opens the transaction a resolving ordered Delivery's finalise runs in: the endpoint's
+/// lock is held until [`release_next`] and the commit.
+pub async fn begin_resolve(
+    pool: &PgPool,
+    endpoint_id: &str,
+) -> sqlx::Result<Transaction<'static, Postgres>> {
+    let mut tx = pool.begin().await?;
+    lock_endpoint(&mut tx, endpoint_id).await?;
+    Ok(tx)
+}
+
+/// Announces the next parked Delivery of the endpoint (the smallest number above
+/// `sequence_number`) through the Outbox. Returns whether one was released.
+pub async fn release_next(
+    tx: &mut Transaction<'_, Postgres>,
+    endpoint_id: &str,
+    sequence_number: i64,
+) -> sqlx::Result<bool> {
+    let released = sqlx::query!(
+        r#"WITH next AS (
+               SELECT id FROM deliveries
+               WHERE endpoint_id = $1 AND parked_at IS NOT NULL AND status = 'PENDING'
+                 AND sequence_number > $2
+               ORDER BY sequence_number LIMIT 1
+           ), woken AS (
+               UPDATE deliveries d SET next_retry_at = NULL, updated_at = now()
+               FROM next WHERE d.id = next.id
+               RETURNING d.id, d.endpoint_id, d.project_id
+           )
+           INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+           SELECT id, endpoint_id, project_id, 'RELEASED' FROM woken"#,
+        endpoint_id,
+        sequence_number
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(released.rows_affected() > 0)
+}
