@@ -59,6 +59,17 @@ pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 # The official Standard Webhooks library, used by tests and the demo receiver to verify
 # signatures independently of Railhook's own code.
+# The providers' own signing libraries for the incoming-webhook tests (tests/providers:
+# @octokit/webhooks-methods, stripe), pinned by the committed package-lock.json.
+ensure_provider_signers() {
+  command -v node >/dev/null || apt_install nodejs npm
+  local dir="$ROOT/tests/providers"
+  if [ ! -d "$dir/node_modules/stripe" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+    log "npm ci (tests/providers)"
+    (cd "$dir" && npm ci --no-audit --no-fund --silent) && touch "$dir/node_modules"
+  fi
+}
+
 ensure_standardwebhooks() {
   python3 -c 'import standardwebhooks' 2>/dev/null && return 0
   log "pip install standardwebhooks"

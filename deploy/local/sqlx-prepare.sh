@@ -11,8 +11,9 @@ for f in "$ROOT"/migrations/*.sql; do
   psql "$scratch" -q -v ON_ERROR_STOP=1 -f "$f" >/dev/null
 done
 rm -rf "$ROOT/.sqlx" && mkdir -p "$ROOT/.sqlx"
-# Touch every crate so each macro runs again and writes its query file.
+# Touch every crate so each macro runs again and writes its query file (a build, not a
+# check, so the test build that follows reuses the artifacts).
 find "$ROOT" -path "$ROOT/target" -prune -o -name '*.rs' -print0 | xargs -0 touch
 (cd "$ROOT" && SQLX_OFFLINE=false SQLX_OFFLINE_DIR="$ROOT/.sqlx" DATABASE_URL="$scratch" \
-  cargo check --workspace --all-targets --quiet)
+  cargo build --workspace --all-targets --quiet)
 log "wrote $(ls "$ROOT/.sqlx" | wc -l) query files to .sqlx/"

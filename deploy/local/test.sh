@@ -4,6 +4,7 @@
 source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
 ensure_standardwebhooks
+ensure_provider_signers
 # promtool checks the alert rules and the /metrics page (tests/observability.rs).
 command -v promtool >/dev/null || apt_install prometheus
 source "$ENV_FILE"

@@ -23,11 +23,14 @@
 //! crash.
 //!
 //! **Gap timeout.** A Delivery parked for longer than the gap timeout (from its first park)
-//! stops waiting for predecessors that are stuck (in their retry ladder, or never claimed):
-//! they are marked `ordering_skipped_at` and leave the line (they still deliver, just not
-//! in order), and `railhook_ordering_gap_timeout_total` counts the Delivery that went
-//! without them. Predecessors that are moving (in flight, or parked themselves) are still
-//! waited for, so a timeout does not scramble the ones behind the stuck Delivery.
+//! stops waiting for predecessors that are stuck: those that have failed at least once and
+//! are not themselves parked (in their retry ladder, even while a retry is in flight: that
+//! is exactly the Delivery the timeout exists to get past). They are marked
+//! `ordering_skipped_at` and leave the line (they still deliver, just not in order), and
+//! `railhook_ordering_gap_timeout_total` counts the Delivery that went without them.
+//! Predecessors that have not failed (parked, not yet tried, or deferred by the endpoint's
+//! breaker or limits) are still waited for: skipping them would only scramble the order,
+//! since the endpoint is not taking anything anyway.
 
 use std::time::Duration;
 
@@ -119,7 +122,7 @@ pub async fn gate(pool: &PgPool, claimed: &Claimed, gap_timeout: Duration) -> sq
     let row = sqlx::query!(
         r#"SELECT
              count(*) AS "ahead!",
-             count(*) FILTER (WHERE p.status = 'PROCESSING' OR p.parked_at IS NOT NULL) AS "moving!",
+             count(*) FILTER (WHERE p.parked_at IS NOT NULL OR p.attempt_count = 0) AS "moving!",
              (SELECT parked_at IS NOT NULL FROM deliveries WHERE id = $1) AS "parked!",
              coalesce((SELECT parked_at + make_interval(secs => $4) <= now()
                        FROM deliveries WHERE id = $1), false) AS "timed_out!"
