@@ -209,7 +209,12 @@ async fn a_poisoned_event_holds_the_line_only_until_the_gap_timeout() {
     .fetch_one(&p.app.pool)
     .await
     .expect("row");
-    assert_eq!(row.0, "PENDING".to_string());
+    // PROCESSING when the query lands while an Attempt is in flight.
+    assert!(
+        row.0 == "PENDING" || row.0 == "PROCESSING",
+        "still retrying, not resolved: {}",
+        row.0
+    );
     assert!(row.1, "the stuck Delivery left the line");
     assert!(row.2 >= 2, "and kept retrying: {} attempts", row.2);
     p.stop().await;
@@ -257,13 +262,20 @@ async fn unordered_subscriptions_on_the_same_endpoint_are_never_held() {
             .all(|r| !r.headers.contains_key("x-sequence-number")),
         "no ordered successor went before the gap timeout"
     );
-    let parked: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND parked_at IS NOT NULL",
+    eventually(
+        "successors wait in the buffer",
+        Duration::from_secs(10),
+        || async {
+            let parked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND parked_at IS NOT NULL",
+            )
+            .bind(&ep)
+            .fetch_one(&p.app.pool)
+            .await
+            .expect("count");
+            (parked >= 1).then_some(())
+        },
     )
-    .bind(&ep)
-    .fetch_one(&p.app.pool)
-    .await
-    .expect("count");
-    assert!(parked >= 1, "successors wait in the buffer");
+    .await;
     p.stop().await;
 }

@@ -264,9 +264,35 @@ async fn confirmed_outbox_rows_are_pruned() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(relay.metrics.pruned.get(), 300);
+    support::eventually(
+        "the oldest-row gauge reads 0 on an empty outbox",
+        WAIT,
+        || async { (relay.metrics.outbox_oldest_age_seconds.get() == 0.0).then_some(()) },
+    )
+    .await;
     // Deletes are not published (publish = 'insert'): nothing more reached Kafka.
     reader.read_until(Duration::from_millis(500), |_| false);
     assert_eq!(reader.seen.values().sum::<usize>(), 300);
+    drop(relay);
+    fx.drop_slot().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_kept_by_the_retention_show_their_age() {
+    let brokers = shared_brokers();
+    let fx = RelayFixture::new(&brokers).await;
+    let mut config = fx.config.clone();
+    config.outbox_retention = Duration::from_secs(3600);
+    let relay = fx.spawn_with(config, Arc::new(Faults::default()));
+    fx.insert(0, 10).await;
+    let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
+    assert!(reader.read_all(0..10, WAIT));
+    // Confirmed but younger than the retention: kept, and the gauge shows them ageing.
+    support::eventually("the gauge shows the kept rows' age", WAIT, || async {
+        (relay.metrics.outbox_oldest_age_seconds.get() >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(relay.metrics.pruned.get(), 0);
     drop(relay);
     fx.drop_slot().await;
 }

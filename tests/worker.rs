@@ -106,7 +106,14 @@ async fn retryable_answers_climb_the_ladder_with_the_same_webhook_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_full_ladder_ends_in_failed_messages_after_seven_attempts() {
-    let p = Pipeline::start(|s| s.retry_outgoing_delays = "0.1,0.1,0.1,0.1,0.1,0.1".into()).await;
+    // Seven failures in a row would open the circuit breaker (default: five) and defer the
+    // rest of the ladder for its cooldown; this test is about the ladder, tests/deferrals.rs
+    // about the breaker.
+    let p = Pipeline::start(|s| {
+        s.retry_outgoing_delays = "0.1,0.1,0.1,0.1,0.1,0.1".into();
+        s.breaker_consecutive_failures = 1000;
+    })
+    .await;
     let receiver = Receiver::start(vec![], Behaviour::Status(502)).await;
     p.endpoint(&receiver.url, 5_000).await;
     let (_, delivery) = p.send(json!({})).await;

@@ -58,17 +58,35 @@ async fn receiver(arrivals: Arrivals) -> anyhow::Result<String> {
     Ok(url)
 }
 
-struct Stack {
-    relay: RelayMetrics,
-    worker: WorkerMetrics,
-    api: String,
-    key: String,
-    _stops: Vec<oneshot::Sender<()>>,
-    pool: PgPool,
-    slot: String,
+pub(crate) struct Stack {
+    pub relay: RelayMetrics,
+    pub worker: WorkerMetrics,
+    pub api: String,
+    pub key: String,
+    pub stops: Vec<oneshot::Sender<()>>,
+    pub pool: PgPool,
+    pub slot: String,
+}
+
+impl Stack {
+    /// Stops every role and drops the Slot.
+    pub async fn stop(self) {
+        drop(self.stops);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&self.slot)
+            .execute(&self.pool)
+            .await;
+    }
 }
 
 async fn stack(receiver_url: &str) -> anyhow::Result<Stack> {
+    stack_with(&[json!({"url": receiver_url})]).await
+}
+
+/// Ingest, relay and one worker on a fresh database, with one endpoint per body in
+/// `endpoints`, each subscribed to every Event type.
+pub(crate) async fn stack_with(endpoints: &[Value]) -> anyhow::Result<Stack> {
     let (mut s, _, pool) = crate::setup::fresh().await?;
     s.slot = unique("rh_bench_e2e_");
     s.topic_prefix = format!("{}.", unique("bench"));
@@ -135,25 +153,27 @@ async fn stack(receiver_url: &str) -> anyhow::Result<Stack> {
         .json()
         .await?;
     let key = project["api_key"].as_str().context("api key")?.to_owned();
-    let endpoint: Value = http
-        .post(format!("{api}/v1/endpoints"))
-        .bearer_auth(&key)
-        .json(&json!({"url": receiver_url}))
-        .send()
-        .await?
-        .json()
-        .await?;
-    http.post(format!("{api}/v1/subscriptions"))
-        .bearer_auth(&key)
-        .json(&json!({"endpoint_id": endpoint["id"], "event_types": ["*"]}))
-        .send()
-        .await?;
+    for body in endpoints {
+        let endpoint: Value = http
+            .post(format!("{api}/v1/endpoints"))
+            .bearer_auth(&key)
+            .json(body)
+            .send()
+            .await?
+            .json()
+            .await?;
+        http.post(format!("{api}/v1/subscriptions"))
+            .bearer_auth(&key)
+            .json(&json!({"endpoint_id": endpoint["id"], "event_types": ["*"]}))
+            .send()
+            .await?;
+    }
     Ok(Stack {
         relay,
         worker,
         api,
         key,
-        _stops: stops,
+        stops,
         pool,
         slot: s.slot.clone(),
     })
@@ -307,11 +327,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if !complete {
         println!("(not all arrived within the limit)");
     }
-    drop(st._stops);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
-        .bind(&st.slot)
-        .execute(&st.pool)
-        .await;
+    st.stop().await;
     Ok(())
 }

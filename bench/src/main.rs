@@ -3,6 +3,7 @@
 //! baseline in the same run, so the printed ratios compare like with like.
 
 mod e2e;
+mod isolation;
 mod relay;
 mod setup;
 mod stats;
@@ -23,6 +24,9 @@ enum Bench {
     Relay(relay::Args),
     /// POST → receiver latency at a steady rate, then deliveries/s for a burst.
     E2e(e2e::Args),
+    /// Healthy endpoints' delivery latency with and without one failing endpoint beside
+    /// them (500s and timeouts), same load, same run.
+    Isolation(isolation::Args),
 }
 
 #[tokio::main]
@@ -30,5 +34,6 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
         Bench::Relay(args) => relay::run(args).await,
         Bench::E2e(args) => e2e::run(args).await,
+        Bench::Isolation(args) => isolation::run(args).await,
     }
 }

@@ -7,6 +7,8 @@ ensure_standardwebhooks
 ensure_provider_signers
 # promtool checks the alert rules and the /metrics page (tests/observability.rs).
 command -v promtool >/dev/null || apt_install prometheus
+# The compose file, Kubernetes manifests and Prometheus config, checked offline.
+"$ROOT/deploy/validate.sh"
 source "$ENV_FILE"
 cd "$ROOT"
 # Test databases (and their Slots) are per test; drop the ones earlier runs left behind.
@@ -20,10 +22,11 @@ cargo fmt --all -- --check
 # a query changed without regenerating it fails this build.
 log_file="$STATE/test-output.log"
 set +e
-cargo test --workspace --locked "$@" 2>&1 | tee "$log_file"
+cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$log_file"
 status=${PIPESTATUS[0]}
 set -e
-# One closing line for the whole run (cargo prints one per test binary, the last of which
+# --no-fail-fast: every test binary runs even after one failed, so the count below is the
+# whole suite's. One closing line for the whole run (cargo prints one per test binary, the last of which
 # is usually an empty doc-test run).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log_file"

@@ -20,6 +20,7 @@ pub const HEARTBEAT_AGE_SECONDS: &str = "railhook_relay_heartbeat_age_seconds";
 pub const SESSIONS_TOTAL: &str = "railhook_relay_sessions_total";
 pub const SLOT_UNUSABLE: &str = "railhook_relay_slot_unusable";
 pub const PRUNED_TOTAL: &str = "railhook_relay_outbox_pruned_total";
+pub const OUTBOX_OLDEST_AGE_SECONDS: &str = "railhook_relay_outbox_oldest_age_seconds";
 pub const COMMIT_TO_ACK_SECONDS: &str = "railhook_relay_commit_to_ack_seconds";
 pub const COMMIT_TO_READ_SECONDS: &str = "railhook_relay_commit_to_read_seconds";
 
@@ -46,6 +47,9 @@ pub struct RelayMetrics {
     /// 1 while the Slot is missing or invalidated (the relay stops; this is its last word).
     pub slot_unusable: IntGauge,
     pub pruned: IntCounter,
+    /// Age of the oldest Outbox row after a prune (0 when empty). Grows past the retention
+    /// only when the prune stalls (confirmation stuck or the job failing).
+    pub outbox_oldest_age_seconds: Gauge,
     /// Per transaction with Outbox rows: commit time to the last Kafka acknowledgement.
     pub commit_to_ack_seconds: Histogram,
     /// Per transaction: commit time to the relay reading its Commit from the Slot. The
@@ -138,6 +142,10 @@ impl RelayMetrics {
             pruned: counter(
                 PRUNED_TOTAL,
                 "Outbox rows deleted after the slot confirmed them.",
+            ),
+            outbox_oldest_age_seconds: fgauge(
+                OUTBOX_OLDEST_AGE_SECONDS,
+                "Age of the oldest Outbox row after the latest prune (0 when the table is empty).",
             ),
             commit_to_ack_seconds: latency(
                 &r,

@@ -532,6 +532,17 @@ impl Relay {
                 break;
             }
         }
+        // The oldest row by id is the oldest by time (ids follow inserts); one index probe.
+        let oldest: f64 = control
+            .query_one(
+                "SELECT coalesce(extract(epoch FROM now() - (
+                     SELECT created_at FROM outbox ORDER BY id LIMIT 1)), 0)::float8",
+                &[],
+            )
+            .await
+            .map_err(SlotError::from)?
+            .get(0);
+        self.metrics.outbox_oldest_age_seconds.set(oldest.max(0.0));
         Ok(())
     }
 }
