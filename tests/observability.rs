@@ -28,17 +28,21 @@ fn names_in(text: &str) -> BTreeSet<String> {
     names
 }
 
-/// The metric names declared as constants in the roles' metrics modules.
+/// The metric names declared as constants in the roles' metrics modules (and the Postgres
+/// pool's, which every role with a pool shares).
 fn exported() -> BTreeSet<String> {
-    ["ingest", "relay", "worker"]
-        .iter()
-        .flat_map(|c| {
-            names_in(
-                &std::fs::read_to_string(format!("{ROOT}/{c}/src/metrics.rs")).expect("metrics.rs"),
-            )
-        })
-        .filter(|n| n.len() > "railhook_".len())
-        .collect()
+    [
+        "ingest/src/metrics.rs",
+        "relay/src/metrics.rs",
+        "worker/src/metrics.rs",
+        "common/src/db.rs",
+    ]
+    .iter()
+    .flat_map(|f| {
+        names_in(&std::fs::read_to_string(format!("{ROOT}/{f}")).expect("metrics source"))
+    })
+    .filter(|n| n.len() > "railhook_".len())
+    .collect()
 }
 
 /// A referenced name is known if it, or its histogram base, is exported.
@@ -125,11 +129,54 @@ async fn a_live_metrics_page_passes_promtool() {
     app.post_event(&key, "a.b", json!({}), None).await;
     relay.commit_to_ack_seconds.observe(0.01);
     worker.attempts.with_label_values(&["succeeded"]).inc();
+    worker
+        .consumer_lag
+        .with_label_values(&["deliveries", "0"])
+        .set(3);
+    // `railhook all` has two pools, each registering the same gauges in its role's registry.
+    railhook_common::db::PoolCollector::register(
+        &worker.registry,
+        "worker",
+        app.state.pool.clone(),
+    );
     let page = app.metrics().await;
     assert!(
         page.contains("railhook_relay_slot_lag_bytes")
             && page.contains("railhook_worker_attempts_total")
+            && page.contains("railhook_worker_retry_backlog{state=\"due\"}")
+            && page
+                .contains("railhook_worker_consumer_lag{partition=\"0\",topic=\"deliveries\"} 3")
+            && page.contains("railhook_relay_outbox_oldest_age_seconds")
     );
+    for pool in ["ingest", "worker"] {
+        assert!(
+            page.contains(&format!(
+                "railhook_db_pool_max_connections{{pool=\"{pool}\"}}"
+            )),
+            "{pool} pool missing"
+        );
+    }
+    assert_eq!(
+        page.matches("# TYPE railhook_db_pool_connections gauge")
+            .count(),
+        1,
+        "one family for both pools"
+    );
+    // Every answer carries a request id: the caller's, or a new one.
+    let http = reqwest::Client::new();
+    let r = http
+        .get(format!("{}/healthz", app.base))
+        .header("x-request-id", "support-1234")
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(r.headers()["x-request-id"], "support-1234");
+    let r = http
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(r.headers()["x-request-id"].len(), 26, "a new ULID");
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

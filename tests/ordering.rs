@@ -130,6 +130,16 @@ async fn a_thousand_ordered_events_arrive_in_order_through_retries() {
     assert!(failed_first >= 9, "retries were injected: {failed_first}");
     assert_eq!(p.worker_metrics.ordering_gap_timeouts.get(), 0);
     assert!(p.worker_metrics.ordering_released.get() > 0);
+    // librdkafka's statistics (every 5 s) reached the consumer-lag gauge during the run.
+    let lag_series = p
+        .worker_metrics
+        .registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == railhook_worker::metrics::CONSUMER_LAG)
+        .map(|f| f.get_metric().len())
+        .sum::<usize>();
+    assert!(lag_series > 0, "consumer lag per partition is reported");
     eprintln!(
         "ordering: {N} events in order in {:.1} s, {failed_first} injected failures, {} parks, {} releases",
         took.as_secs_f64(),

@@ -33,3 +33,75 @@ pub async fn ensure_publication(pool: &PgPool, name: &str) -> Result<(), sqlx::E
     }
     Ok(())
 }
+
+pub const POOL_CONNECTIONS: &str = "railhook_db_pool_connections";
+pub const POOL_MAX_CONNECTIONS: &str = "railhook_db_pool_max_connections";
+
+/// The pool's connections by state (`idle`, `in_use`) and its ceiling, labelled with the
+/// role that owns the pool (`ingest`, `worker`: `railhook all` has one of each), read from the pool
+/// at scrape time (a collector, not a refresher task: the numbers are never stale and cost
+/// nothing between scrapes). A pool pinned at its ceiling with requests waiting shows up as
+/// `in_use == max` before it shows up as acquire timeouts.
+#[derive(Clone)]
+pub struct PoolCollector {
+    pool: PgPool,
+    role: &'static str,
+    connections: prometheus::IntGaugeVec,
+    max: prometheus::IntGaugeVec,
+}
+
+impl PoolCollector {
+    /// Registers the pool's gauges in `registry`.
+    #[allow(clippy::expect_used)] // names are constants: a failure is a programming error
+    pub fn register(registry: &prometheus::Registry, role: &'static str, pool: PgPool) {
+        let connections = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                POOL_CONNECTIONS,
+                "Postgres pool connections, by owning role and state.",
+            ),
+            &["pool", "state"],
+        )
+        .expect("valid metric");
+        let max = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                POOL_MAX_CONNECTIONS,
+                "The Postgres pool's maximum size (DB_MAX_CONNECTIONS), by owning role.",
+            ),
+            &["pool"],
+        )
+        .expect("valid metric");
+        let collector = Self {
+            pool,
+            role,
+            connections,
+            max,
+        };
+        crate::metrics_http::register(registry, collector);
+    }
+}
+
+impl prometheus::core::Collector for PoolCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        let mut d = self.connections.desc();
+        d.extend(self.max.desc());
+        d
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let size = i64::from(self.pool.size());
+        let idle = i64::try_from(self.pool.num_idle()).unwrap_or(i64::MAX);
+        let role = self.role;
+        self.connections
+            .with_label_values(&[role, "idle"])
+            .set(idle);
+        self.connections
+            .with_label_values(&[role, "in_use"])
+            .set((size - idle).max(0));
+        self.max
+            .with_label_values(&[role])
+            .set(i64::from(self.pool.options().get_max_connections()));
+        let mut families = self.connections.collect();
+        families.extend(self.max.collect());
+        families
+    }
+}

@@ -17,6 +17,25 @@ pub fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Reg
     c
 }
 
+/// The registries in Prometheus text format, one block per metric name: a name registered
+/// in two registries (each role's Postgres pool gauges in `railhook all`) has its series
+/// merged, since a page with the same family twice is refused by Prometheus.
+pub fn render(registries: &[&Registry]) -> Vec<u8> {
+    let mut families: Vec<prometheus::proto::MetricFamily> = Vec::new();
+    for mut family in registries.iter().flat_map(|r| r.gather()) {
+        match families.iter_mut().find(|f| f.name() == family.name()) {
+            Some(seen) => {
+                let more = std::mem::take(family.mut_metric());
+                seen.mut_metric().extend(more);
+            }
+            None => families.push(family),
+        }
+    }
+    let mut buf = Vec::new();
+    let _ = TextEncoder::new().encode(&families, &mut buf);
+    buf
+}
+
 /// Serves the registries until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,
@@ -31,10 +50,11 @@ pub async fn serve(
             get(move || {
                 let registries = registries.clone();
                 async move {
-                    let families: Vec<_> = registries.iter().flat_map(Registry::gather).collect();
-                    let mut buf = Vec::new();
-                    let _ = TextEncoder::new().encode(&families, &mut buf);
-                    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], buf)
+                    let refs: Vec<&Registry> = registries.iter().collect();
+                    (
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        render(&refs),
+                    )
                 }
             }),
         );

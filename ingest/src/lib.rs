@@ -27,6 +27,7 @@ use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
+use tracing::Instrument;
 
 use crate::incoming::routes as sources;
 use crate::problem::ApiError;
@@ -123,6 +124,8 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+const REQUEST_ID: &str = "x-request-id";
+
 /// Counts and times every request by its route template (never by raw path: ids would make
 /// label values unbounded).
 async fn observe(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -132,8 +135,27 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
         .map_or("unmatched", |p| p.as_str())
         .to_owned();
     let method = request.method().as_str().to_owned();
+    // A caller's X-Request-Id (if short and printable) or a new one; echoed back and carried
+    // as a field of the request's span, so a support ticket can be matched to log lines.
+    let request_id = request
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| ulid::Ulid::new().to_string(), str::to_owned);
+    let span = tracing::info_span!("request", %method, %route, %request_id);
     let started = Instant::now();
-    let response = next.run(request).await;
+    let mut response = next.run(request).instrument(span.clone()).await;
+    if let Ok(v) = axum::http::HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID, v);
+    }
+    span.in_scope(|| {
+        tracing::debug!(
+            status = response.status().as_u16(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "answered"
+        );
+    });
     let status = format!("{}xx", response.status().as_u16() / 100);
     state
         .metrics

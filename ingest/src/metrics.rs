@@ -1,9 +1,7 @@
 //! Ingest metrics: every name, help text and label set in one place. Labels take values from
 //! small fixed sets (route templates, status classes), never ids.
 
-use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
 
 pub const HTTP_REQUESTS_TOTAL: &str = "railhook_http_requests_total";
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "railhook_http_request_duration_seconds";
@@ -129,10 +127,7 @@ impl IngestMetrics {
 
 /// Registries in Prometheus text format (one process may hold several roles).
 pub fn render(registries: &[&Registry]) -> String {
-    let families: Vec<_> = registries.iter().flat_map(|r| r.gather()).collect();
-    let mut buf = Vec::new();
-    let _ = TextEncoder::new().encode(&families, &mut buf);
-    String::from_utf8(buf).unwrap_or_default()
+    String::from_utf8(railhook_common::metrics_http::render(registries)).unwrap_or_default()
 }
 
 impl IngestMetrics {

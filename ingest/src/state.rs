@@ -56,6 +56,7 @@ impl Faults {
 impl AppState {
     pub fn new(pool: PgPool, settings: &Settings) -> Result<Self, redis::RedisError> {
         let metrics = IngestMetrics::new();
+        railhook_common::db::PoolCollector::register(metrics.registry(), "ingest", pool.clone());
         let quota = Quota::new(
             &settings.redis_url,
             Duration::from_millis(settings.quota_timeout_ms),

@@ -18,6 +18,8 @@ pub const ORDERING_RELEASED_TOTAL: &str = "railhook_ordering_released_total";
 pub const BREAKER_TRANSITIONS_TOTAL: &str = "railhook_worker_breaker_transitions_total";
 pub const ENDPOINT_BREAKERS: &str = "railhook_endpoint_breakers";
 pub const LIMITS_UNAVAILABLE_TOTAL: &str = "railhook_worker_limits_unavailable_total";
+pub const RETRY_BACKLOG: &str = "railhook_worker_retry_backlog";
+pub const CONSUMER_LAG: &str = "railhook_worker_consumer_lag";
 
 /// `reason` label values of [`DEFERRALS_TOTAL`] (see `limits::Reason`).
 pub const DEFERRAL_REASONS: [&str; 5] = ["breaker", "throttled", "concurrency", "rate", "ordering"];
@@ -48,6 +50,11 @@ pub struct WorkerMetrics {
     /// `state`: live endpoints in that state (read from Postgres by the sweep).
     pub endpoint_breakers: IntGaugeVec,
     pub limits_unavailable: IntCounter,
+    /// `state`: `scheduled` (PENDING with a retry time) or `due` (that time has passed).
+    pub retry_backlog: IntGaugeVec,
+    /// Messages behind the partition's high watermark, per `topic` (`deliveries`, `retries`)
+    /// and `partition`, from librdkafka's statistics. Partitions are few and fixed.
+    pub consumer_lag: IntGaugeVec,
 }
 
 use railhook_common::metrics_http::register as reg;
@@ -152,8 +159,33 @@ impl WorkerMetrics {
                 LIMITS_UNAVAILABLE_TOTAL,
                 "Deliveries sent without the breaker and limit checks because Redis did not answer.",
             ),
+            retry_backlog: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        RETRY_BACKLOG,
+                        "PENDING Deliveries with a retry scheduled, and those already due (refreshed by the sweeps).",
+                    ),
+                    &["state"],
+                )
+                .expect("valid metric"),
+            ),
+            consumer_lag: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        CONSUMER_LAG,
+                        "Kafka messages not yet consumed by this worker, by topic and partition.",
+                    ),
+                    &["topic", "partition"],
+                )
+                .expect("valid metric"),
+            ),
             registry: r,
         };
+        for state in ["scheduled", "due"] {
+            m.retry_backlog.with_label_values(&[state]);
+        }
         for reason in DEFERRAL_REASONS {
             m.deferrals.with_label_values(&[reason]);
         }

@@ -338,6 +338,18 @@ pub async fn breaker_counts(pool: &PgPool) -> Result<Vec<(String, i64)>, sqlx::E
     Ok(rows.into_iter().map(|r| (r.breaker_state, r.n)).collect())
 }
 
+/// The retry backlog: PENDING Deliveries with a retry scheduled, and how many of them are
+/// already due (a due count that stays high means the scheduler or the workers fall behind).
+/// Both counts come from the partial index `deliveries_due_idx`.
+pub async fn retry_backlog(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE next_retry_at <= now())
+         FROM deliveries WHERE status = 'PENDING' AND next_retry_at IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// The retry scheduler's Claim: due rows, in batches, skipping rows another scheduler holds.
 /// Returns (delivery id, endpoint id, scheduler token) per row.
 pub async fn claim_due(

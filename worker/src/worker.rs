@@ -27,13 +27,14 @@ use railhook_common::config::Settings;
 use railhook_common::kafka;
 use railhook_common::retry::Ladder;
 use railhook_common::signing::SigningKey;
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, ClientContext, Statistics};
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::attempt::{Attempt, ClientError, Outcome, Runner};
@@ -144,15 +145,22 @@ pub async fn run(
         )
         .await?;
     }
-    let consumer: StreamConsumer = ClientConfig::new()
+    railhook_common::db::PoolCollector::register(&metrics.registry, "worker", pool.clone());
+    let lag = LagContext {
+        lag: metrics.consumer_lag.clone(),
+        deliveries_topic: config.deliveries_topic.clone(),
+        retries_topic: config.retries_topic.clone(),
+    };
+    let consumer: StreamConsumer<LagContext> = ClientConfig::new()
         .set("bootstrap.servers", &config.brokers)
+        .set("statistics.interval.ms", "5000")
         .set("group.id", &config.group)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("fetch.wait.max.ms", "10")
         .set("auto.commit.interval.ms", "500")
-        .create()?;
+        .create_with_context(lag)?;
     consumer.subscribe(&[&config.deliveries_topic, &config.retries_topic])?;
     let producer = kafka::producer(&config.brokers, config.message_timeout, 10_000)?;
     let shared = Shared {
@@ -193,6 +201,41 @@ pub async fn run(
         }
     }
 }
+
+/// Reads the consumer's lag per partition out of librdkafka's periodic statistics into
+/// `railhook_worker_consumer_lag`. Each worker reports the partitions assigned to it; the
+/// group's lag is the sum over workers.
+struct LagContext {
+    lag: prometheus::IntGaugeVec,
+    deliveries_topic: String,
+    retries_topic: String,
+}
+
+impl ClientContext for LagContext {
+    fn stats(&self, statistics: Statistics) {
+        for (name, topic) in statistics.topics {
+            let label = if name == self.deliveries_topic {
+                "deliveries"
+            } else if name == self.retries_topic {
+                "retries"
+            } else {
+                continue;
+            };
+            for (partition, p) in topic.partitions {
+                // -1 is librdkafka's "unassigned" pseudo-partition; a lag of -1 is unknown.
+                if partition < 0 {
+                    continue;
+                }
+                let gauge = self
+                    .lag
+                    .with_label_values(&[label, partition.to_string().as_str()]);
+                gauge.set(p.consumer_lag.max(0));
+            }
+        }
+    }
+}
+
+impl ConsumerContext for LagContext {}
 
 /// Most hints claimed in one statement.
 const CLAIM_BATCH: usize = 256;
@@ -267,10 +310,23 @@ async fn on_batch(
             return;
         };
         let shared = shared.clone();
-        tokio::spawn(async move {
-            deliver(&shared, claimed, target).await;
-            drop(permit);
-        });
+        // One span per Attempt, with the ids as fields (never as metric labels): every log
+        // line of the Claim's turn carries them.
+        let span = tracing::info_span!(
+            "attempt",
+            delivery_id = %claimed.id,
+            event_id = %claimed.event_id,
+            endpoint_id = %claimed.endpoint_id,
+            attempt = claimed.attempt_count + 1,
+            direction = %claimed.direction,
+        );
+        tokio::spawn(
+            async move {
+                deliver(&shared, claimed, target).await;
+                drop(permit);
+            }
+            .instrument(span),
+        );
     }
 }
 
@@ -629,6 +685,11 @@ async fn sweeps(shared: &Shared, config: &WorkerConfig) {
             .with_label_values(&["stranded"])
             .inc_by(n),
         Err(e) => tracing::warn!(error = %e, "stranded sweep failed"),
+    }
+    if let Ok((scheduled, due)) = store::retry_backlog(&shared.pool).await {
+        let backlog = &shared.metrics.retry_backlog;
+        backlog.with_label_values(&["scheduled"]).set(scheduled);
+        backlog.with_label_values(&["due"]).set(due);
     }
     if let Ok(counts) = store::breaker_counts(&shared.pool).await {
         for state in crate::metrics::BREAKER_STATES {
