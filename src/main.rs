@@ -55,6 +55,20 @@ enum SlotAction {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let settings = match Settings::load() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    // Before the runtime: the OTLP exporter's blocking HTTP client must not be built or
+    // dropped on an async thread. `_telemetry` flushes batched spans when main returns.
+    let _telemetry = railhook_common::telemetry::init(
+        settings.log_format,
+        settings.otlp_endpoint.as_deref(),
+        &format!("railhook-{}", cli.role.name()),
+    );
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -62,7 +76,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli, settings));
+    drop(runtime);
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // `{:#}` prints the chain of causes on one line, without a backtrace.
@@ -73,9 +89,21 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let settings = Settings::load()?;
-    railhook_common::telemetry::init_logging(settings.log_format);
+impl Role {
+    /// The role's name, for the OTLP `service.name` (`railhook-ingest`, …).
+    fn name(&self) -> &'static str {
+        match self {
+            Role::Ingest => "ingest",
+            Role::Relay => "relay",
+            Role::Worker => "worker",
+            Role::All => "all",
+            Role::Migrate => "migrate",
+            Role::Slot { .. } => "slot",
+        }
+    }
+}
+
+async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
     match cli.role {
         Role::Migrate => migrate(&settings).await,
         Role::Ingest => ingest(&settings).await,

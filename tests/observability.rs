@@ -198,3 +198,86 @@ async fn a_live_metrics_page_passes_promtool() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// With `RAILHOOK_OTLP_ENDPOINT` set, the real binary exports its spans over OTLP/HTTP: a
+/// loopback collector receives protobuf at `/v1/traces` holding the request span with the
+/// caller's request id and the role's service name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_go_to_an_otlp_collector_when_one_is_configured() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    /// (content type, body) of each export the collector received.
+    type Exports = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+    let bodies: Exports = Arc::default();
+    let seen = bodies.clone();
+    let collector = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let seen = seen.clone();
+                async move {
+                    let kind = headers
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    seen.lock().expect("lock").push((kind, body.to_vec()));
+                    axum::http::StatusCode::OK
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let otlp = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, collector).await });
+
+    let database_url = support::fresh_database().await;
+    let port = support::free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_railhook"))
+        .arg("ingest")
+        .env("DATABASE_URL", &database_url)
+        .env("REDIS_URL", support::local_setting("REDIS_URL"))
+        .env("RAILHOOK_ADMIN_TOKEN", support::ADMIN_TOKEN)
+        .env("RAILHOOK_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .env("RAILHOOK_OTLP_ENDPOINT", &otlp)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("railhook ingest");
+    let api = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    support::eventually("ingest answers", Duration::from_secs(20), || async {
+        http.get(format!("{api}/healthz"))
+            .header("x-request-id", "otlp-probe-42")
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
+    })
+    .await;
+    // The batch exporter sends every few seconds.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let found = loop {
+        let hit = bodies.lock().expect("lock").iter().any(|(kind, body)| {
+            let text = String::from_utf8_lossy(body);
+            kind == "application/x-protobuf"
+                && text.contains("otlp-probe-42")
+                && text.contains("railhook-ingest")
+                && text.contains("request")
+        });
+        if hit || Instant::now() > deadline {
+            break hit;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        found,
+        "no OTLP export with the request span arrived ({} posts)",
+        bodies.lock().expect("lock").len()
+    );
+}

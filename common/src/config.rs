@@ -45,6 +45,9 @@ pub struct Settings {
     pub quota_timeout_ms: u64,
     /// `text` or `json`.
     pub log_format: LogFormat,
+    /// OTLP/HTTP collector (`http://collector:4318`); spans are exported only when set.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
     /// Partitions of the deliveries topic when the relay creates it.
     pub kafka_partitions: i32,
     /// Replication factor of topics the relay creates (3 in production; 1 on one broker).
