@@ -142,6 +142,8 @@ async fn relay(settings: &Settings) -> anyhow::Result<()> {
 async fn worker(settings: &Settings) -> anyhow::Result<()> {
     let pool = connect(settings).await?;
     let metrics = WorkerMetrics::new();
+    // Registered here, once per process: tests run several workers on one registry.
+    db::PoolCollector::register(&metrics.registry, "worker", pool.clone());
     let metrics_server = metrics_http::serve(
         settings.metrics_addr,
         vec![metrics.registry.clone()],
@@ -168,6 +170,7 @@ async fn all(settings: &Settings) -> anyhow::Result<()> {
         shutdown_signal(),
     );
     let pool = connect(settings).await?;
+    db::PoolCollector::register(&registries[1], "worker", pool.clone());
     let worker_config = WorkerConfig::from_settings(settings);
     let worker = railhook_worker::run(worker_config, pool, worker_metrics, shutdown_signal());
     tokio::select! {

@@ -145,7 +145,6 @@ pub async fn run(
         )
         .await?;
     }
-    railhook_common::db::PoolCollector::register(&metrics.registry, "worker", pool.clone());
     let lag = LagContext {
         lag: metrics.consumer_lag.clone(),
         deliveries_topic: config.deliveries_topic.clone(),
