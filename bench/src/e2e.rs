@@ -35,6 +35,13 @@ pub struct Args {
 
 type Arrivals = Arc<Mutex<HashMap<u64, Instant>>>;
 
+/// The load's sequence number, `{"seq": n}` in the Event payload the receiver got.
+pub(crate) fn seq_of(body: &str) -> Option<u64> {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["seq"].as_u64())
+}
+
 async fn receiver(arrivals: Arrivals) -> anyhow::Result<String> {
     let app = Router::new().route(
         "/hook",
@@ -42,10 +49,7 @@ async fn receiver(arrivals: Arrivals) -> anyhow::Result<String> {
             let arrivals = arrivals.clone();
             async move {
                 let at = Instant::now();
-                let seq = serde_json::from_str::<Value>(&body)
-                    .ok()
-                    .and_then(|v| v["seq"].as_u64());
-                if let (Some(seq), Ok(mut a)) = (seq, arrivals.lock()) {
+                if let (Some(seq), Ok(mut a)) = (seq_of(&body), arrivals.lock()) {
                     a.entry(seq).or_insert(at);
                 }
                 axum::http::StatusCode::NO_CONTENT

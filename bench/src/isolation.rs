@@ -20,7 +20,7 @@ use axum::extract::Path;
 use axum::routing::post;
 use serde_json::{Value, json};
 
-use crate::e2e::stack_with;
+use crate::e2e::{seq_of, stack_with};
 use crate::stats::percentiles;
 
 #[derive(clap::Args)]
@@ -46,10 +46,7 @@ async fn receivers(arrivals: Arrivals) -> anyhow::Result<String> {
                 let arrivals = arrivals.clone();
                 async move {
                     let at = Instant::now();
-                    let seq = serde_json::from_str::<Value>(&body)
-                        .ok()
-                        .and_then(|v| v["seq"].as_u64());
-                    if let (Some(seq), Ok(mut a)) = (seq, arrivals.lock()) {
+                    if let (Some(seq), Ok(mut a)) = (seq_of(&body), arrivals.lock()) {
                         a.entry((n, seq)).or_insert(at);
                     }
                     axum::http::StatusCode::NO_CONTENT
