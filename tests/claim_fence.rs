@@ -17,6 +17,11 @@ use support::receiver::{Behaviour, Receiver};
 use support::spawn_app;
 use uuid::Uuid;
 
+const STREAK: store::StreakPolicy = store::StreakPolicy {
+    disable_after: Duration::from_secs(5 * 24 * 3600),
+    min_failures: 5,
+};
+
 fn report(outcome: Outcome) -> Report {
     Report {
         started_at: chrono::Utc::now(),
@@ -75,7 +80,8 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
             &app.pool,
             &b,
             &report(Outcome::Delivered),
-            &Decision::Succeeded
+            &Decision::Succeeded,
+            &STREAK
         )
         .await
         .expect("b")
@@ -83,7 +89,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
     let retry = Decision::RetryAfter(Duration::from_secs(60));
     let late = report(Outcome::Retry { retry_after: None });
     assert!(
-        !store::finalise(&app.pool, &a, &late, &retry)
+        !store::finalise(&app.pool, &a, &late, &retry, &STREAK)
             .await
             .expect("a")
     );
@@ -117,7 +123,8 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
             &app.pool,
             &c,
             &report(Outcome::Retry { retry_after: None }),
-            &retry
+            &retry,
+            &STREAK
         )
         .await
         .expect("f")

@@ -97,6 +97,18 @@ pub struct Settings {
     pub breaker_cooldown_seconds: u64,
     /// The longest a single Deferral waits (the doubling back-off's cap).
     pub deferral_max_seconds: u64,
+    /// An endpoint whose Attempts have all failed for this long is disabled (Svix's five
+    /// days by default); its Deliveries then go to Failed Messages until someone enables it.
+    pub endpoint_disable_after_seconds: u64,
+    /// … and only once the streak counts at least this many failed Attempts.
+    pub endpoint_disable_min_failures: u32,
+    /// A failure streak older than this shows the endpoint as `warning`.
+    pub endpoint_warn_after_seconds: u64,
+    /// Sets `Secure` on the dashboard's session cookie. Leave on behind TLS; the local demo
+    /// turns it off because it serves plain HTTP.
+    pub dashboard_cookie_secure: bool,
+    /// How long a dashboard sign-in lasts.
+    pub dashboard_session_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -148,6 +160,11 @@ struct Defaults {
     breaker_window_seconds: u64,
     breaker_cooldown_seconds: u64,
     deferral_max_seconds: u64,
+    endpoint_disable_after_seconds: u64,
+    endpoint_disable_min_failures: u32,
+    endpoint_warn_after_seconds: u64,
+    dashboard_cookie_secure: bool,
+    dashboard_session_seconds: u64,
 }
 
 const DEFAULTS: Defaults = Defaults {
@@ -190,6 +207,11 @@ const DEFAULTS: Defaults = Defaults {
     breaker_window_seconds: 60,
     breaker_cooldown_seconds: 30,
     deferral_max_seconds: 300,
+    endpoint_disable_after_seconds: 5 * 24 * 3600,
+    endpoint_disable_min_failures: 5,
+    endpoint_warn_after_seconds: 24 * 3600,
+    dashboard_cookie_secure: true,
+    dashboard_session_seconds: 12 * 3600,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -369,6 +391,12 @@ impl Settings {
             return Err(invalid(
                 "breaker_window_seconds",
                 "and deferral_max_seconds must be at least 1",
+            ));
+        }
+        if self.endpoint_disable_min_failures == 0 || self.dashboard_session_seconds == 0 {
+            return Err(invalid(
+                "endpoint_disable_min_failures",
+                "and dashboard_session_seconds must be at least 1",
             ));
         }
         Ok(())

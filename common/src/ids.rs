@@ -94,6 +94,9 @@ prefixed_id!(
     /// The obligation to deliver one Event to one endpoint. Sent as `webhook-id`: stable
     /// across every retry of that Delivery, which is what receivers deduplicate on.
     DeliveryId, "dlv_", "delivery");
+prefixed_id!(
+    /// A Replay (the Time Machine): one request to rebuild Deliveries from stored Events.
+    ReplayId, "rpl_", "replay");
 
 #[cfg(test)]
 mod tests {

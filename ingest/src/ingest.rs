@@ -73,11 +73,11 @@ struct Existing {
 }
 
 /// A subscription that may match: its endpoint, its patterns, whether ordered.
-struct Candidate {
-    subscription_id: String,
-    endpoint_id: String,
-    patterns: Vec<EventTypePattern>,
-    ordered: bool,
+pub(crate) struct Candidate {
+    pub(crate) subscription_id: String,
+    pub(crate) endpoint_id: String,
+    pub(crate) patterns: Vec<EventTypePattern>,
+    pub(crate) ordered: bool,
 }
 
 /// The Deliveries to create, as parallel columns for one `unnest` insert.
@@ -196,7 +196,10 @@ async fn find_existing(
 }
 
 /// The project's live subscriptions on enabled endpoints.
-async fn candidates(pool: &PgPool, project: &Project) -> Result<Vec<Candidate>, sqlx::Error> {
+pub(crate) async fn candidates(
+    db: impl sqlx::PgExecutor<'_>,
+    project_id: &str,
+) -> Result<Vec<Candidate>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"SELECT s.id, s.endpoint_id, s.event_types, s.ordered
            FROM subscriptions s
@@ -204,9 +207,9 @@ async fn candidates(pool: &PgPool, project: &Project) -> Result<Vec<Candidate>, 
            WHERE s.project_id = $1 AND s.deleted_at IS NULL
              AND e.deleted_at IS NULL AND e.enabled
            ORDER BY s.id"#,
-        project.id.as_str()
+        project_id
     )
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?;
     Ok(rows
         .into_iter()
@@ -256,7 +259,7 @@ async fn write_events(
     events: &[NewEvent],
     fresh: &[usize],
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
-    let subs = candidates(&state.pool, project).await?;
+    let subs = candidates(&state.pool, project.id.as_str()).await?;
     let ids: Vec<EventId> = fresh.iter().map(|_| EventId::generate()).collect();
     let mut tx = state.pool.begin().await?;
     let inserted = insert_events(&mut tx, project, events, fresh, &ids).await?;

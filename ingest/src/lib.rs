@@ -13,6 +13,7 @@ pub mod openapi;
 pub mod pagination;
 pub mod problem;
 pub mod quota;
+pub mod replay;
 pub mod routes;
 pub mod state;
 
@@ -31,7 +32,7 @@ use tracing::Instrument;
 
 use crate::incoming::routes as sources;
 use crate::problem::ApiError;
-use crate::routes::{admin, deliveries, endpoints, events, health, subscriptions};
+use crate::routes::{admin, deliveries, endpoints, events, failed, health, replays, subscriptions};
 pub use crate::state::AppState;
 
 /// Room for the envelope (`{"type":…,"payload":…}`) around a payload at its size limit.
@@ -66,6 +67,8 @@ pub fn router(state: AppState) -> Router {
             post(endpoints::rotate_secret),
         )
         .route("/v1/endpoints/{id}/health", get(endpoints::health))
+        .route("/v1/endpoints/{id}/disable", post(endpoints::disable))
+        .route("/v1/endpoints/{id}/enable", post(endpoints::enable))
         .route(
             "/v1/subscriptions",
             post(subscriptions::create).get(subscriptions::list),
@@ -91,6 +94,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/attempts", get(deliveries::attempts))
         .route("/v1/deliveries/{id}/retry", post(deliveries::retry))
+        .route("/v1/failed-messages", get(failed::list))
+        .route("/v1/failed-messages/retry", post(failed::retry))
+        .route("/v1/replays", post(replays::create).get(replays::list))
+        .route("/v1/replays/{id}", get(replays::get))
+        .route("/v1/replays/{id}/cancel", post(replays::cancel))
         .route("/v1/sources", post(sources::create).get(sources::list))
         .route(
             "/v1/sources/{id}",
@@ -176,7 +184,12 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    // The Replay engine runs beside the API in every ingest process; dropping its task
+    // mid-batch only rolls that batch back (see `replay`).
+    let replays = tokio::spawn(replay::run(state.pool.clone()));
+    let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    replays.abort();
+    served
 }

@@ -4,7 +4,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::incoming::{self, routes as sources};
-use crate::routes::{admin, deliveries, endpoints, events, subscriptions};
+use crate::routes::{admin, deliveries, endpoints, events, failed, replays, subscriptions};
 
 struct BearerSchemes;
 
@@ -27,11 +27,14 @@ impl Modify for BearerSchemes {
         admin::create_organization, admin::create_project, admin::create_api_key,
         admin::revoke_api_key,
         endpoints::create, endpoints::list, endpoints::get, endpoints::update, endpoints::delete,
-        endpoints::secret, endpoints::rotate_secret, endpoints::health,
+        endpoints::secret, endpoints::rotate_secret, endpoints::health, endpoints::disable,
+        endpoints::enable,
         subscriptions::create, subscriptions::list, subscriptions::get, subscriptions::update,
         subscriptions::delete,
         events::create, events::create_batch, events::get, events::list,
         deliveries::list, deliveries::get, deliveries::attempts, deliveries::retry,
+        failed::list, failed::retry,
+        replays::create, replays::list, replays::get, replays::cancel,
         sources::create, sources::list, sources::get, sources::delete,
         sources::create_destination, sources::list_destinations, incoming::receive,
     ),

@@ -21,6 +21,24 @@ pub struct AppState {
     pub faults: Arc<Faults>,
     /// Metrics of other roles in the same process (`railhook all`), served by `/metrics` too.
     pub other_registries: Vec<prometheus::Registry>,
+    pub streak: StreakWindows,
+    pub dashboard: DashboardSettings,
+    /// The relay's replication Slot, shown on the dashboard's relay page.
+    pub slot: String,
+}
+
+/// The windows that turn an endpoint's failure streak into `warning` and then `disabled`
+/// (the disabling itself is the worker's, in `store::finalise`).
+#[derive(Clone, Debug)]
+pub struct StreakWindows {
+    pub warn_after: chrono::Duration,
+    pub disable_after: chrono::Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct DashboardSettings {
+    pub cookie_secure: bool,
+    pub session_ttl: Duration,
 }
 
 /// The request limits the API enforces.
@@ -76,6 +94,19 @@ impl AppState {
             admin_token: settings.admin_token.clone(),
             faults: Arc::new(Faults::default()),
             other_registries: Vec::new(),
+            streak: StreakWindows {
+                warn_after: seconds(settings.endpoint_warn_after_seconds),
+                disable_after: seconds(settings.endpoint_disable_after_seconds),
+            },
+            dashboard: DashboardSettings {
+                cookie_secure: settings.dashboard_cookie_secure,
+                session_ttl: Duration::from_secs(settings.dashboard_session_seconds),
+            },
+            slot: settings.slot.clone(),
         })
     }
+}
+
+fn seconds(s: u64) -> chrono::Duration {
+    chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 1000))
 }

@@ -135,6 +135,7 @@ pub async fn finalise(
     claimed: &Claimed,
     report: &Report,
     decision: &Decision,
+    streak: &StreakPolicy,
 ) -> Result<bool, sqlx::Error> {
     let (status, wait, reason, disable) = match decision {
         Decision::Succeeded => ("SUCCEEDED", None, None, false),
@@ -146,24 +147,51 @@ pub async fn finalise(
     };
     let finished_at =
         report.started_at + chrono::Duration::from_std(report.duration).unwrap_or_default();
-    // One statement (one round trip, one commit): the fenced update, the endpoint disable
-    // that only a written 410 may cause, and the Attempt row, marked fenced when the update
-    // matched nothing.
+    let delivered = matches!(decision, Decision::Succeeded);
+    // One statement (one round trip, one commit): the fenced update; the endpoint's failure
+    // streak and the disable that only a written 410 or a streak past the policy may cause;
+    // and the Attempt row, marked fenced when the update matched nothing.
+    //
+    // The endpoint row is written only when something changes: on a failure, or on the
+    // first success after failures. A healthy endpoint's Attempts never touch it, so
+    // workers delivering to one busy endpoint do not queue on its row lock.
     sqlx::query_scalar!(
         r#"WITH upd AS (
                UPDATE deliveries
                SET status = $3, claim_token = NULL, attempt_count = attempt_count + $4,
                    next_retry_at = CASE WHEN $5::float8 IS NULL THEN NULL
                                         ELSE now() + make_interval(secs => $5) END,
-                   failure_reason = $6, updated_at = now(), version = version + 1
+                   failure_reason = $6, last_status_code = coalesce($11, last_status_code),
+                   updated_at = now(), version = version + 1
                WHERE id = $1 AND claim_token = $2
                RETURNING id
-           ), disabled AS (
-               UPDATE endpoints
-               SET enabled = false, updated_at = now(),
-                   disabled_reason = 'disabled after a 410 Gone at ' || now()::text
-               WHERE id = $7 AND $8 AND EXISTS (SELECT 1 FROM upd)
-               RETURNING id
+           ), streak AS (
+               SELECT e.id,
+                      $8::bool AS gone,
+                      NOT $17 AND e.enabled
+                          AND coalesce(e.failing_since, now()) <= now() - make_interval(secs => $18)
+                          AND e.consecutive_failures + 1 >= $19 AS worn_out
+               FROM endpoints e
+               WHERE e.id = $7 AND $16 AND EXISTS (SELECT 1 FROM upd)
+                 AND ($8 OR NOT $17 OR e.consecutive_failures > 0)
+           ), health AS (
+               UPDATE endpoints e
+               SET consecutive_failures = CASE WHEN $17 THEN 0 ELSE e.consecutive_failures + 1 END,
+                   failing_since = CASE WHEN $17 THEN NULL ELSE coalesce(e.failing_since, now()) END,
+                   enabled = e.enabled AND NOT (s.gone OR s.worn_out),
+                   disabled_at = CASE WHEN e.enabled AND (s.gone OR s.worn_out) THEN now()
+                                      ELSE e.disabled_at END,
+                   disabled_reason = CASE
+                       WHEN NOT e.enabled THEN e.disabled_reason
+                       WHEN s.gone THEN 'the endpoint answered 410 Gone'
+                       WHEN s.worn_out THEN 'every Attempt failed since '
+                            || to_char(coalesce(e.failing_since, now()) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"')
+                            || ' (' || (e.consecutive_failures + 1) || ' in a row)'
+                       ELSE e.disabled_reason END,
+                   updated_at = now()
+               FROM streak s
+               WHERE e.id = s.id
+               RETURNING e.id
            ), attempt AS (
                INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at,
                                      status_code, outcome, duration_ms, error_class,
@@ -190,10 +218,21 @@ pub async fn finalise(
         report.duration.as_millis().min(i32::MAX as u128) as i32,
         report.error.map(|e| e.as_str()),
         report.excerpt,
-        report.sent
+        report.sent,
+        delivered,
+        streak.disable_after.as_secs_f64(),
+        i32::try_from(streak.min_failures).unwrap_or(i32::MAX)
     )
     .fetch_one(db)
     .await
+}
+
+/// When a failing endpoint is disabled: after `disable_after` of nothing but failed
+/// Attempts, once at least `min_failures` of them were counted.
+#[derive(Debug, Clone, Copy)]
+pub struct StreakPolicy {
+    pub disable_after: std::time::Duration,
+    pub min_failures: u32,
 }
 
 /// Claims a batch of hinted Deliveries in one statement (one commit for the whole batch)

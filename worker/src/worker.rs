@@ -69,6 +69,7 @@ pub struct WorkerConfig {
     pub breaker: BreakerPolicy,
     pub ordering_gap_timeout: Duration,
     pub deferral_max: Duration,
+    pub streak: store::StreakPolicy,
 }
 
 impl WorkerConfig {
@@ -100,6 +101,10 @@ impl WorkerConfig {
             },
             ordering_gap_timeout: Duration::from_secs(s.ordering_gap_timeout_seconds),
             deferral_max: Duration::from_secs(s.deferral_max_seconds),
+            streak: store::StreakPolicy {
+                disable_after: Duration::from_secs(s.endpoint_disable_after_seconds),
+                min_failures: s.endpoint_disable_min_failures,
+            },
         }
     }
 }
@@ -127,6 +132,7 @@ struct Shared {
     limits: Limits,
     gap_timeout: Duration,
     deferral_max: Duration,
+    streak: store::StreakPolicy,
 }
 
 /// Runs the worker until `shutdown` resolves.
@@ -171,6 +177,7 @@ pub async fn run(
         limits: Limits::new(&config.redis_url, config.breaker.clone())?,
         gap_timeout: config.ordering_gap_timeout,
         deferral_max: config.deferral_max,
+        streak: config.streak,
     };
     let permits = Arc::new(Semaphore::new(config.max_in_flight));
     let mut scheduler = tokio::time::interval(config.scheduler_interval);
@@ -346,12 +353,13 @@ enum Resolution<'a> {
 
 async fn write_resolution(
     db: impl sqlx::PgExecutor<'_>,
+    shared: &Shared,
     claimed: &Claimed,
     what: &Resolution<'_>,
 ) -> sqlx::Result<bool> {
     match what {
         Resolution::Outcome(report, decision) => {
-            store::finalise(db, claimed, report, decision).await
+            store::finalise(db, claimed, report, decision, &shared.streak).await
         }
         Resolution::Unsent(reason) => store::fail_unsent(db, claimed, reason).await,
     }
@@ -363,10 +371,10 @@ async fn write_resolution(
 async fn resolve(shared: &Shared, claimed: &Claimed, what: Resolution<'_>) -> sqlx::Result<bool> {
     let resolves = !matches!(what, Resolution::Outcome(_, Decision::RetryAfter(_)));
     if !(claimed.ordered && resolves) {
-        return write_resolution(&shared.pool, claimed, &what).await;
+        return write_resolution(&shared.pool, shared, claimed, &what).await;
     }
     let mut tx = ordering::begin_resolve(&shared.pool, &claimed.endpoint_id).await?;
-    let wrote = write_resolution(&mut *tx, claimed, &what).await?;
+    let wrote = write_resolution(&mut *tx, shared, claimed, &what).await?;
     let mut released = false;
     if wrote && let Some(seq) = claimed.sequence_number {
         released = ordering::release_next(&mut tx, &claimed.endpoint_id, seq).await?;

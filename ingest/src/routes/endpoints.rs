@@ -543,6 +543,37 @@ pub struct EndpointHealth {
     pub succeeded_24h: i64,
     /// Share of the last 24 hours' Attempts that succeeded; absent when there were none.
     pub success_rate_24h: Option<f64>,
+    /// `healthy`; `warning` when every Attempt has failed for longer than the warning
+    /// window (it will be disabled at `disable_at` if nothing succeeds); or `disabled`.
+    pub state: String,
+    /// Attempts in a row that went out and failed (a success resets it).
+    pub consecutive_failures: i32,
+    /// When the current failure streak began.
+    pub failing_since: Option<DateTime<Utc>>,
+    /// When the streak will disable the endpoint, if nothing succeeds before.
+    pub disable_at: Option<DateTime<Utc>>,
+    pub disabled_at: Option<DateTime<Utc>>,
+}
+
+/// The endpoint's state as a person reads it, from its streak and the configured windows.
+pub fn streak_state(
+    enabled: bool,
+    failing_since: Option<DateTime<Utc>>,
+    policy: &crate::state::StreakWindows,
+    now: DateTime<Utc>,
+) -> (&'static str, Option<DateTime<Utc>>) {
+    if !enabled {
+        return ("disabled", None);
+    }
+    let Some(since) = failing_since else {
+        return ("healthy", None);
+    };
+    let disable_at = since + policy.disable_after;
+    if now - since >= policy.warn_after {
+        ("warning", Some(disable_at))
+    } else {
+        ("healthy", Some(disable_at))
+    }
 }
 
 #[utoipa::path(get, path = "/v1/endpoints/{id}/health", tag = "endpoints",
@@ -557,6 +588,7 @@ pub async fn health(
     let id = parse_id(&id)?;
     let row = sqlx::query!(
         r#"SELECT e.enabled, e.disabled_reason, e.breaker_state, e.breaker_changed_at,
+                  e.consecutive_failures, e.failing_since, e.disabled_at,
                   count(a.id) AS "attempts!",
                   count(a.id) FILTER (WHERE a.outcome = 'SUCCEEDED') AS "succeeded!"
            FROM endpoints e
@@ -570,8 +602,15 @@ pub async fn health(
     .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
+    let (health_state, disable_at) =
+        streak_state(row.enabled, row.failing_since, &state.streak, Utc::now());
     Ok(Json(EndpointHealth {
         endpoint_id: id.into_string(),
+        state: health_state.to_owned(),
+        consecutive_failures: row.consecutive_failures,
+        failing_since: row.failing_since,
+        disable_at,
+        disabled_at: row.disabled_at,
         enabled: row.enabled,
         disabled_reason: row.disabled_reason,
         breaker_state: row.breaker_state,
@@ -580,4 +619,89 @@ pub async fn health(
         succeeded_24h: row.succeeded,
         success_rate_24h: (row.attempts > 0).then(|| row.succeeded as f64 / row.attempts as f64),
     }))
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+pub struct DisableEndpoint {
+    /// Shown with the endpoint while it is disabled.
+    pub reason: Option<String>,
+}
+
+/// Stops deliveries to an endpoint: from now on its Deliveries go to Failed Messages
+/// (retryable once it is enabled again) instead of being sent.
+#[utoipa::path(post, path = "/v1/endpoints/{id}/disable", tag = "endpoints",
+    params(("id" = String, Path)), request_body = DisableEndpoint,
+    responses((status = 200, body = Endpoint), (status = 404, body = Problem), (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn disable(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Endpoint>> {
+    let id = parse_id(&id)?;
+    // The body is optional: an empty POST disables without a reason.
+    let body: DisableEndpoint = if body.iter().all(u8::is_ascii_whitespace) {
+        DisableEndpoint::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::MalformedJson(e.to_string()))?
+    };
+    let reason = body.reason.unwrap_or_default();
+    let reason = reason.trim();
+    if reason.chars().count() > 500 {
+        return Err(ApiError::validation(
+            "reason",
+            "reason must be at most 500 characters",
+        ));
+    }
+    let reason = if reason.is_empty() {
+        "disabled by a person".to_owned()
+    } else {
+        format!("disabled by a person: {reason}")
+    };
+    set_enabled(&state, &project, &id, false, Some(reason)).await
+}
+
+/// Starts deliveries to an endpoint again and clears its reason and failure streak.
+#[utoipa::path(post, path = "/v1/endpoints/{id}/enable", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Endpoint), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn enable(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Endpoint>> {
+    let id = parse_id(&id)?;
+    set_enabled(&state, &project, &id, true, None).await
+}
+
+pub async fn set_enabled(
+    state: &AppState,
+    project: &Project,
+    id: &EndpointId,
+    enabled: bool,
+    reason: Option<String>,
+) -> ApiResult<Json<Endpoint>> {
+    let row = sqlx::query_as!(
+        EndpointRow,
+        r#"UPDATE endpoints
+           SET enabled = $3, disabled_reason = $4,
+               disabled_at = CASE WHEN $3 THEN NULL ELSE coalesce(disabled_at, now()) END,
+               consecutive_failures = CASE WHEN $3 THEN 0 ELSE consecutive_failures END,
+               failing_since = CASE WHEN $3 THEN NULL ELSE failing_since END,
+               updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
+           RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
+                     rate_limit_per_second, rate_limit_burst, max_concurrency, headers,
+                     retry_delays, max_attempts, source_id, created_at, updated_at"#,
+        id.as_str(),
+        project.id.as_str(),
+        enabled,
+        reason
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    Ok(Json(row.into()))
 }

@@ -4,7 +4,9 @@ pub mod admin;
 pub mod deliveries;
 pub mod endpoints;
 pub mod events;
+pub mod failed;
 pub mod health;
+pub mod replays;
 pub mod subscriptions;
 
 use std::collections::BTreeMap;

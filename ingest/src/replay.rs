@@ -1,0 +1,231 @@
+//! The Time Machine's engine: works through RUNNING Replays one bounded batch at a time.
+//!
+//! Every ingest process runs [`run`]. A batch is one transaction that:
+//! 1. locks one RUNNING Replay row (`FOR UPDATE SKIP LOCKED`, least recently advanced
+//!    first), so two processes never work the same Replay at once and several Replays share
+//!    the processes fairly;
+//! 2. reads the next [`BATCH_EVENTS`] Events after the Replay's cursor;
+//! 3. inserts a new Delivery (new id, so a new `webhook-id` that passes the receiver's dedupe;
+//!    same Event, so the same `X-Event-Id`) per Event × current target, each with its Outbox
+//!    row (reason `REPLAY`), in one statement;
+//! 4. moves the cursor and the counters, and marks the Replay COMPLETED after the last batch.
+//!
+//! Invariant: the cursor moves in the same commit as the Deliveries it accounts for, so a
+//! crash, a restart or a lost lock between batches neither skips nor repeats an Event. A
+//! replay of 100k Events is 200 short transactions, never one long one.
+//!
+//! Targets are decided when the batch runs, from what exists then: an outgoing Event goes
+//! to the endpoints whose live subscriptions match its type; an incoming Event to its
+//! Source's destinations. Disabled and deleted endpoints are skipped. Replayed Deliveries
+//! are never ordered (they have no place in the endpoint's Sequence), and they go through
+//! the same workers, limits and Deferrals as any other Delivery.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use railhook_common::event_type::EventType;
+use railhook_common::ids::DeliveryId;
+use sqlx::{PgConnection, PgPool, Row};
+
+use crate::ingest::candidates;
+
+/// Events per batch transaction.
+pub const BATCH_EVENTS: i64 = 500;
+/// How long the runner sleeps when no Replay is running.
+const IDLE: Duration = Duration::from_millis(300);
+
+/// Works on Replays until the task is dropped. Errors are logged and retried after a pause;
+/// a batch that failed rolled back whole, so it is simply done again.
+pub async fn run(pool: PgPool) {
+    loop {
+        match step(&pool).await {
+            Ok(true) => {}
+            Ok(false) => tokio::time::sleep(IDLE).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "replay batch failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// One batch of one Replay; `Ok(false)` when no Replay was waiting.
+pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let Some(replay) = sqlx::query(
+        "SELECT id, project_id, event_ids, from_time, to_time, event_types, endpoint_id, cursor
+         FROM replays WHERE status = 'RUNNING'
+         ORDER BY updated_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Ok(false);
+    };
+    let id: String = replay.get("id");
+    let project_id: String = replay.get("project_id");
+    let endpoint_id: Option<String> = replay.get("endpoint_id");
+    let events = sqlx::query(
+        "SELECT id, event_type, source_id FROM events
+         WHERE project_id = $1
+           AND ($2::text[] IS NULL OR id = ANY($2))
+           AND ($3::timestamptz IS NULL OR created_at >= $3)
+           AND ($4::timestamptz IS NULL OR created_at < $4)
+           AND ($5::text[] IS NULL OR event_type = ANY($5))
+           AND ($6::text IS NULL OR id > $6)
+         ORDER BY id LIMIT $7",
+    )
+    .bind(&project_id)
+    .bind(replay.get::<Option<Vec<String>>, _>("event_ids"))
+    .bind(replay.get::<Option<DateTime<Utc>>, _>("from_time"))
+    .bind(replay.get::<Option<DateTime<Utc>>, _>("to_time"))
+    .bind(replay.get::<Option<Vec<String>>, _>("event_types"))
+    .bind(replay.get::<Option<String>, _>("cursor"))
+    .bind(BATCH_EVENTS)
+    .fetch_all(&mut *tx)
+    .await?;
+    let events: Vec<ReplayedEvent> = events
+        .into_iter()
+        .map(|r| ReplayedEvent {
+            id: r.get("id"),
+            event_type: r.get("event_type"),
+            source_id: r.get("source_id"),
+        })
+        .collect();
+    let plan = plan(&mut tx, &project_id, endpoint_id.as_deref(), &events).await?;
+    insert(&mut tx, &project_id, &id, &plan).await?;
+    let last = events.last().map(|e| e.id.clone());
+    let finished = (events.len() as i64) < BATCH_EVENTS;
+    sqlx::query(
+        "UPDATE replays
+         SET cursor = coalesce($2, cursor), events_done = events_done + $3,
+             deliveries_created = deliveries_created + $4, updated_at = now(),
+             status = CASE WHEN $5 THEN 'COMPLETED' ELSE status END,
+             finished_at = CASE WHEN $5 THEN now() END
+         WHERE id = $1",
+    )
+    .bind(&id)
+    .bind(last)
+    .bind(events.len() as i64)
+    .bind(plan.ids.len() as i64)
+    .bind(finished)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+pub(crate) struct ReplayedEvent {
+    pub id: String,
+    pub event_type: String,
+    pub source_id: Option<String>,
+}
+
+/// The new Deliveries of one batch, as parallel columns for one `unnest` insert.
+#[derive(Default)]
+struct Plan {
+    ids: Vec<String>,
+    event_ids: Vec<String>,
+    endpoint_ids: Vec<String>,
+    subscription_ids: Vec<Option<String>>,
+    directions: Vec<&'static str>,
+}
+
+async fn plan(
+    tx: &mut PgConnection,
+    project_id: &str,
+    only_endpoint: Option<&str>,
+    events: &[ReplayedEvent],
+) -> Result<Plan, sqlx::Error> {
+    let subs = candidates(&mut *tx, project_id).await?;
+    let sources: Vec<String> = events
+        .iter()
+        .filter_map(|e| e.source_id.clone())
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let destinations: Vec<(String, String)> = if sources.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query_as(
+            "SELECT id, source_id FROM endpoints
+             WHERE project_id = $1 AND source_id = ANY($2) AND enabled AND deleted_at IS NULL
+             ORDER BY id",
+        )
+        .bind(project_id)
+        .bind(&sources)
+        .fetch_all(&mut *tx)
+        .await?
+    };
+    let wanted = |endpoint: &str| only_endpoint.is_none_or(|only| only == endpoint);
+    let mut plan = Plan::default();
+    for event in events {
+        let mut add = |endpoint: &str, subscription: Option<&str>, direction| {
+            plan.ids.push(DeliveryId::generate().into_string());
+            plan.event_ids.push(event.id.clone());
+            plan.endpoint_ids.push(endpoint.to_owned());
+            plan.subscription_ids.push(subscription.map(str::to_owned));
+            plan.directions.push(direction);
+        };
+        if let Some(source) = &event.source_id {
+            for (endpoint, _) in destinations
+                .iter()
+                .filter(|(ep, src)| src == source && wanted(ep))
+            {
+                add(endpoint, None, "incoming");
+            }
+            continue;
+        }
+        // Stored types were valid when accepted; one that no longer parses is skipped.
+        let Ok(event_type) = EventType::parse(&event.event_type) else {
+            continue;
+        };
+        let mut seen = HashSet::new();
+        for sub in &subs {
+            if wanted(&sub.endpoint_id)
+                && sub.patterns.iter().any(|p| p.matches(&event_type))
+                && seen.insert(sub.endpoint_id.as_str())
+            {
+                add(&sub.endpoint_id, Some(&sub.subscription_id), "outgoing");
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// The batch's Deliveries and their Outbox rows, in one statement so neither exists alone.
+async fn insert(
+    tx: &mut PgConnection,
+    project_id: &str,
+    replay_id: &str,
+    plan: &Plan,
+) -> Result<(), sqlx::Error> {
+    if plan.ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "WITH d AS (
+             INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
+                                     direction, origin, replay_id)
+             SELECT x.id, $1, x.event_id, x.endpoint_id, x.subscription_id, x.direction,
+                    'replay', $2
+             FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+                  WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, direction, n)
+             ORDER BY x.n
+             RETURNING id, endpoint_id
+         )
+         INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+         SELECT d.id, d.endpoint_id, $1, 'REPLAY' FROM d ORDER BY d.id",
+    )
+    .bind(project_id)
+    .bind(replay_id)
+    .bind(&plan.ids)
+    .bind(&plan.event_ids)
+    .bind(&plan.endpoint_ids)
+    .bind(&plan.subscription_ids)
+    .bind(&plan.directions)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,366 @@
+//! Replays (the Time Machine): new Deliveries built from stored Events. The request only
+//! records what to replay; `crate::replay` does the work in bounded batches.
+
+use std::collections::BTreeSet;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use railhook_common::event_type::EventType;
+use railhook_common::ids::{EndpointId, EventId, ReplayId};
+use serde::{Deserialize, Serialize};
+use sqlx::FromRow;
+
+use crate::auth::Project;
+use crate::extract::{ApiJson, ApiQuery};
+use crate::pagination::{Listing, PageRequest};
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::state::AppState;
+
+/// Most Event ids one by-id Replay may name.
+pub const MAX_EVENT_IDS: usize = 1000;
+const MAX_EVENT_TYPES: usize = 100;
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewReplay {
+    /// Replay exactly these Events (at most 1000) …
+    pub event_ids: Option<Vec<String>>,
+    /// … or every Event created in `[from, to)`.
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    /// With a range: only these exact event types.
+    pub event_types: Option<Vec<String>>,
+    /// Only to this endpoint (it must still match the Event: a subscription, or a
+    /// destination of the Event's Source).
+    pub endpoint_id: Option<String>,
+    /// Count the Events that would be replayed and create nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Serialize, FromRow, utoipa::ToSchema)]
+pub struct Replay {
+    pub id: String,
+    /// `RUNNING`, `COMPLETED` or `CANCELLED`.
+    pub status: String,
+    pub event_ids: Option<Vec<String>>,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    pub event_types: Option<Vec<String>>,
+    pub endpoint_id: Option<String>,
+    /// Events the Replay covers, counted when it was created.
+    pub events_total: i64,
+    pub events_done: i64,
+    pub deliveries_created: i64,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ReplayPreview {
+    /// Events the Replay would cover now.
+    pub events_total: i64,
+}
+
+const COLUMNS: &str = "id, status, event_ids, from_time AS \"from\", to_time AS \"to\", \
+    event_types, endpoint_id, events_total, events_done, deliveries_created, created_at, finished_at";
+
+/// A validated request: which Events, and to where.
+struct Selection {
+    event_ids: Option<Vec<String>>,
+    from: Option<DateTime<Utc>>,
+    to: Option<DateTime<Utc>>,
+    event_types: Option<Vec<String>>,
+    endpoint_id: Option<String>,
+}
+
+fn validate(body: NewReplay) -> Result<Selection, ApiError> {
+    let endpoint_id = body
+        .endpoint_id
+        .map(|raw| {
+            EndpointId::parse(&raw)
+                .map(EndpointId::into_string)
+                .map_err(|_| ApiError::validation("endpoint_id", "not an endpoint id"))
+        })
+        .transpose()?;
+    match (body.event_ids, body.from, body.to) {
+        (Some(ids), None, None) => {
+            if body.event_types.is_some() {
+                return Err(ApiError::validation(
+                    "event_types",
+                    "event_types narrows a time range; with event_ids, name the Events",
+                ));
+            }
+            if ids.is_empty() || ids.len() > MAX_EVENT_IDS {
+                return Err(ApiError::validation(
+                    "event_ids",
+                    format!("event_ids must hold 1 to {MAX_EVENT_IDS} ids"),
+                ));
+            }
+            let mut unique = BTreeSet::new();
+            for raw in ids {
+                let id = EventId::parse(&raw).map_err(|_| {
+                    ApiError::validation("event_ids", "every entry must be an event id (evt_…)")
+                })?;
+                unique.insert(id.into_string());
+            }
+            Ok(Selection {
+                event_ids: Some(unique.into_iter().collect()),
+                from: None,
+                to: None,
+                event_types: None,
+                endpoint_id,
+            })
+        }
+        (None, Some(from), Some(to)) => {
+            // Events are only ever created up to now; a range reaching into the future is
+            // cut there, so the Replay's count is final when it is made.
+            let to = to.min(Utc::now());
+            if from >= to {
+                return Err(ApiError::validation(
+                    "from",
+                    "from must be earlier than to (and than now)",
+                ));
+            }
+            let event_types = body
+                .event_types
+                .map(|types| {
+                    if types.is_empty() || types.len() > MAX_EVENT_TYPES {
+                        return Err(ApiError::validation(
+                            "event_types",
+                            format!("event_types must hold 1 to {MAX_EVENT_TYPES} types"),
+                        ));
+                    }
+                    types
+                        .iter()
+                        .map(|t| {
+                            EventType::parse(t)
+                                .map(|t| t.as_str().to_owned())
+                                .map_err(|e| {
+                                    ApiError::validation("event_types", format!("'{t}': {e}"))
+                                })
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .transpose()?;
+            Ok(Selection {
+                event_ids: None,
+                from: Some(from),
+                to: Some(to),
+                event_types,
+                endpoint_id,
+            })
+        }
+        _ => Err(ApiError::validation(
+            "body",
+            "give either event_ids, or both from and to",
+        )),
+    }
+}
+
+#[utoipa::path(post, path = "/v1/replays", tag = "replays", request_body = NewReplay,
+    responses((status = 202, body = Replay), (status = 200, description = "dry run", body = ReplayPreview),
+              (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn create(
+    project: Project,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<NewReplay>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let dry_run = body.dry_run;
+    let sel = validate(body)?;
+    if let Some(endpoint) = &sel.endpoint_id {
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM endpoints
+                            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL)",
+        )
+        .bind(endpoint)
+        .bind(project.id.as_str())
+        .fetch_one(&state.pool)
+        .await?;
+        if !exists {
+            return Err(ApiError::validation("endpoint_id", "no such endpoint"));
+        }
+    }
+    let total: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM events
+         WHERE project_id = $1
+           AND ($2::text[] IS NULL OR id = ANY($2))
+           AND ($3::timestamptz IS NULL OR created_at >= $3)
+           AND ($4::timestamptz IS NULL OR created_at < $4)
+           AND ($5::text[] IS NULL OR event_type = ANY($5))",
+    )
+    .bind(project.id.as_str())
+    .bind(&sel.event_ids)
+    .bind(sel.from)
+    .bind(sel.to)
+    .bind(&sel.event_types)
+    .fetch_one(&state.pool)
+    .await?;
+    if let Some(ids) = &sel.event_ids
+        && total < ids.len() as i64
+    {
+        // Another project's Event answers exactly like one that does not exist.
+        return Err(ApiError::validation(
+            "event_ids",
+            format!(
+                "{} of the {} event ids were not found",
+                ids.len() as i64 - total,
+                ids.len()
+            ),
+        ));
+    }
+    if dry_run {
+        return Ok(Json(ReplayPreview {
+            events_total: total,
+        })
+        .into_response());
+    }
+    let replay: Replay = sqlx::query_as(&format!(
+        "INSERT INTO replays (id, project_id, event_ids, from_time, to_time, event_types,
+                              endpoint_id, events_total, status, finished_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+                 CASE WHEN $8 = 0 THEN 'COMPLETED' ELSE 'RUNNING' END,
+                 CASE WHEN $8 = 0 THEN now() END)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(ReplayId::generate().as_str())
+    .bind(project.id.as_str())
+    .bind(&sel.event_ids)
+    .bind(sel.from)
+    .bind(sel.to)
+    .bind(&sel.event_types)
+    .bind(&sel.endpoint_id)
+    .bind(total)
+    .fetch_one(&state.pool)
+    .await?;
+    Ok((StatusCode::ACCEPTED, Json(replay)).into_response())
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/replays", tag = "replays", params(ListQuery),
+    responses((status = 200, body = Listing<Replay>), (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn list(
+    project: Project,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Listing<Replay>>> {
+    let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    let rows: Vec<Replay> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM replays
+         WHERE project_id = $1 AND ($2::text IS NULL OR id < $2)
+         ORDER BY id DESC LIMIT $3"
+    ))
+    .bind(project.id.as_str())
+    .bind(&page.after)
+    .bind(page.fetch())
+    .fetch_all(&state.pool)
+    .await?;
+    Ok(Json(page.finish(rows, |r: &Replay| &r.id)))
+}
+
+pub async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<Replay> {
+    let id = ReplayId::parse(raw).map_err(|_| ApiError::NotFound("replay"))?;
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM replays WHERE id = $1 AND project_id = $2"
+    ))
+    .bind(id.as_str())
+    .bind(project.id.as_str())
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("replay"))
+}
+
+#[utoipa::path(get, path = "/v1/replays/{id}", tag = "replays", params(("id" = String, Path)),
+    responses((status = 200, body = Replay), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn get(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Replay>> {
+    Ok(Json(find(&state, &project, &id).await?))
+}
+
+/// Stops a RUNNING Replay after the batch in progress; Deliveries already created stay.
+#[utoipa::path(post, path = "/v1/replays/{id}/cancel", tag = "replays", params(("id" = String, Path)),
+    responses((status = 200, body = Replay), (status = 404, body = Problem),
+              (status = 409, description = "the Replay is not RUNNING", body = Problem)),
+    security(("api_key" = [])))]
+pub async fn cancel(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Replay>> {
+    let current = find(&state, &project, &id).await?;
+    sqlx::query_as(&format!(
+        "UPDATE replays SET status = 'CANCELLED', finished_at = now(), updated_at = now()
+         WHERE id = $1 AND project_id = $2 AND status = 'RUNNING'
+         RETURNING {COLUMNS}"
+    ))
+    .bind(&current.id)
+    .bind(project.id.as_str())
+    .fetch_optional(&state.pool)
+    .await?
+    .map(Json)
+    .ok_or(ApiError::InvalidState(
+        "only a RUNNING replay can be cancelled",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_names_ids_or_a_range_not_both_nor_neither() {
+        assert!(validate(NewReplay::default()).is_err());
+        let now = Utc::now();
+        let both = NewReplay {
+            event_ids: Some(vec![EventId::generate().into_string()]),
+            from: Some(now - chrono::Duration::hours(1)),
+            to: Some(now),
+            ..NewReplay::default()
+        };
+        assert!(validate(both).is_err());
+        let backwards = NewReplay {
+            from: Some(now),
+            to: Some(now - chrono::Duration::hours(1)),
+            ..NewReplay::default()
+        };
+        assert!(validate(backwards).is_err());
+        let too_many = NewReplay {
+            event_ids: Some(
+                (0..=MAX_EVENT_IDS)
+                    .map(|_| EventId::generate().into_string())
+                    .collect(),
+            ),
+            ..NewReplay::default()
+        };
+        assert!(validate(too_many).is_err());
+        let range = NewReplay {
+            from: Some(now - chrono::Duration::hours(1)),
+            to: Some(now + chrono::Duration::hours(1)),
+            event_types: Some(vec!["order.paid".into()]),
+            ..NewReplay::default()
+        };
+        let sel = validate(range).expect("valid range");
+        assert!(sel.to.expect("to") <= Utc::now(), "the future is cut off");
+        let bad_type = NewReplay {
+            from: Some(now - chrono::Duration::hours(1)),
+            to: Some(now),
+            event_types: Some(vec!["order.*".into()]),
+            ..NewReplay::default()
+        };
+        assert!(validate(bad_type).is_err());
+    }
+}
