@@ -1,6 +1,8 @@
 //! The one `railhook` binary. It parses configuration and wires roles together; the roles
 //! themselves live in the `ingest`, `relay` and `worker` crates.
 
+mod replay_cli;
+
 use std::net::SocketAddr;
 
 use anyhow::Context;
@@ -41,6 +43,8 @@ enum Role {
         #[command(subcommand)]
         action: SlotAction,
     },
+    /// Replay stored Events through the REST API (by id, or by time range) and follow it.
+    Replay(replay_cli::ReplayArgs),
 }
 
 #[derive(Subcommand)]
@@ -55,6 +59,10 @@ enum SlotAction {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if let Role::Replay(args) = cli.role {
+        // An API client: no database, broker or telemetry settings needed.
+        return client_main(replay_cli::run(args));
+    }
     let settings = match Settings::load() {
         Ok(s) => s,
         Err(e) => {
@@ -89,6 +97,21 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+fn client_main(
+    work: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> std::process::ExitCode {
+    let result = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(work));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 impl Role {
     /// The role's name, for the OTLP `service.name` (`railhook-ingest`, …).
     fn name(&self) -> &'static str {
@@ -99,6 +122,7 @@ impl Role {
             Role::All => "all",
             Role::Migrate => "migrate",
             Role::Slot { .. } => "slot",
+            Role::Replay(_) => "replay",
         }
     }
 }
@@ -111,6 +135,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Role::Worker => worker(&settings).await,
         Role::All => all(&settings).await,
         Role::Slot { action } => slot(&settings, action).await,
+        Role::Replay(args) => replay_cli::run(args).await,
     }
 }
 

@@ -350,3 +350,53 @@ async fn an_endpoint_that_keeps_failing_is_disabled_with_a_reason_and_comes_back
     );
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_command_starts_a_replay_and_follows_it_to_the_end() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["order.*"], false).await;
+    let event = app
+        .post_event(&key, "order.paid", json!({"n": 1}), None)
+        .await
+        .body["id"]
+        .as_str()
+        .expect("event")
+        .to_owned();
+    let run = |args: Vec<String>| {
+        let base = app.base.clone();
+        let key = key.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
+                .arg("replay")
+                .args(args)
+                .env("RAILHOOK_API_URL", base)
+                .env("RAILHOOK_API_KEY", key)
+                .env_remove("DATABASE_URL")
+                .output()
+                .expect("railhook replay")
+        })
+    };
+    let out = run(vec!["--event-id".into(), event.clone()])
+        .await
+        .expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("completed: 1 events, 1 deliveries created"),
+        "{stdout}"
+    );
+    // A refused request exits non-zero with the API's reason, and no key in the output.
+    let out = run(vec!["--event-id".into(), "evt_nope".into()])
+        .await
+        .expect("join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("validation_failed"), "{stderr}");
+    assert!(!stderr.contains(&key));
+}
