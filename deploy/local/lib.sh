@@ -70,6 +70,18 @@ ensure_provider_signers() {
   fi
 }
 
+# Debian's Chromium and playwright-core (pinned by tests/browser/package-lock.json) for the
+# dashboard's browser test (tests/dashboard.rs). Playwright never downloads a browser here.
+ensure_browser() {
+  command -v chromium >/dev/null || apt_install chromium
+  command -v node >/dev/null || apt_install nodejs npm
+  local dir="$ROOT/tests/browser"
+  if [ ! -d "$dir/node_modules/playwright-core" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+    log "npm ci (tests/browser)"
+    (cd "$dir" && npm ci --no-audit --no-fund --silent) && touch "$dir/node_modules"
+  fi
+}
+
 ensure_standardwebhooks() {
   python3 -c 'import standardwebhooks' 2>/dev/null && return 0
   log "pip install standardwebhooks"

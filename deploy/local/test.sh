@@ -5,6 +5,7 @@ source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
 ensure_standardwebhooks
 ensure_provider_signers
+ensure_browser
 # promtool checks the alert rules and the /metrics page (tests/observability.rs).
 command -v promtool >/dev/null || apt_install prometheus
 # The compose file, Kubernetes manifests and Prometheus config, checked offline.

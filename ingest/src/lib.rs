@@ -5,6 +5,7 @@
 //! [`serve`] runs it on a listener until `shutdown` resolves.
 
 pub mod auth;
+pub mod dashboard;
 pub mod extract;
 pub mod incoming;
 pub mod ingest;
@@ -116,6 +117,7 @@ pub fn router(state: AppState) -> Router {
         );
     Router::new()
         .merge(api)
+        .merge(dashboard::router())
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

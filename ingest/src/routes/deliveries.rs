@@ -103,7 +103,7 @@ pub async fn list(
     Ok(Json(page.finish(rows, |d: &Delivery| &d.id)))
 }
 
-async fn attempts_of(state: &AppState, id: &str) -> Result<Vec<Attempt>, sqlx::Error> {
+pub async fn attempts_of(state: &AppState, id: &str) -> Result<Vec<Attempt>, sqlx::Error> {
     sqlx::query_as!(
         Attempt,
         r#"SELECT attempt_number, started_at, finished_at, status_code, outcome, duration_ms,
@@ -115,7 +115,7 @@ async fn attempts_of(state: &AppState, id: &str) -> Result<Vec<Attempt>, sqlx::E
     .await
 }
 
-async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<Delivery> {
+pub async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<Delivery> {
     let id = DeliveryId::parse(raw).map_err(|_| ApiError::NotFound("delivery"))?;
     sqlx::query_as!(
         Delivery,
@@ -171,7 +171,13 @@ pub async fn retry(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<(axum::http::StatusCode, Json<Delivery>)> {
-    let current = find(&state, &project, &id).await?;
+    let delivery = retry_one(&state, &project, &id).await?;
+    Ok((axum::http::StatusCode::ACCEPTED, Json(delivery)))
+}
+
+/// The single retry, shared by the API and the dashboard.
+pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResult<Delivery> {
+    let current = find(state, project, id).await?;
     let mut tx = state.pool.begin().await?;
     let delivery = sqlx::query_as!(
         Delivery,
@@ -203,5 +209,5 @@ pub async fn retry(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok((axum::http::StatusCode::ACCEPTED, Json(delivery)))
+    Ok(delivery)
 }

@@ -170,6 +170,21 @@ pub async fn create(
     ApiJson(body): ApiJson<NewReplay>,
 ) -> ApiResult<axum::response::Response> {
     use axum::response::IntoResponse;
+    Ok(match start(&state, &project, body).await? {
+        Started::Preview(p) => Json(p).into_response(),
+        Started::Replay(r) => (StatusCode::ACCEPTED, Json(r)).into_response(),
+    })
+}
+
+/// What a Replay request produced: a count (dry run) or a new Replay.
+pub enum Started {
+    Preview(ReplayPreview),
+    Replay(Replay),
+}
+
+/// Validates a Replay request, counts its Events and, unless it is a dry run, records it
+/// for the engine (`crate::replay`). Shared by the API and the dashboard.
+pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiResult<Started> {
     let dry_run = body.dry_run;
     let sel = validate(body)?;
     if let Some(endpoint) = &sel.endpoint_id {
@@ -214,10 +229,9 @@ pub async fn create(
         ));
     }
     if dry_run {
-        return Ok(Json(ReplayPreview {
+        return Ok(Started::Preview(ReplayPreview {
             events_total: total,
-        })
-        .into_response());
+        }));
     }
     let replay: Replay = sqlx::query_as(&format!(
         "INSERT INTO replays (id, project_id, event_ids, from_time, to_time, event_types,
@@ -237,7 +251,17 @@ pub async fn create(
     .bind(total)
     .fetch_one(&state.pool)
     .await?;
-    Ok((StatusCode::ACCEPTED, Json(replay)).into_response())
+    Ok(Started::Replay(replay))
+}
+
+pub async fn recent(state: &AppState, project: &Project, limit: i64) -> ApiResult<Vec<Replay>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM replays WHERE project_id = $1 ORDER BY id DESC LIMIT $2"
+    ))
+    .bind(project.id.as_str())
+    .bind(limit)
+    .fetch_all(&state.pool)
+    .await?)
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -1,0 +1,378 @@
+//! The dashboard at `/dashboard/`: server-rendered HTML (maud), no JavaScript, no CDN.
+//!
+//! Sign-in takes a project API key once and opens a session: the browser keeps only a random
+//! token in an `HttpOnly; SameSite=Strict` cookie scoped to `/dashboard`, and the database
+//! keeps only the token's SHA-256 next to the key it was opened with. Every page reads the
+//! project from the session, and every query is scoped to it exactly like the API's, so a
+//! session can see nothing of another project. Revoking the key ends its sessions.
+//!
+//! Actions are HTML form POSTs. Each carries the session's CSRF token (checked in constant
+//! time) on top of the SameSite cookie; a POST without it changes nothing. Every response
+//! carries a strict Content-Security-Policy (no scripts at all) and `Cache-Control: no-store`.
+
+mod pages;
+
+use axum::Router;
+use axum::extract::{Form, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use cookie::{Cookie, SameSite};
+use maud::{DOCTYPE, Markup, html};
+use railhook_common::ids::{OrganizationId, ProjectId};
+use railhook_common::secrets::hash_api_key;
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+use crate::auth::Project;
+use crate::problem::ApiError;
+use crate::state::AppState;
+
+const COOKIE: &str = "railhook_session";
+const CSS: &str = include_str!("style.css");
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/dashboard", get(|| async { Redirect::to("/dashboard/") }))
+        .route(
+            "/dashboard/",
+            get(|| async { Redirect::to("/dashboard/deliveries") }),
+        )
+        .route("/dashboard/assets/style.css", get(style))
+        .route("/dashboard/login", get(login_form).post(login))
+        .route("/dashboard/logout", post(logout))
+        .route("/dashboard/deliveries", get(pages::deliveries))
+        .route("/dashboard/deliveries/{id}", get(pages::delivery))
+        .route(
+            "/dashboard/deliveries/{id}/retry",
+            post(pages::retry_delivery),
+        )
+        .route("/dashboard/failed", get(pages::failed))
+        .route("/dashboard/failed/retry", post(pages::retry_failed))
+        .route(
+            "/dashboard/replays",
+            get(pages::replays).post(pages::start_replay),
+        )
+        .route("/dashboard/replays/{id}", get(pages::replay))
+        .route("/dashboard/endpoints", get(pages::endpoints))
+        .route(
+            "/dashboard/endpoints/{id}/{action}",
+            post(pages::endpoint_action),
+        )
+        .route("/dashboard/relay", get(pages::relay))
+        .layer(middleware::from_fn(harden))
+}
+
+/// Headers on every dashboard response: no scripts, no framing, no caching, no referrer.
+async fn harden(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+async fn style() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], CSS)
+}
+
+/// A signed-in dashboard user: the project, and the session's CSRF token for its forms.
+pub struct Session {
+    pub project: Project,
+    pub csrf: String,
+}
+
+fn session_token(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(Cookie::split_parse)
+        .filter_map(Result::ok)
+        .find(|c| c.name() == COOKIE)
+        .map(|c| c.value().to_owned())
+}
+
+impl FromRequestParts<AppState> for Session {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let to_login = || Redirect::to("/dashboard/login").into_response();
+        let token = session_token(&parts.headers).ok_or_else(to_login)?;
+        let row = sqlx::query!(
+            r#"SELECT s.csrf_token, p.id AS project_id, p.organization_id, o.monthly_quota
+               FROM dashboard_sessions s
+               JOIN api_keys k ON k.id = s.api_key_id AND k.revoked_at IS NULL
+               JOIN projects p ON p.id = s.project_id
+               JOIN organizations o ON o.id = p.organization_id
+               WHERE s.token_hash = $1 AND s.expires_at > now()"#,
+            &hash_api_key(&token)
+        )
+        .fetch_optional(&state.pool)
+        .await
+        .map_err(|e| PageError(e.into()).into_response())?
+        .ok_or_else(to_login)?;
+        Ok(Session {
+            project: Project {
+                id: ProjectId::from_trusted(row.project_id),
+                organization_id: OrganizationId::from_trusted(row.organization_id),
+                monthly_quota: row.monthly_quota,
+            },
+            csrf: row.csrf_token,
+        })
+    }
+}
+
+impl Session {
+    /// Refuses a form whose CSRF token is not this session's.
+    pub fn check(&self, given: &str) -> Result<(), PageError> {
+        let same: bool = self.csrf.as_bytes().ct_eq(given.as_bytes()).into();
+        if same {
+            Ok(())
+        } else {
+            Err(PageError(ApiError::validation(
+                "csrf",
+                "the form is stale or was not sent by this dashboard; reload the page",
+            )))
+        }
+    }
+}
+
+/// An error shown as an HTML page with the same status and wording as the API's problem.
+pub struct PageError(pub ApiError);
+
+impl From<ApiError> for PageError {
+    fn from(e: ApiError) -> Self {
+        PageError(e)
+    }
+}
+
+impl From<sqlx::Error> for PageError {
+    fn from(e: sqlx::Error) -> Self {
+        PageError(e.into())
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        // The API's mapping decides the status (and logs an internal cause by kind only).
+        let status = self.0.status_and_code().0;
+        if let ApiError::Internal(_) = &self.0 {
+            let _ = self.0.into_response();
+            return (
+                status,
+                Html(bare(
+                    "Error",
+                    html! { p { "Something went wrong on our side." } },
+                )),
+            )
+                .into_response();
+        }
+        let message = self.0.to_string();
+        (
+            status,
+            Html(bare(
+                "Error",
+                html! { p.error { (message) } a href="/dashboard/" { "Back to the dashboard" } },
+            )),
+        )
+            .into_response()
+    }
+}
+
+pub type PageResult = Result<Response, PageError>;
+
+fn bare(title: &str, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · Railhook" }
+                link rel="stylesheet" href="/dashboard/assets/style.css";
+            }
+            body { main.narrow { h1 { "Railhook" } (body) } }
+        }
+    }
+    .into_string()
+}
+
+/// The page frame: navigation, the sign-out form, and the content.
+pub fn layout(session: &Session, active: &str, title: &str, body: Markup) -> Response {
+    layout_with(session, active, title, None, body)
+}
+
+/// As [`layout`], refreshing itself every `refresh` seconds (a Replay in progress).
+pub fn layout_with(
+    session: &Session,
+    active: &str,
+    title: &str,
+    refresh: Option<u32>,
+    body: Markup,
+) -> Response {
+    let nav = [
+        ("deliveries", "/dashboard/deliveries", "Deliveries"),
+        ("failed", "/dashboard/failed", "Failed messages"),
+        ("replays", "/dashboard/replays", "Time Machine"),
+        ("endpoints", "/dashboard/endpoints", "Endpoints"),
+        ("relay", "/dashboard/relay", "Relay"),
+    ];
+    let page = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some(secs) = refresh { meta http-equiv="refresh" content=(secs); }
+                title { (title) " · Railhook" }
+                link rel="stylesheet" href="/dashboard/assets/style.css";
+            }
+            body {
+                header {
+                    span.brand { "Railhook" }
+                    nav {
+                        @for (key, href, label) in nav {
+                            a href=(href) class=[(key == active).then_some("active")] { (label) }
+                        }
+                    }
+                    span.project { "project " code { (session.project.id.as_str()) } }
+                    form method="post" action="/dashboard/logout" {
+                        input type="hidden" name="csrf" value=(session.csrf);
+                        button type="submit" { "Sign out" }
+                    }
+                }
+                main { h1 { (title) } (body) }
+            }
+        }
+    };
+    Html(page.into_string()).into_response()
+}
+
+#[derive(Deserialize)]
+pub struct CsrfForm {
+    pub csrf: String,
+}
+
+async fn login_form() -> Html<String> {
+    Html(login_page(None))
+}
+
+fn login_page(error: Option<&str>) -> String {
+    bare(
+        "Sign in",
+        html! {
+            @if let Some(e) = error { p.error { (e) } }
+            form.card method="post" action="/dashboard/login" {
+                label for="api_key" { "Project API key" }
+                input id="api_key" type="password" name="api_key" autocomplete="off" required;
+                button type="submit" { "Sign in" }
+            }
+            p.muted { "The key is checked once; the browser then keeps only a session cookie." }
+        },
+    )
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    api_key: String,
+}
+
+async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -> PageResult {
+    let key = sqlx::query!(
+        "SELECT id, project_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+        &hash_api_key(form.api_key.trim())
+    )
+    .fetch_optional(&state.pool)
+    .await?;
+    let Some(key) = key else {
+        return Ok((
+            StatusCode::UNAUTHORIZED,
+            Html(login_page(Some("That key is not valid (or was revoked)."))),
+        )
+            .into_response());
+    };
+    let token = random_token();
+    let csrf = random_token();
+    let ttl = state.dashboard.session_ttl;
+    sqlx::query!(
+        "INSERT INTO dashboard_sessions (token_hash, api_key_id, project_id, csrf_token, expires_at)
+         VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))",
+        &hash_api_key(&token),
+        key.id,
+        key.project_id,
+        csrf,
+        ttl.as_secs_f64()
+    )
+    .execute(&state.pool)
+    .await?;
+    // Old sessions go whenever someone signs in; nothing else needs them.
+    sqlx::query!("DELETE FROM dashboard_sessions WHERE expires_at < now()")
+        .execute(&state.pool)
+        .await?;
+    let cookie = Cookie::build((COOKIE, token))
+        .path("/dashboard")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(state.dashboard.cookie_secure)
+        .max_age(cookie::time::Duration::seconds(
+            i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+        ))
+        .build();
+    Ok(with_cookie(Redirect::to("/dashboard/deliveries"), &cookie))
+}
+
+async fn logout(
+    State(state): State<AppState>,
+    session: Session,
+    headers: axum::http::HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> PageResult {
+    session.check(&form.csrf)?;
+    if let Some(token) = session_token(&headers) {
+        sqlx::query!(
+            "DELETE FROM dashboard_sessions WHERE token_hash = $1",
+            &hash_api_key(&token)
+        )
+        .execute(&state.pool)
+        .await?;
+    }
+    let cookie = Cookie::build((COOKIE, ""))
+        .path("/dashboard")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .max_age(cookie::time::Duration::ZERO)
+        .build();
+    Ok(with_cookie(Redirect::to("/dashboard/login"), &cookie))
+}
+
+fn with_cookie(response: impl IntoResponse, cookie: &Cookie<'_>) -> Response {
+    let mut response = response.into_response();
+    if let Ok(v) = HeaderValue::from_str(&cookie.to_string()) {
+        response.headers_mut().append(header::SET_COOKIE, v);
+    }
+    response
+}
+
+fn random_token() -> String {
+    URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
+}

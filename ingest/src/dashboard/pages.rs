@@ -1,0 +1,746 @@
+//! The dashboard's pages. Each reads through the same scoped queries as the API (or the
+//! API's own functions), so what a page shows is what the key could fetch itself.
+
+use axum::extract::{Form, Path, Query, State};
+use axum::response::{IntoResponse, Redirect};
+use chrono::{DateTime, NaiveDateTime, Utc};
+use maud::{Markup, html};
+use railhook_common::event_type::EventType;
+use railhook_common::ids::EndpointId;
+use serde::Deserialize;
+use sqlx::FromRow;
+
+use super::{CsrfForm, PageError, PageResult, Session, layout, layout_with};
+use crate::pagination::PageRequest;
+use crate::problem::ApiError;
+use crate::routes::failed::{FailedFilter, list_failed, retry_matching};
+use crate::routes::replays::{self, NewReplay, Started};
+use crate::routes::{deliveries, endpoints};
+use crate::state::AppState;
+
+const PAGE: i64 = 50;
+const STATUSES: [&str; 4] = ["PENDING", "PROCESSING", "SUCCEEDED", "FAILED"];
+
+/// A form field: an empty input is no filter.
+fn given(v: &Option<String>) -> Option<&str> {
+    v.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// A time from a form: RFC 3339, or a `datetime-local` value read as UTC.
+fn parse_time(field: &'static str, v: &Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    let Some(raw) = given(v) else {
+        return Ok(None);
+    };
+    if let Ok(t) = DateTime::parse_from_rfc3339(raw) {
+        return Ok(Some(t.with_timezone(&Utc)));
+    }
+    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]
+        .iter()
+        .find_map(|f| NaiveDateTime::parse_from_str(raw, f).ok())
+        .map(|t| Some(t.and_utc()))
+        .ok_or_else(|| {
+            ApiError::validation(
+                field,
+                format!("{field} must be a time like 2026-12-03T07:00"),
+            )
+        })
+}
+
+fn parse_endpoint(v: &Option<String>) -> Result<Option<String>, ApiError> {
+    given(v)
+        .map(|raw| {
+            EndpointId::parse(raw)
+                .map(EndpointId::into_string)
+                .map_err(|_| ApiError::validation("endpoint_id", "not an endpoint id"))
+        })
+        .transpose()
+}
+
+fn parse_type(v: &Option<String>) -> Result<Option<String>, ApiError> {
+    given(v)
+        .map(|raw| {
+            EventType::parse(raw)
+                .map(|t| t.as_str().to_owned())
+                .map_err(|e| ApiError::validation("event_type", format!("'{raw}': {e}")))
+        })
+        .transpose()
+}
+
+fn parse_code(v: &Option<String>) -> Result<Option<i32>, ApiError> {
+    given(v)
+        .map(|raw| {
+            raw.parse::<i32>()
+                .ok()
+                .filter(|c| (100..=599).contains(c))
+                .ok_or_else(|| ApiError::validation("status_code", "a status code, 100-599"))
+        })
+        .transpose()
+}
+
+fn when(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+fn when_opt(t: Option<DateTime<Utc>>) -> String {
+    t.map_or_else(|| "—".to_owned(), when)
+}
+
+/// `field=value&…` of the non-empty pairs, for links that keep the filters.
+fn query_string(pairs: &[(&str, Option<&str>)]) -> String {
+    let mut s = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        if let Some(v) = v {
+            s.append_pair(k, v);
+        }
+    }
+    s.finish()
+}
+
+/// The project's live endpoints, for the filters' drop-downs.
+async fn endpoint_choices(
+    state: &AppState,
+    session: &Session,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, url FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL ORDER BY id",
+    )
+    .bind(session.project.id.as_str())
+    .fetch_all(&state.pool)
+    .await
+}
+
+fn endpoint_select(choices: &[(String, String)], selected: Option<&str>) -> Markup {
+    html! {
+        label { "Endpoint"
+            select name="endpoint_id" {
+                option value="" { "any" }
+                @for (id, url) in choices {
+                    option value=(id) selected[selected == Some(id.as_str())] { (url) " (" (id) ")" }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Deliveries
+
+#[derive(Deserialize, Default)]
+pub struct DeliveryQuery {
+    status: Option<String>,
+    endpoint_id: Option<String>,
+    event_type: Option<String>,
+    status_code: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    cursor: Option<String>,
+}
+
+#[derive(FromRow)]
+struct DeliveryRow {
+    id: String,
+    event_id: String,
+    event_type: String,
+    endpoint_id: String,
+    status: String,
+    attempt_count: i32,
+    last_status_code: Option<i32>,
+    origin: String,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+pub async fn deliveries(
+    State(state): State<AppState>,
+    session: Session,
+    Query(q): Query<DeliveryQuery>,
+) -> PageResult {
+    let status = given(&q.status).map(str::to_owned);
+    if let Some(s) = &status
+        && !STATUSES.contains(&s.as_str())
+    {
+        return Err(ApiError::validation("status", "unknown status").into());
+    }
+    let endpoint_id = parse_endpoint(&q.endpoint_id)?;
+    let event_type = parse_type(&q.event_type)?;
+    let status_code = parse_code(&q.status_code)?;
+    let since = parse_time("since", &q.since)?;
+    let until = parse_time("until", &q.until)?;
+    let page = PageRequest::parse(Some(PAGE), given(&q.cursor))?;
+    let rows: Vec<DeliveryRow> = sqlx::query_as(
+        "SELECT d.id, d.event_id, v.event_type, d.endpoint_id, d.status, d.attempt_count,
+                d.last_status_code, d.origin, d.created_at, d.updated_at
+         FROM deliveries d JOIN events v ON v.id = d.event_id
+         WHERE d.project_id = $1
+           AND ($2::text IS NULL OR d.status = $2)
+           AND ($3::text IS NULL OR d.endpoint_id = $3)
+           AND ($4::text IS NULL OR v.event_type = $4)
+           AND ($5::int IS NULL OR d.last_status_code = $5)
+           AND ($6::timestamptz IS NULL OR d.created_at >= $6)
+           AND ($7::timestamptz IS NULL OR d.created_at < $7)
+           AND ($8::text IS NULL OR d.id < $8)
+         ORDER BY d.id DESC LIMIT $9",
+    )
+    .bind(session.project.id.as_str())
+    .bind(&status)
+    .bind(&endpoint_id)
+    .bind(&event_type)
+    .bind(status_code)
+    .bind(since)
+    .bind(until)
+    .bind(&page.after)
+    .bind(page.fetch())
+    .fetch_all(&state.pool)
+    .await?;
+    let listing = page.finish(rows, |r: &DeliveryRow| &r.id);
+    let choices = endpoint_choices(&state, &session).await?;
+    let next = listing.next_cursor.as_deref().map(|c| {
+        query_string(&[
+            ("status", status.as_deref()),
+            ("endpoint_id", endpoint_id.as_deref()),
+            ("event_type", event_type.as_deref()),
+            ("status_code", given(&q.status_code)),
+            ("since", given(&q.since)),
+            ("until", given(&q.until)),
+            ("cursor", Some(c)),
+        ])
+    });
+    let body = html! {
+        form.filters method="get" action="/dashboard/deliveries" {
+            label { "Status"
+                select name="status" {
+                    option value="" { "any" }
+                    @for s in STATUSES { option value=(s) selected[status.as_deref() == Some(s)] { (s) } }
+                }
+            }
+            (endpoint_select(&choices, endpoint_id.as_deref()))
+            label { "Event type" input name="event_type" value=[given(&q.event_type)] placeholder="order.paid"; }
+            label { "Last status code" input name="status_code" size="5" value=[given(&q.status_code)]; }
+            label { "Created since (UTC)" input type="datetime-local" name="since" value=[given(&q.since)]; }
+            label { "Created before (UTC)" input type="datetime-local" name="until" value=[given(&q.until)]; }
+            button type="submit" { "Search" }
+        }
+        table #deliveries {
+            thead { tr { th { "Delivery" } th { "Event" } th { "Endpoint" } th { "Status" } th { "Attempts" } th { "Last code" } th { "Created" } th { "Updated" } } }
+            tbody {
+                @for d in &listing.data {
+                    tr {
+                        td { a href={ "/dashboard/deliveries/" (d.id) } { code { (d.id) } } @if d.origin == "replay" { " " span.muted { "replay" } } }
+                        td { (d.event_type) br; code.muted { (d.event_id) } }
+                        td { code { (d.endpoint_id) } }
+                        td.status class=(d.status) { (d.status) }
+                        td { (d.attempt_count) }
+                        td { (d.last_status_code.map_or_else(|| "—".to_owned(), |c| c.to_string())) }
+                        td { (when(d.created_at)) }
+                        td { (when(d.updated_at)) }
+                    }
+                }
+                @if listing.data.is_empty() { tr { td colspan="8" .muted { "No deliveries match." } } }
+            }
+        }
+        @if let Some(next) = next { p.pager { a href={ "/dashboard/deliveries?" (next) } { "Older →" } } }
+    };
+    Ok(layout(&session, "deliveries", "Deliveries", body))
+}
+
+pub async fn delivery(
+    State(state): State<AppState>,
+    session: Session,
+    Path(id): Path<String>,
+) -> PageResult {
+    let d = deliveries::find(&state, &session.project, &id).await?;
+    let attempts = deliveries::attempts_of(&state, &d.id).await?;
+    let (event_type, payload, url, header_names, direction): (String, String, String, Vec<String>, String) =
+        sqlx::query_as(
+            "SELECT v.event_type, left(v.payload::text, 4000), e.url,
+                    ARRAY(SELECT jsonb_object_keys(e.headers) ORDER BY 1), x.direction
+             FROM deliveries x JOIN events v ON v.id = x.event_id JOIN endpoints e ON e.id = x.endpoint_id
+             WHERE x.id = $1 AND x.project_id = $2",
+        )
+        .bind(&d.id)
+        .bind(session.project.id.as_str())
+        .fetch_one(&state.pool)
+        .await?;
+    let body = html! {
+        table {
+            tr { th { "Delivery (webhook-id)" } td { code { (d.id) } } }
+            tr { th { "Event (X-Event-Id)" } td { code { (d.event_id) } " · " (event_type) } }
+            tr { th { "Endpoint" } td { code { (d.endpoint_id) } " · " (url) } }
+            tr { th { "Status" } td.status class=(d.status) { (d.status) } }
+            tr { th { "Attempts" } td { (d.attempt_count) " (deferred " (d.deferral_count) " times)" } }
+            tr { th { "Next retry" } td { (when_opt(d.next_retry_at)) } }
+            @if let Some(r) = &d.failure_reason { tr { th { "Failure" } td.error { (r) } } }
+        }
+        @if d.status == "FAILED" {
+            form.inline method="post" action={ "/dashboard/deliveries/" (d.id) "/retry" } {
+                input type="hidden" name="csrf" value=(session.csrf);
+                p { button #retry type="submit" { "Retry this delivery" } }
+            }
+        }
+        h2 { "Request headers sent" }
+        p.muted { "Rebuilt from the Delivery: the signature and custom header values are not shown." }
+        pre {
+            "content-type: application/json\n"
+            "webhook-id: " (d.id) "\n"
+            "webhook-timestamp: <the Attempt's start, in Unix seconds>\n"
+            "webhook-signature: v1,<redacted>\n"
+            @if direction == "outgoing" {
+                "x-event-id: " (d.event_id) "\n"
+                "x-event-type: " (event_type) "\n"
+            }
+            @if let Some(n) = d.sequence_number { "x-sequence-number: " (n) "\n" }
+            @for name in &header_names { (name) ": <custom value>\n" }
+        }
+        h2 { "Attempts" }
+        table #attempts {
+            thead { tr { th { "#" } th { "Started" } th { "Duration" } th { "Status" } th { "Outcome" } th { "Error" } th { "Response (excerpt)" } } }
+            tbody {
+                @for a in &attempts {
+                    tr {
+                        td { (a.attempt_number) }
+                        td { (when(a.started_at)) }
+                        td { (a.duration_ms) " ms" }
+                        td { (a.status_code.map_or_else(|| "—".to_owned(), |c| c.to_string())) }
+                        td { (a.outcome) }
+                        td { (a.error_class.as_deref().unwrap_or("—")) }
+                        td { @if let Some(x) = &a.response_excerpt { pre { (x) } } @else { "—" } }
+                    }
+                }
+                @if attempts.is_empty() { tr { td colspan="7" .muted { "No Attempt yet." } } }
+            }
+        }
+        h2 { "Payload" }
+        pre { (payload) }
+    };
+    Ok(layout(&session, "deliveries", "Delivery", body))
+}
+
+pub async fn retry_delivery(
+    State(state): State<AppState>,
+    session: Session,
+    Path(id): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> PageResult {
+    session.check(&form.csrf)?;
+    let d = deliveries::retry_one(&state, &session.project, &id).await?;
+    Ok(Redirect::to(&format!("/dashboard/deliveries/{}", d.id)).into_response())
+}
+
+// ---------------------------------------------------------------------------------------
+// Failed messages
+
+#[derive(Deserialize, Default)]
+pub struct FailedQuery {
+    endpoint_id: Option<String>,
+    event_type: Option<String>,
+    status_code: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    cursor: Option<String>,
+    retried: Option<i64>,
+}
+
+impl FailedQuery {
+    fn filter(&self) -> Result<FailedFilter, ApiError> {
+        let f = FailedFilter {
+            endpoint_id: parse_endpoint(&self.endpoint_id)?,
+            event_type: parse_type(&self.event_type)?,
+            status_code: parse_code(&self.status_code)?,
+            since: parse_time("since", &self.since)?,
+            until: parse_time("until", &self.until)?,
+        };
+        f.validate()?;
+        Ok(f)
+    }
+
+    fn pairs(&self) -> Vec<(&'static str, Option<&str>)> {
+        vec![
+            ("endpoint_id", given(&self.endpoint_id)),
+            ("event_type", given(&self.event_type)),
+            ("status_code", given(&self.status_code)),
+            ("since", given(&self.since)),
+            ("until", given(&self.until)),
+        ]
+    }
+}
+
+pub async fn failed(
+    State(state): State<AppState>,
+    session: Session,
+    Query(q): Query<FailedQuery>,
+) -> PageResult {
+    let filter = q.filter()?;
+    let page = PageRequest::parse(Some(PAGE), given(&q.cursor))?;
+    let rows = list_failed(&state, &session.project, &filter, &page).await?;
+    let listing = page.finish(rows, |m| &m.id);
+    let choices = endpoint_choices(&state, &session).await?;
+    let next = listing.next_cursor.as_deref().map(|c| {
+        let mut pairs = q.pairs();
+        pairs.push(("cursor", Some(c)));
+        query_string(&pairs)
+    });
+    let body = html! {
+        @if let Some(n) = q.retried { p.notice #notice { "Sent " (n) " failed message(s) again." } }
+        form.filters method="get" action="/dashboard/failed" {
+            (endpoint_select(&choices, filter.endpoint_id.as_deref()))
+            label { "Event type" input name="event_type" value=[given(&q.event_type)]; }
+            label { "Last status code" input name="status_code" size="5" value=[given(&q.status_code)]; }
+            label { "Failed since (UTC)" input type="datetime-local" name="since" value=[given(&q.since)]; }
+            label { "Failed before (UTC)" input type="datetime-local" name="until" value=[given(&q.until)]; }
+            button type="submit" { "Filter" }
+        }
+        @if !listing.data.is_empty() {
+            form.inline method="post" action="/dashboard/failed/retry" {
+                input type="hidden" name="csrf" value=(session.csrf);
+                @for (k, v) in q.pairs() { @if let Some(v) = v { input type="hidden" name=(k) value=(v); } }
+                p { button #retry-all.secondary type="submit" { "Retry every message matching this filter" } }
+            }
+        }
+        table #failed {
+            thead { tr { th { "Delivery" } th { "Event type" } th { "Endpoint" } th { "Attempts" } th { "Last code" } th { "Reason" } th { "Failed at" } th {} } }
+            tbody {
+                @for m in &listing.data {
+                    tr {
+                        td { a href={ "/dashboard/deliveries/" (m.id) } { code { (m.id) } } }
+                        td { (m.event_type) }
+                        td { (m.endpoint_url) }
+                        td { (m.attempt_count) }
+                        td { (m.last_status_code.map_or_else(|| "—".to_owned(), |c| c.to_string())) }
+                        td { (m.failure_reason.as_deref().unwrap_or("—")) }
+                        td { (when(m.failed_at)) }
+                        td {
+                            form.inline method="post" action={ "/dashboard/deliveries/" (m.id) "/retry" } {
+                                input type="hidden" name="csrf" value=(session.csrf);
+                                button.retry type="submit" { "Retry" }
+                            }
+                        }
+                    }
+                }
+                @if listing.data.is_empty() { tr { td colspan="8" .muted { "No failed messages match." } } }
+            }
+        }
+        @if let Some(next) = next { p.pager { a href={ "/dashboard/failed?" (next) } { "Older →" } } }
+    };
+    Ok(layout(&session, "failed", "Failed messages", body))
+}
+
+#[derive(Deserialize)]
+pub struct FailedRetryForm {
+    csrf: String,
+    #[serde(flatten)]
+    filter: FailedQuery,
+}
+
+pub async fn retry_failed(
+    State(state): State<AppState>,
+    session: Session,
+    Form(form): Form<FailedRetryForm>,
+) -> PageResult {
+    session.check(&form.csrf)?;
+    let filter = form.filter.filter()?;
+    let n = retry_matching(&state, &session.project, &filter).await?;
+    let mut pairs = form.filter.pairs();
+    let n = n.to_string();
+    pairs.push(("retried", Some(&n)));
+    Ok(Redirect::to(&format!("/dashboard/failed?{}", query_string(&pairs))).into_response())
+}
+
+// ---------------------------------------------------------------------------------------
+// Time Machine
+
+#[derive(Deserialize, Default)]
+pub struct ReplayForm {
+    csrf: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    event_types: Option<String>,
+    endpoint_id: Option<String>,
+}
+
+impl ReplayForm {
+    fn request(&self, dry_run: bool) -> Result<NewReplay, ApiError> {
+        let types: Vec<String> = given(&self.event_types)
+            .map(|t| {
+                t.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(NewReplay {
+            event_ids: None,
+            from: Some(
+                parse_time("from", &self.from)?
+                    .ok_or_else(|| ApiError::validation("from", "from is required"))?,
+            ),
+            to: Some(
+                parse_time("to", &self.to)?
+                    .ok_or_else(|| ApiError::validation("to", "to is required"))?,
+            ),
+            event_types: (!types.is_empty()).then_some(types),
+            endpoint_id: given(&self.endpoint_id).map(str::to_owned),
+            dry_run,
+        })
+    }
+}
+
+fn progress(r: &replays::Replay) -> Markup {
+    html! {
+        progress value=(r.events_done) max=(r.events_total.max(1)) {}
+        " " (r.events_done) " / " (r.events_total) " events · " (r.deliveries_created) " deliveries"
+    }
+}
+
+pub async fn replays(
+    State(state): State<AppState>,
+    session: Session,
+    Query(q): Query<ReplayForm>,
+) -> PageResult {
+    // The preview button submits this form with GET; a first visit has no range yet.
+    let preview = if given(&q.from).is_some() || given(&q.to).is_some() {
+        match replays::start(&state, &session.project, q.request(true)?).await? {
+            Started::Preview(p) => Some(p.events_total),
+            Started::Replay(_) => None,
+        }
+    } else {
+        None
+    };
+    let choices = endpoint_choices(&state, &session).await?;
+    let recent = replays::recent(&state, &session.project, 20).await?;
+    let body = html! {
+        p.muted { "Replaying builds new Deliveries from stored Events: each gets a new webhook-id (so receivers process it again) and keeps its X-Event-Id. Times are UTC." }
+        form.filters method="post" action="/dashboard/replays" {
+            input type="hidden" name="csrf" value=(session.csrf);
+            label { "From" input #from type="datetime-local" step="1" name="from" value=[given(&q.from)] required; }
+            label { "To" input #to type="datetime-local" step="1" name="to" value=[given(&q.to)] required; }
+            label { "Event types (comma-separated, exact)" input name="event_types" value=[given(&q.event_types)]; }
+            (endpoint_select(&choices, given(&q.endpoint_id)))
+            button #preview.secondary type="submit" formmethod="get" formaction="/dashboard/replays" { "Preview count" }
+            button #replay type="submit" { "Replay" }
+        }
+        @if let Some(n) = preview { p.notice #preview-count { (n) " events in this range would be replayed." } }
+        h2 { "Recent replays" }
+        table #replays {
+            thead { tr { th { "Replay" } th { "Status" } th { "Progress" } th { "Created" } } }
+            tbody {
+                @for r in &recent {
+                    tr {
+                        td { a href={ "/dashboard/replays/" (r.id) } { code { (r.id) } } }
+                        td.status class=(r.status) { (r.status) }
+                        td { (progress(r)) }
+                        td { (when(r.created_at)) }
+                    }
+                }
+                @if recent.is_empty() { tr { td colspan="4" .muted { "No replays yet." } } }
+            }
+        }
+    };
+    Ok(layout(&session, "replays", "Time Machine", body))
+}
+
+pub async fn start_replay(
+    State(state): State<AppState>,
+    session: Session,
+    Form(form): Form<ReplayForm>,
+) -> PageResult {
+    session.check(form.csrf.as_deref().unwrap_or(""))?;
+    match replays::start(&state, &session.project, form.request(false)?).await? {
+        Started::Replay(r) => {
+            Ok(Redirect::to(&format!("/dashboard/replays/{}", r.id)).into_response())
+        }
+        Started::Preview(_) => Err(PageError(ApiError::InvalidState("nothing was started"))),
+    }
+}
+
+pub async fn replay(
+    State(state): State<AppState>,
+    session: Session,
+    Path(id): Path<String>,
+) -> PageResult {
+    let r = replays::find(&state, &session.project, &id).await?;
+    let running = r.status == "RUNNING";
+    let body = html! {
+        p { "Status: " span #replay-status.status class=(r.status) { (r.status) } }
+        p #replay-progress { (progress(&r)) }
+        table {
+            @if let (Some(from), Some(to)) = (r.from, r.to) { tr { th { "Range" } td { (when(from)) " → " (when(to)) } } }
+            @if let Some(ids) = &r.event_ids { tr { th { "Events" } td { (ids.len()) " named" } } }
+            @if let Some(t) = &r.event_types { tr { th { "Event types" } td { (t.join(", ")) } } }
+            @if let Some(ep) = &r.endpoint_id { tr { th { "Endpoint" } td { code { (ep) } } } }
+            tr { th { "Created" } td { (when(r.created_at)) } }
+            tr { th { "Finished" } td { (when_opt(r.finished_at)) } }
+        }
+        @if running { p.muted { "This page refreshes every second while the replay runs." } }
+        p { a href="/dashboard/deliveries" { "See the deliveries →" } }
+    };
+    Ok(layout_with(
+        &session,
+        "replays",
+        "Replay",
+        running.then_some(1),
+        body,
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// Endpoints
+
+#[derive(FromRow)]
+struct EndpointRow {
+    id: String,
+    url: String,
+    enabled: bool,
+    disabled_reason: Option<String>,
+    breaker_state: String,
+    consecutive_failures: i32,
+    failing_since: Option<DateTime<Utc>>,
+    source_id: Option<String>,
+}
+
+pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageResult {
+    let rows: Vec<EndpointRow> = sqlx::query_as(
+        "SELECT id, url, enabled, disabled_reason, breaker_state, consecutive_failures,
+                failing_since, source_id
+         FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL ORDER BY id",
+    )
+    .bind(session.project.id.as_str())
+    .fetch_all(&state.pool)
+    .await?;
+    let now = Utc::now();
+    let body = html! {
+        table #endpoints {
+            thead { tr { th { "Endpoint" } th { "State" } th { "Breaker" } th { "Failure streak" } th { "Action" } } }
+            tbody {
+                @for e in &rows {
+                    @let (health, disable_at) = endpoints::streak_state(e.enabled, e.failing_since, &state.streak, now);
+                    tr {
+                        td { (e.url) br; code.muted { (e.id) } @if e.source_id.is_some() { " " span.muted { "destination" } } }
+                        td {
+                            span.status class=(health) { (health) }
+                            @if let Some(r) = &e.disabled_reason { br; span.muted { (r) } }
+                            @if health == "warning" { @if let Some(at) = disable_at { br; span.warning { "will be disabled at " (when(at)) " unless an Attempt succeeds" } } }
+                        }
+                        td.status class=(e.breaker_state) { (e.breaker_state) }
+                        td { @if e.consecutive_failures > 0 { (e.consecutive_failures) " failed since " (when_opt(e.failing_since)) } @else { "—" } }
+                        td {
+                            @if e.enabled {
+                                form.inline method="post" action={ "/dashboard/endpoints/" (e.id) "/disable" } {
+                                    input type="hidden" name="csrf" value=(session.csrf);
+                                    input name="reason" placeholder="reason (optional)";
+                                    button.secondary type="submit" { "Disable" }
+                                }
+                            } @else {
+                                form.inline method="post" action={ "/dashboard/endpoints/" (e.id) "/enable" } {
+                                    input type="hidden" name="csrf" value=(session.csrf);
+                                    button type="submit" { "Enable" }
+                                }
+                            }
+                        }
+                    }
+                }
+                @if rows.is_empty() { tr { td colspan="5" .muted { "No endpoints yet." } } }
+            }
+        }
+    };
+    Ok(layout(&session, "endpoints", "Endpoints", body))
+}
+
+#[derive(Deserialize)]
+pub struct EndpointForm {
+    csrf: String,
+    reason: Option<String>,
+}
+
+pub async fn endpoint_action(
+    State(state): State<AppState>,
+    session: Session,
+    Path((id, action)): Path<(String, String)>,
+    Form(form): Form<EndpointForm>,
+) -> PageResult {
+    session.check(&form.csrf)?;
+    let id = EndpointId::parse(&id).map_err(|_| ApiError::NotFound("endpoint"))?;
+    let _updated = match action.as_str() {
+        "enable" => endpoints::set_enabled(&state, &session.project, &id, true, None).await?,
+        "disable" => {
+            let reason = given(&form.reason).map_or_else(
+                || "disabled by a person".to_owned(),
+                |r| {
+                    format!(
+                        "disabled by a person: {}",
+                        r.chars().take(500).collect::<String>()
+                    )
+                },
+            );
+            endpoints::set_enabled(&state, &session.project, &id, false, Some(reason)).await?
+        }
+        _ => return Err(ApiError::NotFound("route").into()),
+    };
+    Ok(Redirect::to("/dashboard/endpoints").into_response())
+}
+
+// ---------------------------------------------------------------------------------------
+// Relay
+
+#[derive(FromRow, Default)]
+struct SlotRow {
+    active: bool,
+    active_pid: Option<i32>,
+    wal_status: Option<String>,
+    confirmed_flush_lsn: Option<String>,
+    lag_bytes: Option<i64>,
+    safe_wal_size: Option<i64>,
+    client_addr: Option<String>,
+    heartbeat_age: Option<f64>,
+    status_age: Option<f64>,
+}
+
+fn bytes(n: i64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30)),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20)),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
+
+pub async fn relay(State(state): State<AppState>, session: Session) -> PageResult {
+    // Operational state of the shared Slot: no project's data is in it.
+    let slot: Option<SlotRow> = sqlx::query_as(
+        "SELECT s.active, s.active_pid, s.wal_status, s.confirmed_flush_lsn::text AS confirmed_flush_lsn,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
+                s.safe_wal_size,
+                (SELECT host(r.client_addr) FROM pg_stat_replication r WHERE r.pid = s.active_pid) AS client_addr,
+                (SELECT extract(epoch FROM now() - st.last_heartbeat_seen_at)::float8
+                 FROM relay_status st WHERE st.slot = s.slot_name) AS heartbeat_age,
+                (SELECT extract(epoch FROM now() - st.updated_at)::float8
+                 FROM relay_status st WHERE st.slot = s.slot_name) AS status_age
+         FROM pg_replication_slots s WHERE s.slot_name = $1",
+    )
+    .bind(&state.slot)
+    .fetch_optional(&state.pool)
+    .await?;
+    let body = html! {
+        @match &slot {
+            None => p.error #slot-missing { "The Slot " code { (state.slot) } " does not exist. Run " code { "railhook slot create" } " (see docs/OPERATIONS.md)." },
+            Some(s) => {
+                div.grid #relay {
+                    div.tile { div.muted { "Slot" } div.v { code { (state.slot) } } }
+                    div.tile { div.muted { "Relay" } div.v.status class=(if s.active { "healthy" } else { "disabled" }) {
+                        @if s.active { "active" } @else { "no relay holds the slot" } }
+                        @if let Some(pid) = s.active_pid { div.muted { "walsender pid " (pid) @if let Some(a) = &s.client_addr { " · from " (a) } } }
+                    }
+                    div.tile { div.muted { "Lag (bytes)" } div.v #lag-bytes { (s.lag_bytes.map_or_else(|| "—".to_owned(), bytes)) } }
+                    div.tile { div.muted { "Lag (seconds, from heartbeats)" } div.v #lag-seconds {
+                        (s.heartbeat_age.map_or_else(|| "—".to_owned(), |a| format!("≤ {a:.1} s"))) } }
+                    div.tile { div.muted { "wal_status" } div.v.status class=[s.wal_status.as_deref()] { (s.wal_status.as_deref().unwrap_or("—")) } }
+                    div.tile { div.muted { "Confirmed LSN" } div.v { code { (s.confirmed_flush_lsn.as_deref().unwrap_or("—")) } } }
+                    div.tile { div.muted { "WAL left before invalidation" } div.v { (s.safe_wal_size.map_or_else(|| "unlimited".to_owned(), bytes)) } }
+                    div.tile { div.muted { "Relay status written" } div.v { (s.status_age.map_or_else(|| "never".to_owned(), |a| format!("{a:.0} s ago"))) } }
+                }
+                p.muted { "A standby relay holds no connection while it waits, so Postgres cannot list it; "
+                    code { "railhook_relay_active" } " in Prometheus shows every relay as active (1) or standby (0)." }
+            }
+        }
+    };
+    Ok(layout(&session, "relay", "Relay", body))
+}
