@@ -28,6 +28,8 @@ export RAILHOOK_HTTP_ADDR="127.0.0.1:$port"
 export RAILHOOK_METRICS_ADDR="127.0.0.1:$(free_port)"
 # The demo receiver is on loopback, which the SSRF guard refuses unless allowed.
 export RAILHOOK_ALLOW_PRIVATE_TARGETS="127.0.0.0/8"
+# The demo serves plain HTTP on loopback, so the dashboard's cookie cannot be Secure here.
+export RAILHOOK_DASHBOARD_COOKIE_SECURE=false
 
 # The demo receiver.
 if pid_alive "$STATE/receiver.pid"; then kill "$(cat "$STATE/receiver.pid")"; fi
@@ -81,4 +83,5 @@ print(f"webhook-id {line['webhook_id']}  event {line['event_id']}  verified={lin
 print(f"POST /v1/events sent -> webhook at the receiver: {line['arrived_ms'] - float(sys.argv[2]):.1f} ms")
 PY
 echo "API key for this demo project: $key"
+echo "Dashboard: $API/dashboard/ (sign in with the API key above)"
 echo "Railhook keeps running at $API; stop everything with deploy/local/down.sh"
