@@ -3,7 +3,9 @@
 //! baseline in the same run, so the printed ratios compare like with like.
 
 mod e2e;
+mod ingest;
 mod isolation;
+mod memory;
 mod relay;
 mod setup;
 mod stats;
@@ -19,6 +21,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// Events/s and latency of POST /v1/events (and batches) against pgbench doing the same
+    /// inserts, then cost growth with the events table at 0, 1 M and 10 M rows.
+    Ingest(ingest::Args),
+    /// Relay RSS while the broker is down and a backlog of Outbox rows accumulates, then
+    /// while it drains.
+    RelayMemory(memory::Args),
     /// Backlog drain (rows/s) against pg_recvlogical and a bare producer, then
     /// commit → Kafka-ack latency at a steady rate.
     Relay(relay::Args),
@@ -32,7 +40,9 @@ enum Bench {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
+        Bench::Ingest(args) => ingest::run(args).await,
         Bench::Relay(args) => relay::run(args).await,
+        Bench::RelayMemory(args) => memory::run(args).await,
         Bench::E2e(args) => e2e::run(args).await,
         Bench::Isolation(args) => isolation::run(args).await,
     }

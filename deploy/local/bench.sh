@@ -5,5 +5,6 @@ source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
 source "$ENV_FILE"
 cd "$ROOT"
-cargo build --release --locked -p railhook-bench --quiet
+# The relay-memory bench runs the real `railhook relay` binary as its own process.
+cargo build --release --locked -p railhook -p railhook-bench --quiet
 exec "$ROOT/target/release/railhook-bench" "$@"
