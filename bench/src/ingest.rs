@@ -50,6 +50,9 @@ pub struct Args {
     /// Skip phases 1–3 (only the cost-growth phase).
     #[arg(long)]
     growth_only: bool,
+    /// Only phase 1 (for profiling and before/after comparisons).
+    #[arg(long)]
+    single_only: bool,
 }
 
 const PAYLOAD: &str = r#"{"order_id": 1, "amount_cents": 4200, "currency": "EUR"}"#;
@@ -456,6 +459,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
 
+        if args.single_only {
+            return Ok(());
+        }
         let n = args.batch_size;
         println!("\n## Batches of {n} events, 1 endpoint, concurrency 16\n\n{HEADER}");
         let api = start_api(1).await?;

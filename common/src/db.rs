@@ -11,10 +11,32 @@ use crate::config::Settings;
 /// The schema, compiled into the binary so `railhook migrate` needs no files beside it.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
+/// A pooled connection idle for longer than this is pinged before it is handed out.
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// The pool every role uses.
+///
+/// sqlx pings every connection before handing it out by default: one extra round trip per
+/// acquire, and an API request acquires several times. Measured in the ingest benchmark
+/// (docs/BENCHMARKS.md), those pings were a large share of Postgres's work per request. A
+/// connection that was in use within the last second has just proven itself, so only one
+/// that sat idle longer is pinged (and replaced if the ping fails). What this gives up: a
+/// connection broken in that last second (Postgres restarted under load) fails the one
+/// statement that finds it broken; sqlx then closes it, and that request's transaction never
+/// committed, so nothing is half-written — the client retries, as after any 5xx.
 pub async fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new()
         .max_connections(settings.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > PING_IF_IDLE_FOR {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .connect(settings.database_url.expose_secret())
         .await
 }

@@ -4,11 +4,11 @@
 //!   client ──POST /v1/events──▶ ingest
 //!     1. Idempotency-Key seen before?  ─yes─▶ same request: 200 + that Event; else 409
 //!     2. quota (Redis, fails open)     ─over─▶ 429, nothing written
-//!     3. BEGIN
+//!     3. one statement (atomic by itself, so no BEGIN/COMMIT round trips):
 //!          INSERT events        … ON CONFLICT (project_id, idempotency_key) DO NOTHING
-//!          INSERT deliveries    one per matching endpoint        ┐ one statement
-//!          INSERT outbox        one per Delivery (reason CREATED) ┘
-//!        COMMIT ─────────────▶ 201
+//!          INSERT deliveries    one per matching endpoint, for the Events inserted
+//!          INSERT outbox        one per Delivery (reason CREATED)
+//!        ─────────────────────▶ 201
 //!     4. after the commit: quota charge, Sequence Numbers (both may fail; neither loses data)
 //! ```
 //!
@@ -20,8 +20,8 @@
 //!
 //! Invariant: a retried request with the same Idempotency-Key returns the Event it already
 //! created (window 1). Two concurrent retries that both miss the lookup in step 1 meet at the
-//! unique index in step 3: the second INSERT waits for the first transaction and then inserts
-//! nothing, and the loser answers with the winner's Event.
+//! unique index in step 3: the second INSERT waits for the first statement to commit and then
+//! inserts nothing (nor that Event's Deliveries), and the loser answers with the winner's Event.
 
 use std::collections::HashMap;
 
@@ -30,7 +30,7 @@ use railhook_common::ids::{DeliveryId, EventId};
 use railhook_common::{EventType, EventTypePattern};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 
 use crate::auth::Project;
 use crate::problem::{ApiError, InternalError};
@@ -88,6 +88,21 @@ struct DeliveryPlan {
     endpoint_ids: Vec<String>,
     subscription_ids: Vec<String>,
     ordered: Vec<bool>,
+}
+
+impl DeliveryPlan {
+    /// The planned Deliveries whose Event passes `keep`.
+    fn keep(&self, keep: impl Fn(&str) -> bool) -> DeliveryPlan {
+        let mut out = DeliveryPlan::default();
+        for n in (0..self.ids.len()).filter(|&n| keep(&self.event_ids[n])) {
+            out.ids.push(self.ids[n].clone());
+            out.event_ids.push(self.event_ids[n].clone());
+            out.endpoint_ids.push(self.endpoint_ids[n].clone());
+            out.subscription_ids.push(self.subscription_ids[n].clone());
+            out.ordered.push(self.ordered[n]);
+        }
+        out
+    }
 }
 
 /// Accepts `events` for `project`: everything new commits in one transaction.
@@ -261,27 +276,40 @@ async fn write_events(
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
     let subs = candidates(&state.pool, project.id.as_str()).await?;
     let ids: Vec<EventId> = fresh.iter().map(|_| EventId::generate()).collect();
-    let mut tx = state.pool.begin().await?;
-    let inserted = insert_events(&mut tx, project, events, fresh, &ids).await?;
+    // Every fresh Event's Deliveries are planned up front; the statement keeps those of the
+    // Events it actually inserts (a concurrent request may win an Idempotency-Key).
+    let mut plan = DeliveryPlan::default();
+    let mut spans = Vec::with_capacity(fresh.len());
+    for (&i, id) in fresh.iter().zip(&ids) {
+        let first = plan.ids.len();
+        plan_deliveries(id, &events[i].event_type, &subs, &mut plan);
+        spans.push(first..plan.ids.len());
+    }
+    let inserted = if state.faults.trip_ingest_before_commit() {
+        // The crash test's fault point: the same statement inside a transaction that is
+        // never committed (dropping it rolls back).
+        let mut tx = state.pool.begin().await?;
+        insert_all(&mut *tx, project, events, fresh, &ids, &plan).await?;
+        return Err(ApiError::Internal(InternalError::Fault(
+            "ingest_before_commit",
+        )));
+    } else {
+        insert_all(&state.pool, project, events, fresh, &ids, &plan).await?
+    };
 
-    // Positions whose INSERT found a concurrent winner on the idempotency index.
+    // Positions whose INSERT found a concurrent winner on the idempotency index. The
+    // statement waited for the winner to commit before skipping the row, so it is visible.
     let raced: Vec<usize> = fresh
         .iter()
         .zip(&ids)
         .filter(|(_, id)| !inserted.contains_key(id.as_str()))
         .map(|(&i, _)| i)
         .collect();
-    let winners = find_existing(&mut *tx, project, events, Some(&raced)).await?;
-
-    let mut plan = DeliveryPlan::default();
+    let winners = find_existing(&state.pool, project, events, Some(&raced)).await?;
     let mut results = Vec::with_capacity(fresh.len());
-    for (&i, id) in fresh.iter().zip(&ids) {
+    for ((&i, id), span) in fresh.iter().zip(&ids).zip(spans) {
         let accepted = match inserted.get(id.as_str()) {
-            Some(&created_at) => {
-                let first = plan.ids.len();
-                plan_deliveries(id, &events[i].event_type, &subs, &mut plan);
-                created(id, &events[i], created_at, &plan, first)
-            }
+            Some(&created_at) => created(id, &events[i], created_at, &plan, span),
             None => {
                 let winner = winners.get(&i).ok_or(ApiError::IdempotencyConflict)?;
                 replayed(winner, &events[i])?
@@ -289,20 +317,13 @@ async fn write_events(
         };
         results.push(accepted);
     }
-    insert_deliveries_and_outbox(&mut tx, project, &plan).await?;
-    if state.faults.trip_ingest_before_commit() {
-        return Err(ApiError::Internal(InternalError::Fault(
-            "ingest_before_commit",
-        )));
-    }
-    tx.commit().await?;
-
+    let written = plan.keep(|event| inserted.contains_key(event));
     state.metrics.events_created.inc_by(inserted.len() as u64);
     state
         .metrics
         .deliveries_created
-        .inc_by(plan.ids.len() as u64);
-    assign_sequence_numbers(state, &plan).await;
+        .inc_by(written.ids.len() as u64);
+    assign_sequence_numbers(state, &written).await;
     Ok(results)
 }
 
@@ -311,9 +332,9 @@ fn created(
     event: &NewEvent,
     created_at: DateTime<Utc>,
     plan: &DeliveryPlan,
-    first: usize,
+    span: std::ops::Range<usize>,
 ) -> AcceptedEvent {
-    let mut deliveries: Vec<DeliveryRef> = (first..plan.ids.len())
+    let mut deliveries: Vec<DeliveryRef> = span
         .map(|d| DeliveryRef {
             id: plan.ids[d].clone(),
             endpoint_id: plan.endpoint_ids[d].clone(),
@@ -331,14 +352,19 @@ fn created(
     }
 }
 
-/// Inserts the fresh Events; returns the ids actually inserted (a concurrent request with
-/// the same Idempotency-Key makes the insert skip that row) with their creation time.
-async fn insert_events(
-    tx: &mut PgConnection,
+/// Step 3, the one statement: the fresh Events, the Deliveries of those actually inserted
+/// and one Outbox row per Delivery. A single statement is atomic on its own (Postgres runs
+/// it in one implicit transaction), so it needs no BEGIN/COMMIT round trips: the Event, its
+/// Deliveries and their announcements exist together or not at all. An Event whose
+/// Idempotency-Key a concurrent request already holds is skipped with its Deliveries.
+/// Returns the inserted Events' ids with their creation time.
+async fn insert_all(
+    db: impl sqlx::PgExecutor<'_>,
     project: &Project,
     events: &[NewEvent],
     fresh: &[usize],
     ids: &[EventId],
+    plan: &DeliveryPlan,
 ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
     let ids: Vec<String> = ids.iter().map(|id| id.as_str().to_owned()).collect();
     let types: Vec<String> = fresh
@@ -354,54 +380,41 @@ async fn insert_events(
         .map(|&i| events[i].idempotency_key.clone())
         .collect();
     let rows = sqlx::query!(
-        r#"INSERT INTO events (id, project_id, event_type, payload, idempotency_key)
-           SELECT x.id, $1, x.event_type, x.payload::jsonb, x.key
-           FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
-                AS x(id, event_type, payload, key)
-           ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL
-           DO NOTHING
-           RETURNING id, created_at"#,
+        r#"WITH ev AS (
+               INSERT INTO events (id, project_id, event_type, payload, idempotency_key)
+               SELECT x.id, $1, x.event_type, x.payload::jsonb, x.key
+               FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
+                    AS x(id, event_type, payload, key)
+               ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL
+               DO NOTHING
+               RETURNING id, created_at
+           ), d AS (
+               INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, ordered)
+               SELECT x.id, $1, x.event_id, x.endpoint_id, x.subscription_id, x.ordered
+               FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::bool[])
+                    WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, ordered, n)
+               WHERE x.event_id IN (SELECT id FROM ev)
+               ORDER BY x.n
+               RETURNING id, endpoint_id
+           ), announced AS (
+               INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+               SELECT d.id, d.endpoint_id, $1, 'CREATED' FROM d ORDER BY d.id
+           )
+           SELECT id AS "id!", created_at AS "created_at!" FROM ev"#,
         project.id.as_str(),
         &ids,
         &types,
         &payloads,
-        &keys as &[Option<String>]
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(rows.into_iter().map(|r| (r.id, r.created_at)).collect())
-}
-
-/// The Deliveries and their Outbox rows, in one statement so neither can exist alone.
-async fn insert_deliveries_and_outbox(
-    tx: &mut PgConnection,
-    project: &Project,
-    plan: &DeliveryPlan,
-) -> Result<(), sqlx::Error> {
-    if plan.ids.is_empty() {
-        return Ok(());
-    }
-    sqlx::query!(
-        r#"WITH d AS (
-               INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, ordered)
-               SELECT x.id, $1, x.event_id, x.endpoint_id, x.subscription_id, x.ordered
-               FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bool[])
-                    WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, ordered, n)
-               ORDER BY x.n
-               RETURNING id, endpoint_id
-           )
-           INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
-           SELECT d.id, d.endpoint_id, $1, 'CREATED' FROM d ORDER BY d.id"#,
-        project.id.as_str(),
+        &keys as &[Option<String>],
         &plan.ids,
         &plan.event_ids,
         &plan.endpoint_ids,
         &plan.subscription_ids,
         &plan.ordered
     )
-    .execute(&mut *tx)
+    .fetch_all(db)
     .await?;
-    Ok(())
+    Ok(rows.into_iter().map(|r| (r.id, r.created_at)).collect())
 }
 
 /// Sequence Numbers for ordered Deliveries, assigned after the ingest committed so that a
