@@ -78,3 +78,73 @@ impl FromRequestParts<AppState> for Project {
         })
     }
 }
+
+/// A project proven by its key, with its live subscriptions read in the same round trip:
+/// what `POST /v1/events` needs before it can write. One query instead of two per request
+/// (docs/BENCHMARKS.md, ingest profile). The subscriptions are as current as a separate read
+/// would have been: both happen before the write.
+pub struct Sender {
+    pub project: Project,
+    pub subscriptions: Vec<crate::ingest::Candidate>,
+}
+
+#[derive(serde::Deserialize)]
+struct SubscriptionRow {
+    id: String,
+    endpoint_id: String,
+    event_types: Vec<String>,
+    ordered: bool,
+}
+
+impl FromRequestParts<AppState> for Sender {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        use sqlx::Row;
+        let key = bearer(parts).ok_or(ApiError::Unauthorized)?;
+        let row = sqlx::query(
+            r#"SELECT p.id AS project_id, p.organization_id, o.monthly_quota,
+                      coalesce((SELECT json_agg(json_build_object(
+                                    'id', s.id, 'endpoint_id', s.endpoint_id,
+                                    'event_types', s.event_types, 'ordered', s.ordered)
+                                    ORDER BY s.id)
+                                FROM subscriptions s JOIN endpoints e ON e.id = s.endpoint_id
+                                WHERE s.project_id = p.id AND s.deleted_at IS NULL
+                                  AND e.deleted_at IS NULL AND e.enabled), '[]')::text AS subscriptions
+               FROM api_keys k
+               JOIN projects p ON p.id = k.project_id
+               JOIN organizations o ON o.id = p.organization_id
+               WHERE k.key_hash = $1 AND k.revoked_at IS NULL"#,
+        )
+        .bind(hash_api_key(key))
+        .fetch_optional(&state.pool)
+        .await?
+        .ok_or(ApiError::Unauthorized)?;
+        let subscriptions: Vec<SubscriptionRow> =
+            serde_json::from_str(row.get::<&str, _>("subscriptions")).map_err(|_| {
+                ApiError::Internal(crate::problem::InternalError::Fault(
+                    "unreadable subscriptions",
+                ))
+            })?;
+        Ok(Sender {
+            project: Project {
+                id: ProjectId::from_trusted(row.get("project_id")),
+                organization_id: OrganizationId::from_trusted(row.get("organization_id")),
+                monthly_quota: row.get("monthly_quota"),
+            },
+            subscriptions: subscriptions
+                .into_iter()
+                .map(|s| crate::ingest::Candidate {
+                    subscription_id: s.id,
+                    endpoint_id: s.endpoint_id,
+                    patterns: s
+                        .event_types
+                        .into_iter()
+                        .map(railhook_common::EventTypePattern::from_trusted)
+                        .collect(),
+                    ordered: s.ordered,
+                })
+                .collect(),
+        })
+    }
+}

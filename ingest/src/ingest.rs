@@ -2,14 +2,16 @@
 //!
 //! ```text
 //!   client ──POST /v1/events──▶ ingest
-//!     1. Idempotency-Key seen before?  ─yes─▶ same request: 200 + that Event; else 409
-//!     2. quota (Redis, fails open)     ─over─▶ 429, nothing written
+//!     1. key → project and its live subscriptions (one query, `auth::Sender`)
+//!     2. quota (Redis, fails open)     ─over─▶ 429 unless every Event already exists
 //!     3. one statement (atomic by itself, so no BEGIN/COMMIT round trips):
 //!          INSERT events        … ON CONFLICT (project_id, idempotency_key) DO NOTHING
 //!          INSERT deliveries    one per matching endpoint, for the Events inserted
 //!          INSERT outbox        one per Delivery (reason CREATED)
 //!        ─────────────────────▶ 201
-//!     4. after the commit: quota charge, Sequence Numbers (both may fail; neither loses data)
+//!     4. Events skipped in 3 (their Idempotency-Key exists): looked up; the same request
+//!        gets 200 + that Event, a different one 409
+//!     5. after the commit: quota charge, Sequence Numbers (both may fail; neither loses data)
 //! ```
 //!
 //! Invariant: the Event, its Deliveries and their Outbox rows commit together or not at all.
@@ -73,7 +75,7 @@ struct Existing {
 }
 
 /// A subscription that may match: its endpoint, its patterns, whether ordered.
-pub(crate) struct Candidate {
+pub struct Candidate {
     pub(crate) subscription_id: String,
     pub(crate) endpoint_id: String,
     pub(crate) patterns: Vec<EventTypePattern>,
@@ -105,40 +107,45 @@ impl DeliveryPlan {
     }
 }
 
-/// Accepts `events` for `project`: everything new commits in one transaction.
+/// Accepts `events` for `project` (whose live subscriptions are `subs`): everything new
+/// commits in one statement.
+///
+/// There is no lookup of the Idempotency-Keys before the write: the write itself skips an
+/// Event whose key exists, and only those are looked up afterwards. A retry therefore costs
+/// what a new Event costs, and a new Event (the common case) costs no extra round trip. The
+/// one place a lookup comes first is a request the quota would refuse: if every Event in it
+/// already exists, it is a retry and gets its Events back rather than a 429.
 pub async fn ingest(
     state: &AppState,
     project: &Project,
+    subs: &[Candidate],
     events: Vec<NewEvent>,
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
-    let existing = find_existing(&state.pool, project, &events, None).await?;
-    let fresh: Vec<usize> = (0..events.len())
-        .filter(|&i| !existing.contains_key(&i))
-        .collect();
-    let mut results: Vec<Option<AcceptedEvent>> = vec![None; events.len()];
-    for (&i, found) in &existing {
-        results[i] = Some(replayed(found, &events[i])?);
-    }
-    if !fresh.is_empty() {
-        let organization = project.organization_id.as_str();
-        if state
-            .quota
-            .check(organization, project.monthly_quota, fresh.len())
-            .await
-            == QuotaCheck::Exceeded
-        {
+    let organization = project.organization_id.as_str();
+    let all: Vec<usize> = (0..events.len()).collect();
+    let results = if state
+        .quota
+        .check(organization, project.monthly_quota, events.len())
+        .await
+        == QuotaCheck::Exceeded
+    {
+        let existing = find_existing(&state.pool, project, &events, None).await?;
+        if existing.len() < events.len() {
+            state.metrics.quota_rejected.inc();
             return Err(ApiError::QuotaExceeded);
         }
-        let created = write_events(state, project, &events, &fresh).await?;
+        all.iter()
+            .map(|i| replayed(&existing[i], &events[*i]))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        let created = write_events(state, project, subs, &events, &all).await?;
         state
             .quota
             .charge(organization, created.iter().filter(|e| e.created).count())
             .await;
-        for (i, accepted) in fresh.into_iter().zip(created) {
-            results[i] = Some(accepted);
-        }
-    }
-    let mut results: Vec<AcceptedEvent> = results.into_iter().flatten().collect();
+        created
+    };
+    let mut results = results;
     fill_replayed_deliveries(&state.pool, &mut results).await?;
     let replays = results.iter().filter(|e| !e.created).count();
     state.metrics.idempotent_replays.inc_by(replays as u64);
@@ -271,10 +278,10 @@ fn plan_deliveries(
 async fn write_events(
     state: &AppState,
     project: &Project,
+    subs: &[Candidate],
     events: &[NewEvent],
     fresh: &[usize],
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
-    let subs = candidates(&state.pool, project.id.as_str()).await?;
     let ids: Vec<EventId> = fresh.iter().map(|_| EventId::generate()).collect();
     // Every fresh Event's Deliveries are planned up front; the statement keeps those of the
     // Events it actually inserts (a concurrent request may win an Idempotency-Key).
@@ -282,41 +289,42 @@ async fn write_events(
     let mut spans = Vec::with_capacity(fresh.len());
     for (&i, id) in fresh.iter().zip(&ids) {
         let first = plan.ids.len();
-        plan_deliveries(id, &events[i].event_type, &subs, &mut plan);
+        plan_deliveries(id, &events[i].event_type, subs, &mut plan);
         spans.push(first..plan.ids.len());
     }
-    let inserted = if state.faults.trip_ingest_before_commit() {
-        // The crash test's fault point: the same statement inside a transaction that is
-        // never committed (dropping it rolls back).
-        let mut tx = state.pool.begin().await?;
-        insert_all(&mut *tx, project, events, fresh, &ids, &plan).await?;
-        return Err(ApiError::Internal(InternalError::Fault(
-            "ingest_before_commit",
-        )));
+    // One Event: one statement, atomic by itself. Several: the same statement in a
+    // transaction, because a batch is all or nothing and an Idempotency-Key reused with
+    // another payload (found only once the statement skipped it) must undo the rest.
+    let (inserted, results) = if fresh.len() == 1 && !state.faults.trip_ingest_before_commit() {
+        let inserted = insert_all(&state.pool, project, events, fresh, &ids, &plan).await?;
+        let results = outcomes(
+            &state.pool,
+            project,
+            events,
+            fresh,
+            &ids,
+            &plan,
+            spans,
+            &inserted,
+        )
+        .await?;
+        (inserted, results)
     } else {
-        insert_all(&state.pool, project, events, fresh, &ids, &plan).await?
+        let mut tx = state.pool.begin().await?;
+        let inserted = insert_all(&mut *tx, project, events, fresh, &ids, &plan).await?;
+        let results = outcomes(
+            &mut *tx, project, events, fresh, &ids, &plan, spans, &inserted,
+        )
+        .await?;
+        if state.faults.trip_ingest_before_commit() {
+            // The crash test's fault point: everything written, never committed.
+            return Err(ApiError::Internal(InternalError::Fault(
+                "ingest_before_commit",
+            )));
+        }
+        tx.commit().await?;
+        (inserted, results)
     };
-
-    // Positions whose INSERT found a concurrent winner on the idempotency index. The
-    // statement waited for the winner to commit before skipping the row, so it is visible.
-    let raced: Vec<usize> = fresh
-        .iter()
-        .zip(&ids)
-        .filter(|(_, id)| !inserted.contains_key(id.as_str()))
-        .map(|(&i, _)| i)
-        .collect();
-    let winners = find_existing(&state.pool, project, events, Some(&raced)).await?;
-    let mut results = Vec::with_capacity(fresh.len());
-    for ((&i, id), span) in fresh.iter().zip(&ids).zip(spans) {
-        let accepted = match inserted.get(id.as_str()) {
-            Some(&created_at) => created(id, &events[i], created_at, &plan, span),
-            None => {
-                let winner = winners.get(&i).ok_or(ApiError::IdempotencyConflict)?;
-                replayed(winner, &events[i])?
-            }
-        };
-        results.push(accepted);
-    }
     let written = plan.keep(|event| inserted.contains_key(event));
     state.metrics.events_created.inc_by(inserted.len() as u64);
     state
@@ -324,6 +332,41 @@ async fn write_events(
         .deliveries_created
         .inc_by(written.ids.len() as u64);
     assign_sequence_numbers(state, &written).await;
+    Ok(results)
+}
+
+/// The answer for each fresh Event: created, or (skipped by the statement because its
+/// Idempotency-Key exists) the Event that holds the key — 409 if it is another request. The
+/// statement waited for a concurrent holder to commit before skipping, so it is visible.
+#[allow(clippy::too_many_arguments)]
+async fn outcomes(
+    db: impl sqlx::PgExecutor<'_>,
+    project: &Project,
+    events: &[NewEvent],
+    fresh: &[usize],
+    ids: &[EventId],
+    plan: &DeliveryPlan,
+    spans: Vec<std::ops::Range<usize>>,
+    inserted: &HashMap<String, DateTime<Utc>>,
+) -> Result<Vec<AcceptedEvent>, ApiError> {
+    let raced: Vec<usize> = fresh
+        .iter()
+        .zip(ids)
+        .filter(|(_, id)| !inserted.contains_key(id.as_str()))
+        .map(|(&i, _)| i)
+        .collect();
+    let winners = find_existing(db, project, events, Some(&raced)).await?;
+    let mut results = Vec::with_capacity(fresh.len());
+    for ((&i, id), span) in fresh.iter().zip(ids).zip(spans) {
+        let accepted = match inserted.get(id.as_str()) {
+            Some(&created_at) => created(id, &events[i], created_at, plan, span),
+            None => {
+                let winner = winners.get(&i).ok_or(ApiError::IdempotencyConflict)?;
+                replayed(winner, &events[i])?
+            }
+        };
+        results.push(accepted);
+    }
     Ok(results)
 }
 

@@ -122,7 +122,8 @@ impl Quota {
             Ok(Ok(used)) => {
                 let used = used.unwrap_or(0) as i64;
                 if used.saturating_add(count as i64) > monthly_quota {
-                    self.metrics.quota_rejected.inc();
+                    // Counted by the caller when it does refuse (a retry of accepted Events
+                    // over the quota is answered, not refused).
                     QuotaCheck::Exceeded
                 } else {
                     QuotaCheck::Allowed

@@ -9,7 +9,7 @@ use railhook_common::ids::EventId;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::auth::Project;
+use crate::auth::{Project, Sender};
 use crate::extract::{ApiJson, ApiQuery};
 use crate::ingest::{AcceptedEvent, NewEvent, ingest};
 use crate::pagination::{Listing, PageRequest};
@@ -158,7 +158,7 @@ fn validate_event(
         (status = 413, body = Problem), (status = 422, body = Problem), (status = 429, body = Problem)),
     security(("api_key" = [])))]
 pub async fn create(
-    project: Project,
+    sender: Sender,
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<CreateEvent>,
@@ -171,7 +171,7 @@ pub async fn create(
         key,
         state.limits.max_payload_bytes,
     )?;
-    let accepted = ingest(&state, &project, vec![event])
+    let accepted = ingest(&state, &sender.project, &sender.subscriptions, vec![event])
         .await?
         .pop()
         .ok_or(ApiError::Internal(crate::problem::InternalError::Fault(
@@ -191,7 +191,7 @@ pub async fn create(
               (status = 429, body = Problem)),
     security(("api_key" = [])))]
 pub async fn create_batch(
-    project: Project,
+    sender: Sender,
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateBatch>,
 ) -> ApiResult<(StatusCode, Json<BatchResult>)> {
@@ -228,7 +228,7 @@ pub async fn create_batch(
             max_payload,
         )?);
     }
-    let accepted = ingest(&state, &project, events).await?;
+    let accepted = ingest(&state, &sender.project, &sender.subscriptions, events).await?;
     let data = accepted
         .into_iter()
         .map(|event| BatchEntry {
