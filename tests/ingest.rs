@@ -555,3 +555,86 @@ async fn stored_events_read_back_with_their_deliveries() {
         .await;
     assert_eq!(deliveries.body["data"].as_array().expect("data").len(), 1);
 }
+
+/// The sender cache (auth::SenderCache): a change made through this process applies to the
+/// very next Event; one made through another replica within about a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_and_subscription_changes_reach_the_next_event() {
+    let app = spawn_app().await;
+    let (project, key) = app.project().await;
+    let first = app.post_event(&key, "order.paid", json!({}), None).await;
+    assert_eq!(
+        first.body["deliveries"],
+        json!([]),
+        "nothing subscribed yet"
+    );
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["order.*"], false).await;
+    let second = app.post_event(&key, "order.paid", json!({}), None).await;
+    assert_eq!(
+        second.body["deliveries"][0]["endpoint_id"],
+        json!(ep),
+        "{:?}",
+        second.body
+    );
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/v1/endpoints/{ep}/disable"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let third = app.post_event(&key, "order.paid", json!({}), None).await;
+    assert_eq!(third.body["deliveries"], json!([]), "disabled at once");
+
+    // A second replica on the same database has its own cache.
+    let mut other = app.state.clone();
+    other.senders = railhook_ingest::auth::SenderCache::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(railhook_ingest::serve(
+        listener,
+        other,
+        std::future::pending(),
+    ));
+    let post_there = || {
+        let (base, key) = (base.clone(), key.clone());
+        async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/events"))
+                .bearer_auth(key)
+                .json(&json!({"type": "order.paid", "payload": {}}))
+                .send()
+                .await
+                .expect("post")
+                .status()
+        }
+    };
+    assert_eq!(post_there().await, StatusCode::CREATED);
+    let key_id: String = sqlx::query_scalar("SELECT id FROM api_keys WHERE project_id = $1")
+        .bind(&project)
+        .fetch_one(&app.pool)
+        .await
+        .expect("key");
+    let r = app
+        .call(
+            Method::DELETE,
+            &format!("/v1/api-keys/{key_id}"),
+            Some(support::ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert!(r.status.is_success());
+    let revoked = app.post_event(&key, "order.paid", json!({}), None).await;
+    assert_eq!(revoked.status, StatusCode::UNAUTHORIZED, "at once here");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(
+        post_there().await,
+        StatusCode::UNAUTHORIZED,
+        "within a second there"
+    );
+}

@@ -83,9 +83,40 @@ impl FromRequestParts<AppState> for Project {
 /// what `POST /v1/events` needs before it can write. One query instead of two per request
 /// (docs/BENCHMARKS.md, ingest profile). The subscriptions are as current as a separate read
 /// would have been: both happen before the write.
+#[derive(Clone)]
 pub struct Sender {
     pub project: Project,
-    pub subscriptions: Vec<crate::ingest::Candidate>,
+    pub subscriptions: std::sync::Arc<Vec<crate::ingest::Candidate>>,
+}
+
+/// Senders by key hash, for one second (docs/BENCHMARKS.md: with the lookup on every POST,
+/// Postgres spent about a third of its time per Event on it).
+///
+/// What the second costs, on purpose: a key revoked, or a subscription or endpoint changed,
+/// through another ingest replica is seen here up to one second later. On this replica a
+/// change clears the cache at once (`invalidate`), so a client that changes a subscription
+/// and then posts through the same process never sees the old one. Only `POST
+/// /v1/events[/batch]` reads this cache; every other route checks its key in Postgres.
+#[derive(Clone)]
+pub struct SenderCache(moka::sync::Cache<Vec<u8>, Sender>);
+
+impl Default for SenderCache {
+    fn default() -> Self {
+        Self(
+            moka::sync::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(std::time::Duration::from_secs(1))
+                .build(),
+        )
+    }
+}
+
+impl SenderCache {
+    /// Forgets every cached sender: called after any change to keys, endpoints or
+    /// subscriptions (rare next to Events, so clearing all is simpler than tracking which).
+    pub fn invalidate(&self) {
+        self.0.invalidate_all();
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -102,6 +133,10 @@ impl FromRequestParts<AppState> for Sender {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         use sqlx::Row;
         let key = bearer(parts).ok_or(ApiError::Unauthorized)?;
+        let hash = hash_api_key(key);
+        if let Some(sender) = state.senders.0.get(&hash) {
+            return Ok(sender);
+        }
         let row = sqlx::query(
             r#"SELECT p.id AS project_id, p.organization_id, o.monthly_quota,
                       coalesce((SELECT json_agg(json_build_object(
@@ -116,7 +151,7 @@ impl FromRequestParts<AppState> for Sender {
                JOIN organizations o ON o.id = p.organization_id
                WHERE k.key_hash = $1 AND k.revoked_at IS NULL"#,
         )
-        .bind(hash_api_key(key))
+        .bind(&hash)
         .fetch_optional(&state.pool)
         .await?
         .ok_or(ApiError::Unauthorized)?;
@@ -126,25 +161,29 @@ impl FromRequestParts<AppState> for Sender {
                     "unreadable subscriptions",
                 ))
             })?;
-        Ok(Sender {
+        let sender = Sender {
             project: Project {
                 id: ProjectId::from_trusted(row.get("project_id")),
                 organization_id: OrganizationId::from_trusted(row.get("organization_id")),
                 monthly_quota: row.get("monthly_quota"),
             },
-            subscriptions: subscriptions
-                .into_iter()
-                .map(|s| crate::ingest::Candidate {
-                    subscription_id: s.id,
-                    endpoint_id: s.endpoint_id,
-                    patterns: s
-                        .event_types
-                        .into_iter()
-                        .map(railhook_common::EventTypePattern::from_trusted)
-                        .collect(),
-                    ordered: s.ordered,
-                })
-                .collect(),
-        })
+            subscriptions: std::sync::Arc::new(
+                subscriptions
+                    .into_iter()
+                    .map(|s| crate::ingest::Candidate {
+                        subscription_id: s.id,
+                        endpoint_id: s.endpoint_id,
+                        patterns: s
+                            .event_types
+                            .into_iter()
+                            .map(railhook_common::EventTypePattern::from_trusted)
+                            .collect(),
+                        ordered: s.ordered,
+                    })
+                    .collect(),
+            ),
+        };
+        state.senders.0.insert(hash, sender.clone());
+        Ok(sender)
     }
 }

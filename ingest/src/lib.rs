@@ -44,10 +44,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub fn router(state: AppState) -> Router {
     let single_limit = state.limits.max_payload_bytes + ENVELOPE_BYTES;
     let batch_limit = state.limits.max_batch_body_bytes();
-    let api = Router::new()
-        .route("/v1/organizations", post(admin::create_organization))
-        .route("/v1/projects", post(admin::create_project))
-        .route("/v1/projects/{id}/api-keys", post(admin::create_api_key))
+    // Changes to keys, endpoints and subscriptions: each successful one clears the cache of
+    // senders (`auth::SenderCache`), after it committed.
+    let management = Router::new()
         .route(
             "/v1/api-keys/{id}",
             axum::routing::delete(admin::revoke_api_key),
@@ -80,6 +79,15 @@ pub fn router(state: AppState) -> Router {
                 .patch(subscriptions::update)
                 .delete(subscriptions::delete),
         )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            forget_senders_after_writes,
+        ));
+    let api = Router::new()
+        .route("/v1/organizations", post(admin::create_organization))
+        .route("/v1/projects", post(admin::create_project))
+        .route("/v1/projects/{id}/api-keys", post(admin::create_api_key))
+        .merge(management)
         .route(
             "/v1/events",
             post(events::create)
@@ -132,6 +140,23 @@ pub fn router(state: AppState) -> Router {
             ApiError::Internal(problem::InternalError::Fault("handler panicked")).into_response()
         }))
         .with_state(state)
+}
+
+/// Clears the sender cache after a successful write (the write has committed by then).
+async fn forget_senders_after_writes(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let write = !matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    let response = next.run(request).await;
+    if write && response.status().is_success() {
+        state.senders.invalidate();
+    }
+    response
 }
 
 const REQUEST_ID: &str = "x-request-id";

@@ -25,6 +25,8 @@ pub struct AppState {
     pub dashboard: DashboardSettings,
     /// The relay's replication Slot, shown on the dashboard's relay page.
     pub slot: String,
+    /// Who posts Events, cached for a second (`auth::SenderCache`).
+    pub senders: crate::auth::SenderCache,
 }
 
 /// The windows that turn an endpoint's failure streak into `warning` and then `disabled`
@@ -103,6 +105,7 @@ impl AppState {
                 session_ttl: Duration::from_secs(settings.dashboard_session_seconds),
             },
             slot: settings.slot.clone(),
+            senders: crate::auth::SenderCache::default(),
         })
     }
 }

@@ -703,5 +703,7 @@ pub async fn set_enabled(
     .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
+    // The dashboard comes here without the API's router layer.
+    state.senders.invalidate();
     Ok(Json(row.into()))
 }
