@@ -22,6 +22,18 @@ async fn no_project_can_read_or_change_another_projects_rows() {
         .expect("delivery")
         .to_owned();
 
+    let replay = app
+        .call(
+            Method::POST,
+            "/v1/replays",
+            Some(&key_a),
+            Some(json!({"event_ids": [evt_id]})),
+        )
+        .await
+        .body["id"]
+        .as_str()
+        .expect("replay")
+        .to_owned();
     let by_id: Vec<(Method, String, Option<Value>)> = vec![
         (Method::GET, format!("/v1/endpoints/{ep}"), None),
         (
@@ -48,6 +60,10 @@ async fn no_project_can_read_or_change_another_projects_rows() {
         (Method::GET, format!("/v1/deliveries/{dlv}"), None),
         (Method::GET, format!("/v1/deliveries/{dlv}/attempts"), None),
         (Method::POST, format!("/v1/deliveries/{dlv}/retry"), None),
+        (Method::POST, format!("/v1/endpoints/{ep}/disable"), None),
+        (Method::POST, format!("/v1/endpoints/{ep}/enable"), None),
+        (Method::GET, format!("/v1/replays/{replay}"), None),
+        (Method::POST, format!("/v1/replays/{replay}/cancel"), None),
     ];
     for (method, path, body) in &by_id {
         let r = app
@@ -71,6 +87,7 @@ async fn no_project_can_read_or_change_another_projects_rows() {
         "/v1/deliveries".to_owned(),
         format!("/v1/deliveries?endpoint_id={ep}"),
         format!("/v1/deliveries?event_id={evt_id}"),
+        "/v1/replays".to_owned(),
     ] {
         let r = app.call(Method::GET, &path, Some(&key_b), None).await;
         assert_eq!(r.status, StatusCode::OK, "{path}");
@@ -115,6 +132,25 @@ async fn no_project_can_read_or_change_another_projects_rows() {
     assert_eq!(own.body["ordered"], json!(false));
     let b_event = app.post_event(&key_b, "order.paid", json!({}), None).await;
     assert_eq!(b_event.body["deliveries"], json!([]));
+    // B can neither replay A's Events nor retry A's failed messages in bulk.
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/replays",
+            Some(&key_b),
+            Some(json!({"event_ids": [evt_id], "endpoint_id": ep})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/v1/failed-messages?endpoint_id={ep}"),
+            Some(&key_b),
+            None,
+        )
+        .await;
+    assert_eq!(r.body["data"], json!([]));
 }
 
 #[tokio::test]
@@ -153,7 +189,39 @@ async fn missing_invalid_and_revoked_keys_are_refused_everywhere() {
         .await;
     assert_eq!(revoke.status, StatusCode::NO_CONTENT);
 
-    for (method, path) in &routes {
+    // Every project route the OpenAPI document lists, not only the ones named above.
+    let doc = app
+        .call(Method::GET, "/openapi.json", None, None)
+        .await
+        .body;
+    let mut documented: Vec<(Method, String)> = Vec::new();
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for (verb, op) in ops.as_object().expect("ops") {
+            let project_route = op["security"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|r| r.get("api_key").is_some()));
+            if !project_route {
+                continue;
+            }
+            // Any well-formed id: the key is refused before the id is looked at.
+            let concrete = path
+                .replace("{id}", "ep_01arz3ndektsv4rrffq69g5fav")
+                .replace("{source_id}", "src_01arz3ndektsv4rrffq69g5fav");
+            let method = Method::from_bytes(verb.to_uppercase().as_bytes()).expect("verb");
+            documented.push((method, concrete));
+        }
+    }
+    assert!(
+        documented.len() >= 30,
+        "{} project routes",
+        documented.len()
+    );
+    let named: Vec<(Method, String)> = routes
+        .iter()
+        .map(|(m, p)| (m.clone(), (*p).to_owned()))
+        .chain(documented)
+        .collect();
+    for (method, path) in &named {
         for token in [
             None,
             Some("rh_nothing_real"),

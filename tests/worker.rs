@@ -227,10 +227,23 @@ async fn timeouts_and_resets_are_retried() {
 async fn without_the_allowlist_loopback_targets_are_refused_and_nothing_is_sent() {
     let p = Pipeline::start(|s| s.allow_private_targets = String::new()).await;
     let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
-    let localhost = receiver.url.replace("127.0.0.1", "localhost");
-    p.endpoint(&receiver.url, 5_000).await;
-    p.endpoint(&localhost, 5_000).await;
+    // The same loopback receiver spelled every way a URL can spell it: by name, and as
+    // decimal, hex, short and IPv6-mapped literals (the url crate normalises the numeric
+    // forms; the guard judges the address itself, at send time, for names after DNS).
+    for host in [
+        "127.0.0.1",
+        "localhost",
+        "2130706433",
+        "0x7f000001",
+        "127.1",
+        "[::ffff:127.0.0.1]",
+        "[::1]",
+    ] {
+        p.endpoint(&receiver.url.replace("127.0.0.1", host), 5_000)
+            .await;
+    }
     let r = p.app.post_event(&p.key, "a.b", json!({}), None).await;
+    assert_eq!(r.body["deliveries"].as_array().expect("d").len(), 7);
     for d in r.body["deliveries"].as_array().expect("d") {
         let d = p
             .wait_status(d["id"].as_str().expect("id"), "FAILED", WAIT)

@@ -70,9 +70,11 @@ pub struct Settings {
     /// Attempts one worker process runs at once.
     pub worker_max_in_flight: usize,
     /// Outgoing ladder: waits in seconds, comma-separated, and the number of Attempts.
+    #[serde(deserialize_with = "seconds_list")]
     pub retry_outgoing_delays: String,
     pub retry_outgoing_max_attempts: u32,
     /// Incoming ladder (forwarded provider webhooks).
+    #[serde(deserialize_with = "seconds_list")]
     pub retry_incoming_delays: String,
     pub retry_incoming_max_attempts: u32,
     /// How often the retry scheduler looks for due Deliveries.
@@ -116,6 +118,24 @@ pub struct Settings {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// A ladder of waits: "60,300,900" arrives as a string, but a one-rung ladder set from the
+/// environment ("3600", "0.5") arrives as a number (figment guesses the type of env values),
+/// and must mean the same thing.
+fn seconds_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Text(String),
+        Int(u64),
+        Float(f64),
+    }
+    Ok(match Raw::deserialize(d)? {
+        Raw::Text(s) => s,
+        Raw::Int(n) => n.to_string(),
+        Raw::Float(f) => f.to_string(),
+    })
 }
 
 /// The defaults, as a serialisable layer under the file and the environment.
@@ -421,6 +441,28 @@ mod tests {
         assert_eq!(s.http_addr.to_string(), "127.0.0.1:8080");
         assert_eq!(s.slot, "railhook_outbox");
         assert_eq!(s.max_payload_bytes, 1024 * 1024);
+    }
+
+    #[test]
+    fn a_one_rung_ladder_from_the_environment_is_read_as_seconds() {
+        // Regression: RAILHOOK_RETRY_OUTGOING_DELAYS=0.2 failed ("found float, expected a
+        // string") because figment types environment values.
+        for (raw, want) in [(0.2f64, "0.2"), (3600.0, "3600")] {
+            let figment = Settings::defaults()
+                .merge(("database_url", "postgres://localhost/x"))
+                .merge(("retry_outgoing_delays", raw));
+            let s = Settings::from_figment(figment).expect("valid");
+            assert_eq!(s.retry_outgoing_delays, want);
+        }
+        let figment = Settings::defaults()
+            .merge(("database_url", "postgres://localhost/x"))
+            .merge(("retry_incoming_delays", 60u64));
+        assert_eq!(
+            Settings::from_figment(figment)
+                .expect("valid")
+                .retry_incoming_delays,
+            "60"
+        );
     }
 
     #[test]

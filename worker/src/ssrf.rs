@@ -40,10 +40,33 @@ impl Allowlist {
     }
 }
 
-/// An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) is judged as the IPv4 address it is.
+/// An IPv6 address that carries an IPv4 address is judged as that IPv4 address: mapped
+/// (`::ffff:10.0.0.1`), the deprecated compatible form (`::10.0.0.1`), and 6to4
+/// (`2002:0a00:0001::`, whose bits 16–47 are the IPv4 address it tunnels to).
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                IpAddr::V4(v4)
+            } else if s[..6] == [0; 6] && !v6.is_unspecified() && !v6.is_loopback() {
+                IpAddr::V4(Ipv4Addr::new(
+                    (s[6] >> 8) as u8,
+                    s[6] as u8,
+                    (s[7] >> 8) as u8,
+                    s[7] as u8,
+                ))
+            } else if s[0] == 0x2002 {
+                IpAddr::V4(Ipv4Addr::new(
+                    (s[1] >> 8) as u8,
+                    s[1] as u8,
+                    (s[2] >> 8) as u8,
+                    s[2] as u8,
+                ))
+            } else {
+                ip
+            }
+        }
         v4 => v4,
     }
 }
@@ -71,7 +94,9 @@ fn is_global_v6(ip: Ipv6Addr) -> bool {
         || ip.is_multicast()
         || (first & 0xfe00) == 0xfc00 // unique local
         || (first & 0xffc0) == 0xfe80 // link-local
+        || (first & 0xffc0) == 0xfec0 // site-local (deprecated, still routable inside sites)
         || (first == 0x2001 && ip.segments()[1] == 0x0db8) // documentation
+        || (first == 0x2001 && ip.segments()[1] == 0x0000) // Teredo (embeds an obfuscated IPv4)
         || (first == 0x0064 && ip.segments()[1] == 0xff9b)) // NAT64 (embeds IPv4)
 }
 
@@ -131,13 +156,32 @@ mod tests {
             "fd00::1",
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
+            "::ffff:169.254.169.254",
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "2002:7f00:1::1",
+            "2002:a9fe:a9fe::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "64:ff9b::7f00:1",
+            "fec0::1",
+            "ff02::1",
+            "2001:db8::1",
+            "198.18.0.1",
+            "192.0.0.8",
+            "240.0.0.1",
             "224.0.0.1",
             "255.255.255.255",
             "::",
         ] {
             assert!(!none.permits(ip(bad)), "{bad}");
         }
-        for good in ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"] {
+        for good in [
+            "93.184.216.34",
+            "1.1.1.1",
+            "2606:4700:4700::1111",
+            "::ffff:1.1.1.1",
+            "2002:0101:0101::1",
+        ] {
             assert!(none.permits(ip(good)), "{good}");
         }
     }

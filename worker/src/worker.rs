@@ -165,6 +165,15 @@ pub async fn run(
         .set("auto.offset.reset", "earliest")
         .set("fetch.wait.max.ms", "10")
         .set("auto.commit.interval.ms", "500")
+        // A worker killed with SIGKILL never says goodbye: the group notices through its
+        // missing heartbeats after the session timeout, and waits at most the rebalance
+        // timeout (max.poll.interval.ms) for members to rejoin. librdkafka's defaults (45 s,
+        // 300 s) left a partition unread for minutes after a worker was killed
+        // (docs/RELIABILITY.md); these bound it to seconds. 60 s between polls is still far
+        // more than a batch waits for permits (Attempts time out at 30 s by default).
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "2000")
+        .set("max.poll.interval.ms", "60000")
         .create_with_context(lag)?;
     consumer.subscribe(&[&config.deliveries_topic, &config.retries_topic])?;
     let producer = kafka::producer(&config.brokers, config.message_timeout, 10_000)?;
