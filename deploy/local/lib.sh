@@ -82,6 +82,14 @@ ensure_browser() {
   fi
 }
 
+# schemathesis fuzzes the API from its OpenAPI document (tests/fuzz.rs).
+ensure_schemathesis() {
+  command -v st >/dev/null && return 0
+  log "pip install schemathesis"
+  python3 -m pip install --quiet schemathesis 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages schemathesis
+}
+
 ensure_standardwebhooks() {
   python3 -c 'import standardwebhooks' 2>/dev/null && return 0
   log "pip install standardwebhooks"

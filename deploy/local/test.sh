@@ -6,6 +6,7 @@ source "$(dirname "$0")/lib.sh"
 ensure_standardwebhooks
 ensure_provider_signers
 ensure_browser
+ensure_schemathesis
 # promtool checks the alert rules and the /metrics page (tests/observability.rs).
 command -v promtool >/dev/null || apt_install prometheus
 # The compose file, Kubernetes manifests and Prometheus config, checked offline.
