@@ -65,7 +65,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
     );
     // A stalls past the processing timeout; the sweep hands the row back; B claims it.
     assert_eq!(
-        store::sweep_processing(&app.pool, 0.0)
+        store::sweep_processing(&app.pool, 0.0, 3600.0)
             .await
             .expect("sweep"),
         1
@@ -142,6 +142,15 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
         .collect();
     assert_eq!(due.len(), 1);
     let (_, _, scheduler_token) = due[0].clone();
+    // While its RetryHint waits in Kafka the row is nobody's Claim: the processing timeout
+    // does not sweep it (that re-claimed rows in a loop under Kafka lag), the hint window
+    // would.
+    assert_eq!(
+        store::sweep_processing(&app.pool, 0.0, 3600.0)
+            .await
+            .expect("sweep"),
+        0
+    );
     // The hint is delivered twice: only the first swap wins.
     let one = store::swap(&app.pool, &id, scheduler_token, Uuid::new_v4())
         .await
@@ -150,13 +159,25 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
         .await
         .expect("swap");
     assert!(one.is_some() && two.is_none());
-    // A plain Claim cannot take a row the retry path owns.
-    assert!(
-        store::claim(&app.pool, &id, Uuid::new_v4())
+    // Once a consumer swapped the token in, it is a worker's Claim like any other.
+    assert_eq!(
+        store::sweep_processing(&app.pool, 0.0, 3600.0)
             .await
-            .expect("claim")
-            .is_none()
+            .expect("sweep"),
+        1
     );
+    let taken_back = store::claim(&app.pool, &id, Uuid::new_v4())
+        .await
+        .expect("claim")
+        .expect("the swept row is claimable again");
+    assert!(
+        store::sweep_processing(&app.pool, 3600.0, 3600.0)
+            .await
+            .expect("sweep")
+            == 0,
+        "a fresh Claim is not swept"
+    );
+    let _ = taken_back;
     assert_eq!(Ladder::outgoing().max_attempts, 7);
 }
 

@@ -391,7 +391,8 @@ fn row(name: &str, run: &mut Run) {
 }
 
 /// Fills `events` up to `target` rows in transactions of 100,000 (no Deliveries: the cost
-/// that grows is the events table and its indexes).
+/// that grows is the events table and its indexes). Ids ascend with age, as ULIDs do;
+/// Idempotency-Keys are random, as clients' keys are.
 async fn fill(api: &Api, target: u64) -> anyhow::Result<()> {
     let mut have: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
         .fetch_one(&api.pool)
@@ -401,13 +402,15 @@ async fn fill(api: &Api, target: u64) -> anyhow::Result<()> {
         let n = (target - have as u64).min(100_000) as i64;
         sqlx::query(
             "INSERT INTO events (id, project_id, event_type, payload, idempotency_key, created_at)
-             SELECT 'evt_fill_' || md5(random()::text || g), $1, 'order.paid', $2::jsonb,
-                    md5(random()::text || g), now() - make_interval(secs => g)
+             SELECT 'evt_fill_' || lpad(($4 + g)::text, 17, '0'), $1, 'order.paid', $2::jsonb,
+                    md5(random()::text || g), now() - make_interval(secs => $5 - $4 - g)
              FROM generate_series(1, $3) g",
         )
         .bind(&api.project)
         .bind(PAYLOAD)
         .bind(n)
+        .bind(have)
+        .bind(target as i64)
         .execute(&api.pool)
         .await?;
         have += n;

@@ -62,7 +62,8 @@ pub async fn swap(
     sqlx::query_as!(
         Claimed,
         r#"UPDATE deliveries
-           SET claim_token = $3, last_attempt_at = now(), updated_at = now(), version = version + 1
+           SET claim_token = $3, last_attempt_at = now(), hinted_at = NULL, updated_at = now(),
+               version = version + 1
            WHERE id = $1 AND status = 'PROCESSING' AND claim_token = $2
            RETURNING id, claim_token AS "token!", attempt_count, event_id, endpoint_id,
                      direction, sequence_number, ladder_started_at,
@@ -398,7 +399,7 @@ pub async fn claim_due(
     let rows = sqlx::query!(
         r#"UPDATE deliveries d
            SET status = 'PROCESSING', claim_token = gen_random_uuid(), last_attempt_at = now(),
-               updated_at = now(), version = version + 1
+               hinted_at = now(), updated_at = now(), version = version + 1
            FROM (SELECT id FROM deliveries
                  WHERE status = 'PENDING' AND next_retry_at <= now()
                  ORDER BY next_retry_at LIMIT $1
@@ -418,7 +419,8 @@ pub async fn claim_due(
 /// Hands a row back when the scheduler could not publish it (only then may it write again).
 pub async fn unclaim(pool: &PgPool, id: &str, token: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, updated_at = now()
+        "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, hinted_at = NULL,
+                updated_at = now()
          WHERE id = $1 AND claim_token = $2",
         id,
         token
@@ -430,12 +432,22 @@ pub async fn unclaim(pool: &PgPool, id: &str, token: Uuid) -> Result<(), sqlx::E
 
 /// Sweep 1: PROCESSING for longer than `older_than_secs` goes back to PENDING with its token
 /// cleared. The stalled worker's late `finalise` then lands on nothing (duplicate window 7).
-pub async fn sweep_processing(pool: &PgPool, older_than_secs: f64) -> Result<u64, sqlx::Error> {
+pub async fn sweep_processing(
+    pool: &PgPool,
+    older_than_secs: f64,
+    hint_lost_after_secs: f64,
+) -> Result<u64, sqlx::Error> {
+    // A worker's Claim (hinted_at NULL) is stale after the processing timeout. A row whose
+    // RetryHint is still queued (hinted_at set) is not held by anyone yet: only after the
+    // stranded window is its hint taken as lost.
     let swept = sqlx::query!(
         "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, next_retry_at = now(),
-                updated_at = now(), version = version + 1
-         WHERE status = 'PROCESSING' AND last_attempt_at < now() - make_interval(secs => $1)",
-        older_than_secs
+                hinted_at = NULL, updated_at = now(), version = version + 1
+         WHERE status = 'PROCESSING'
+           AND ((hinted_at IS NULL AND last_attempt_at < now() - make_interval(secs => $1))
+             OR hinted_at < now() - make_interval(secs => $2))",
+        older_than_secs,
+        hint_lost_after_secs
     )
     .execute(pool)
     .await?;

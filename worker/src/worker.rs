@@ -686,7 +686,13 @@ async fn schedule_retries(shared: &Shared, config: &WorkerConfig, producer: &Fut
 }
 
 async fn sweeps(shared: &Shared, config: &WorkerConfig) {
-    match store::sweep_processing(&shared.pool, config.processing_timeout.as_secs_f64()).await {
+    match store::sweep_processing(
+        &shared.pool,
+        config.processing_timeout.as_secs_f64(),
+        config.stranded_after.as_secs_f64(),
+    )
+    .await
+    {
         Ok(n) => shared
             .metrics
             .swept
