@@ -33,7 +33,7 @@ pub struct Args {
     burst: u64,
 }
 
-type Arrivals = Arc<Mutex<HashMap<u64, Instant>>>;
+pub(crate) type Arrivals = Arc<Mutex<HashMap<u64, Instant>>>;
 
 /// The load's sequence number, `{"seq": n}` in the Event payload the receiver got.
 pub(crate) fn seq_of(body: &str) -> Option<u64> {
@@ -42,7 +42,7 @@ pub(crate) fn seq_of(body: &str) -> Option<u64> {
         .and_then(|v| v["seq"].as_u64())
 }
 
-async fn receiver(arrivals: Arrivals) -> anyhow::Result<String> {
+pub(crate) async fn receiver(arrivals: Arrivals) -> anyhow::Result<String> {
     let app = Router::new().route(
         "/hook",
         post(move |body: String| {

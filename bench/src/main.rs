@@ -7,6 +7,7 @@ mod ingest;
 mod isolation;
 mod memory;
 mod relay;
+mod roles;
 mod setup;
 mod stats;
 
@@ -32,6 +33,9 @@ enum Bench {
     Relay(relay::Args),
     /// POST → receiver latency at a steady rate, then deliveries/s for a burst.
     E2e(e2e::Args),
+    /// POST → receiver latency with ingest, relay and worker as separate processes, and
+    /// each role's CPU and memory.
+    Roles(roles::Args),
     /// Healthy endpoints' delivery latency with and without one failing endpoint beside
     /// them (500s and timeouts), same load, same run.
     Isolation(isolation::Args),
@@ -45,5 +49,6 @@ async fn main() -> anyhow::Result<()> {
         Bench::RelayMemory(args) => memory::run(args).await,
         Bench::E2e(args) => e2e::run(args).await,
         Bench::Isolation(args) => isolation::run(args).await,
+        Bench::Roles(args) => roles::run(args).await,
     }
 }

@@ -1,0 +1,297 @@
+//! End to end with every role in its own process (the release `railhook ingest`, `relay`
+//! and `worker`), so each role's CPU and memory can be read from /proc: POST → receiver
+//! latency at `--rate` events/s for `--seconds`, then, per role, CPU seconds used during
+//! the load and resident memory at the start and at its peak.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::e2e::{Arrivals, receiver};
+use crate::setup::unique;
+use crate::stats::percentiles;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 500)]
+    rate: u64,
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// The `railhook` binary (built by deploy/local/bench.sh).
+    #[arg(long, default_value = "target/release/railhook")]
+    railhook: PathBuf,
+}
+
+const ADMIN: &str = "bench-admin-token-0123456789";
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// (CPU seconds so far, RSS MiB) of a process, from /proc.
+fn usage(pid: u32) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    // USER_HZ is 100 on Linux x86_64.
+    Some((ticks / 100.0, kb / 1024.0))
+}
+
+struct Role {
+    name: &'static str,
+    child: Child,
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let (settings, url, pool) = crate::setup::fresh().await?;
+    let slot = unique("rh_bench_roles_");
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(&slot)
+        .execute(&pool)
+        .await?;
+    let arrivals: Arrivals = Arc::default();
+    let hook = receiver(arrivals.clone()).await?;
+    let http_addr = format!("127.0.0.1:{}", free_port()?);
+    let api = format!("http://{http_addr}");
+    let env: Vec<(String, String)> = vec![
+        ("DATABASE_URL".into(), url.clone()),
+        ("KAFKA_BROKERS".into(), settings.kafka_brokers.clone()),
+        ("REDIS_URL".into(), settings.redis_url.clone()),
+        ("RAILHOOK_SLOT".into(), slot.clone()),
+        ("RAILHOOK_PUBLICATION".into(), settings.publication.clone()),
+        (
+            "RAILHOOK_TOPIC_PREFIX".into(),
+            format!("{}.", unique("roles")),
+        ),
+        ("RAILHOOK_WORKER_GROUP".into(), unique("roles-")),
+        (
+            "RAILHOOK_ALLOW_PRIVATE_TARGETS".into(),
+            "127.0.0.0/8".into(),
+        ),
+        ("RAILHOOK_ADMIN_TOKEN".into(), ADMIN.into()),
+        ("RAILHOOK_HTTP_ADDR".into(), http_addr.clone()),
+        ("RAILHOOK_WORKER_MAX_IN_FLIGHT".into(), "256".into()),
+        ("RUST_LOG".into(), "warn".into()),
+    ];
+    let mut roles = Vec::new();
+    for name in ["ingest", "relay", "worker"] {
+        let child = Command::new(&args.railhook)
+            .arg(name)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env(
+                "RAILHOOK_METRICS_ADDR",
+                format!("127.0.0.1:{}", free_port()?),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("{} (cargo build --release)", args.railhook.display()))?;
+        roles.push(Role { name, child });
+    }
+    let result = measure(&args, &api, &hook, &arrivals, &roles).await;
+    drop(roles);
+    let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(&pool)
+        .await;
+    result
+}
+
+async fn measure(
+    args: &Args,
+    api: &str,
+    hook: &str,
+    arrivals: &Arrivals,
+    roles: &[Role],
+) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http
+        .get(format!("{api}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        if Instant::now() > deadline {
+            bail!("ingest did not become ready");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let post = |path: &str, token: &str, body: Value| {
+        http.post(format!("{api}{path}"))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    let org: Value = post(
+        "/v1/organizations",
+        ADMIN,
+        json!({"name": "b", "monthly_quota": 1_000_000_000i64}),
+    )
+    .await?
+    .json()
+    .await?;
+    let project: Value = post(
+        "/v1/projects",
+        ADMIN,
+        json!({"organization_id": org["id"], "name": "b"}),
+    )
+    .await?
+    .json()
+    .await?;
+    let key = project["api_key"].as_str().context("key")?.to_owned();
+    let ep: Value = post("/v1/endpoints", &key, json!({"url": hook}))
+        .await?
+        .json()
+        .await?;
+    post(
+        "/v1/subscriptions",
+        &key,
+        json!({"endpoint_id": ep["id"], "event_types": ["*"]}),
+    )
+    .await?;
+    // Warm-up through the whole path.
+    post(
+        "/v1/events",
+        &key,
+        json!({"type": "bench.warmup", "payload": {"seq": u64::MAX}}),
+    )
+    .await?;
+    let warm = Instant::now() + Duration::from_secs(60);
+    while arrivals.lock().map(|a| a.is_empty()).unwrap_or(true) {
+        if Instant::now() > warm {
+            bail!("the warm-up event never arrived");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    arrivals.lock().map(|mut a| a.clear()).ok();
+
+    let pids: Vec<(&'static str, u32)> = roles.iter().map(|r| (r.name, r.child.id())).collect();
+    let before: HashMap<&str, (f64, f64)> = pids
+        .iter()
+        .filter_map(|(n, p)| usage(*p).map(|u| (*n, u)))
+        .collect();
+    let peaks: Arc<Mutex<HashMap<&'static str, f64>>> = Arc::default();
+    let sampling = {
+        let (pids, peaks) = (pids.clone(), peaks.clone());
+        tokio::spawn(async move {
+            loop {
+                for (name, pid) in &pids {
+                    if let (Some((_, rss)), Ok(mut p)) = (usage(*pid), peaks.lock()) {
+                        let e = p.entry(name).or_insert(0.0);
+                        *e = e.max(rss);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+
+    eprintln!("roles: {} events/s for {} s", args.rate, args.seconds);
+    let total = args.rate * args.seconds;
+    let period = Duration::from_secs_f64(1.0 / args.rate as f64);
+    let sent: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(total as usize);
+    for seq in 0..total {
+        tokio::time::sleep_until((started + period * seq as u32).into()).await;
+        let (http, api, key, sent) = (http.clone(), api.to_owned(), key.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            let at = Instant::now();
+            sent.lock().map(|mut s| s.insert(seq, at)).ok();
+            http.post(format!("{api}/v1/events"))
+                .bearer_auth(&key)
+                .json(&json!({"type": "order.paid", "payload": {"seq": seq}}))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().as_u16() == 201)
+        }));
+    }
+    let mut refused = 0;
+    for t in tasks {
+        if !t.await.unwrap_or(false) {
+            refused += 1;
+        }
+    }
+    let limit = Instant::now() + Duration::from_secs(60);
+    while arrivals.lock().map(|a| a.len()).unwrap_or(0) < total as usize && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let window = started.elapsed().as_secs_f64();
+    sampling.abort();
+    let after: HashMap<&str, (f64, f64)> = pids
+        .iter()
+        .filter_map(|(n, p)| usage(*p).map(|u| (*n, u)))
+        .collect();
+
+    let mut latencies: Vec<Duration> = {
+        let (sent, arrived) = (
+            sent.lock().map_err(|_| anyhow::anyhow!("lock"))?,
+            arrivals.lock().map_err(|_| anyhow::anyhow!("lock"))?,
+        );
+        sent.iter()
+            .filter_map(|(seq, at)| {
+                arrived
+                    .get(seq)
+                    .map(|got| got.saturating_duration_since(*at))
+            })
+            .collect()
+    };
+    let delivered = latencies.len();
+    println!(
+        "## Every role in its own process: {} events/s for {} s, 1 endpoint\n",
+        args.rate, args.seconds
+    );
+    println!(
+        "| measure | p50 ms | p90 ms | p99 ms | max ms |\n| --- | ---: | ---: | ---: | ---: |"
+    );
+    if let Some([p50, p90, p99, max]) = percentiles(&mut latencies) {
+        println!(
+            "| POST → receiver ({delivered} of {total} delivered; {refused} not 201) | {p50:.1} | {p90:.1} | {p99:.1} | {max:.1} |"
+        );
+    }
+    println!(
+        "\n| role | CPU s during the load | % of one core | RSS at start MiB | RSS peak MiB |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    let peaks = peaks.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+    for (name, _) in &pids {
+        if let (Some(b), Some(a)) = (before.get(name), after.get(name)) {
+            let cpu = a.0 - b.0;
+            println!(
+                "| {name} | {cpu:.1} | {:.0} % | {:.1} | {:.1} |",
+                100.0 * cpu / window,
+                b.1,
+                peaks.get(name).copied().unwrap_or(a.1)
+            );
+        }
+    }
+    println!("\n(window: {window:.1} s from the first POST to the last arrival)");
+    Ok(())
+}
