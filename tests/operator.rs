@@ -270,7 +270,8 @@ async fn an_endpoint_that_keeps_failing_is_disabled_with_a_reason_and_comes_back
         s.breaker_consecutive_failures = 1000;
     })
     .await;
-    let receiver = Receiver::start(vec![Behaviour::Status(500); 6], Behaviour::Status(200)).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(500)).await;
+    let fixed = Receiver::start(vec![], Behaviour::Status(200)).await;
     let r = p
         .app
         .call(
@@ -318,9 +319,18 @@ async fn an_endpoint_that_keeps_failing_is_disabled_with_a_reason_and_comes_back
     let h = get(&p.app, &p.key, &format!("/v1/endpoints/{ep}/health")).await;
     assert_eq!(h["consecutive_failures"], json!(0));
     assert_eq!(h["state"], json!("healthy"));
-    // The streak needs 3 failures over 1 s, so at most the six scripted 500s were used
-    // before the endpoint was disabled; after a reset, at most two more 500s come before
-    // the 200, too few to disable it again.
+    // The receiver is fixed (here: the endpoint now points at one that answers 200), and
+    // the failed message is sent again.
+    let r = p
+        .app
+        .call(
+            Method::PATCH,
+            &format!("/v1/endpoints/{ep}"),
+            Some(&p.key),
+            Some(json!({"url": fixed.url})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
     let r = p
         .app
         .call(
