@@ -228,6 +228,9 @@ struct LagContext {
 
 impl ClientContext for LagContext {
     fn stats(&self, statistics: Statistics) {
+        // Only the partitions this worker holds now: after a rebalance, a partition it lost
+        // would otherwise keep its last value forever and hide who holds the lag.
+        self.lag.reset();
         for (name, topic) in statistics.topics {
             let label = if name == self.deliveries_topic {
                 "deliveries"
@@ -238,7 +241,9 @@ impl ClientContext for LagContext {
             };
             for (partition, p) in topic.partitions {
                 // -1 is librdkafka's "unassigned" pseudo-partition; a lag of -1 is unknown.
-                if partition < 0 {
+                // Only partitions this consumer is fetching: librdkafka keeps reporting one
+                // it lost in a rebalance, with its last lag, as fetch state "none".
+                if partition < 0 || !p.desired || p.fetch_state == "none" {
                     continue;
                 }
                 let gauge = self
