@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
-use reqwest::{Method, StatusCode, redirect};
+use reqwest::{StatusCode, redirect};
 use serde_json::json;
 use support::pipeline::Pipeline;
 use support::receiver::{Behaviour, Receiver};
@@ -227,20 +227,7 @@ async fn sessions_are_scoped_to_one_project_and_actions_need_the_csrf_token() {
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 
     // Revoking the key ends the sessions opened with it.
-    let key_id: String = sqlx::query_scalar("SELECT id FROM api_keys WHERE project_id = $1")
-        .bind(&other_id)
-        .fetch_one(&app.pool)
-        .await
-        .expect("key id");
-    let r = app
-        .call(
-            Method::DELETE,
-            &format!("/v1/api-keys/{key_id}"),
-            Some(support::ADMIN_TOKEN),
-            None,
-        )
-        .await;
-    assert!(r.status.is_success(), "{:?}", r.body);
+    app.revoke_key_of(&other_id).await;
     let (status, _, _) = page(&other_cookie, format!("{}/dashboard/deliveries", app.base)).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
 

@@ -615,20 +615,7 @@ async fn key_and_subscription_changes_reach_the_next_event() {
         }
     };
     assert_eq!(post_there().await, StatusCode::CREATED);
-    let key_id: String = sqlx::query_scalar("SELECT id FROM api_keys WHERE project_id = $1")
-        .bind(&project)
-        .fetch_one(&app.pool)
-        .await
-        .expect("key");
-    let r = app
-        .call(
-            Method::DELETE,
-            &format!("/v1/api-keys/{key_id}"),
-            Some(support::ADMIN_TOKEN),
-            None,
-        )
-        .await;
-    assert!(r.status.is_success());
+    app.revoke_key_of(&project).await;
     let revoked = app.post_event(&key, "order.paid", json!({}), None).await;
     assert_eq!(revoked.status, StatusCode::UNAUTHORIZED, "at once here");
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use axum::Router;
 use axum::routing::post;
 use railhook_ingest::AppState;
@@ -98,7 +98,7 @@ pub(crate) async fn stack_with(endpoints: &[Value]) -> anyhow::Result<Stack> {
     s.allow_private_targets = "127.0.0.0/8".into();
     s.worker_max_in_flight = 256;
     s.db_max_connections = 40;
-    s.admin_token = Some("bench-admin-token-0123456789".to_owned().into());
+    s.admin_token = Some(crate::setup::ADMIN_TOKEN.to_owned().into());
     pool.close().await;
     let pool = railhook_common::db::connect(&s).await?;
     sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
@@ -138,40 +138,7 @@ pub(crate) async fn stack_with(endpoints: &[Value]) -> anyhow::Result<Stack> {
         let _ = stopped.await;
     }));
 
-    let http = reqwest::Client::new();
-    let admin = "bench-admin-token-0123456789";
-    let org: Value = http
-        .post(format!("{api}/v1/organizations"))
-        .bearer_auth(admin)
-        .json(&json!({"name": "bench", "monthly_quota": 1_000_000_000i64}))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let project: Value = http
-        .post(format!("{api}/v1/projects"))
-        .bearer_auth(admin)
-        .json(&json!({"organization_id": org["id"], "name": "bench"}))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let key = project["api_key"].as_str().context("api key")?.to_owned();
-    for body in endpoints {
-        let endpoint: Value = http
-            .post(format!("{api}/v1/endpoints"))
-            .bearer_auth(&key)
-            .json(body)
-            .send()
-            .await?
-            .json()
-            .await?;
-        http.post(format!("{api}/v1/subscriptions"))
-            .bearer_auth(&key)
-            .json(&json!({"endpoint_id": endpoint["id"], "event_types": ["*"]}))
-            .send()
-            .await?;
-    }
+    let (_, key) = crate::setup::tenant(&api, endpoints).await?;
     Ok(Stack {
         relay,
         worker,

@@ -56,7 +56,6 @@ pub struct Args {
 }
 
 const PAYLOAD: &str = r#"{"order_id": 1, "amount_cents": 4200, "currency": "EUR"}"#;
-const ADMIN: &str = "bench-admin-token-0123456789";
 
 struct Api {
     base: String,
@@ -79,7 +78,7 @@ impl Drop for Api {
 /// subscribed to every type.
 async fn start_api(endpoints: usize) -> anyhow::Result<Api> {
     let (mut s, url, pool) = crate::setup::fresh().await?;
-    s.admin_token = Some(ADMIN.to_owned().into());
+    s.admin_token = Some(crate::setup::ADMIN_TOKEN.to_owned().into());
     s.db_max_connections = 40;
     pool.close().await;
     let pool = railhook_common::db::connect(&s).await?;
@@ -90,43 +89,14 @@ async fn start_api(endpoints: usize) -> anyhow::Result<Api> {
     tokio::spawn(railhook_ingest::serve(listener, state, async move {
         let _ = stopped.await;
     }));
-    let http = reqwest::Client::new();
-    let org: Value = http
-        .post(format!("{base}/v1/organizations"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"name": "bench", "monthly_quota": 1_000_000_000_000i64}))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let project: Value = http
-        .post(format!("{base}/v1/projects"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"organization_id": org["id"], "name": "bench"}))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let key = project["api_key"].as_str().context("api key")?.to_owned();
-    for n in 0..endpoints {
-        let ep: Value = http
-            .post(format!("{base}/v1/endpoints"))
-            .bearer_auth(&key)
-            .json(&json!({"url": format!("http://127.0.0.1:9/hook{n}")}))
-            .send()
-            .await?
-            .json()
-            .await?;
-        http.post(format!("{base}/v1/subscriptions"))
-            .bearer_auth(&key)
-            .json(&json!({"endpoint_id": ep["id"], "event_types": ["*"]}))
-            .send()
-            .await?;
-    }
+    let bodies: Vec<Value> = (0..endpoints)
+        .map(|n| json!({"url": format!("http://127.0.0.1:9/hook{n}")}))
+        .collect();
+    let (project, key) = crate::setup::tenant(&base, &bodies).await?;
     Ok(Api {
         base,
         key,
-        project: project["id"].as_str().context("project")?.to_owned(),
+        project,
         pool,
         url,
         stop: Some(stop),

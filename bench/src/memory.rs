@@ -116,15 +116,7 @@ impl Drop for Broker {
 
 /// Resident set size of a process, in MiB.
 fn rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
+    crate::stats::process_usage(pid).map(|(_, rss)| rss)
 }
 
 async fn confirmed_lag(pool: &PgPool, slot: &str) -> anyhow::Result<i64> {
@@ -284,17 +276,7 @@ async fn write(pool: &PgPool, rows: i64, batch: i64, offset: i64) -> anyhow::Res
     let mut done = 0;
     while done < rows {
         let n = batch.min(rows - done);
-        let from = offset + done;
-        sqlx::query(
-            "INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
-             SELECT 'dlv_01jbench' || lpad(g::text, 16, '0'), 'ep_01jbench' || lpad((g % 64)::text, 15, '0'),
-                    'proj_01jbench0000000000000000', 'CREATED'
-             FROM generate_series($1::bigint, $2::bigint - 1) g",
-        )
-        .bind(from)
-        .bind(from + n)
-        .execute(pool)
-        .await?;
+        crate::relay::insert_outbox_rows(pool, offset + done, n).await?;
         done += n;
     }
     Ok(())

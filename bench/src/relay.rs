@@ -97,22 +97,29 @@ async fn write_backlog(pool: &PgPool, rows: i64, batch: i64) -> anyhow::Result<(
     let mut written = 0;
     while written < rows {
         let n = batch.min(rows - written);
-        sqlx::query(
-            "INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
-             SELECT 'dlv_01jbench' || lpad(g::text, 16, '0'), 'ep_01jbench' || lpad((g % 64)::text, 15, '0'),
-                    'proj_01jbench0000000000000000', 'CREATED'
-             FROM generate_series($1, $2 - 1) g",
-        )
-        .bind(written)
-        .bind(written + n)
-        .execute(pool)
-        .await?;
+        insert_outbox_rows(pool, written, n).await?;
         written += n;
         if written % (rows / 10).max(1) < n {
             eprint!("\r  backlog: {written}/{rows} rows");
         }
     }
     eprintln!();
+    Ok(())
+}
+
+/// `count` Outbox rows numbered from `from`, in one transaction (the rows the relay
+/// benchmarks stream; nothing else reads them).
+pub(crate) async fn insert_outbox_rows(pool: &PgPool, from: i64, count: i64) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+         SELECT 'dlv_01jbench' || lpad(g::text, 16, '0'), 'ep_01jbench' || lpad((g % 64)::text, 15, '0'),
+                'proj_01jbench0000000000000000', 'CREATED'
+         FROM generate_series($1::bigint, $2::bigint - 1) g",
+    )
+    .bind(from)
+    .bind(from + count)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

@@ -27,31 +27,10 @@ pub struct Args {
     railhook: PathBuf,
 }
 
-const ADMIN: &str = "bench-admin-token-0123456789";
-
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-/// (CPU seconds so far, RSS MiB) of a process, from /proc.
-fn usage(pid: u32) -> Option<(f64, f64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    // USER_HZ is 100 on Linux x86_64.
-    Some((ticks / 100.0, kb / 1024.0))
 }
 
 struct Role {
@@ -92,7 +71,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "RAILHOOK_ALLOW_PRIVATE_TARGETS".into(),
             "127.0.0.0/8".into(),
         ),
-        ("RAILHOOK_ADMIN_TOKEN".into(), ADMIN.into()),
+        (
+            "RAILHOOK_ADMIN_TOKEN".into(),
+            crate::setup::ADMIN_TOKEN.into(),
+        ),
         ("RAILHOOK_HTTP_ADDR".into(), http_addr.clone()),
         ("RAILHOOK_WORKER_MAX_IN_FLIGHT".into(), "256".into()),
         ("RUST_LOG".into(), "warn".into()),
@@ -149,33 +131,7 @@ async fn measure(
             .json(&body)
             .send()
     };
-    let org: Value = post(
-        "/v1/organizations",
-        ADMIN,
-        json!({"name": "b", "monthly_quota": 1_000_000_000i64}),
-    )
-    .await?
-    .json()
-    .await?;
-    let project: Value = post(
-        "/v1/projects",
-        ADMIN,
-        json!({"organization_id": org["id"], "name": "b"}),
-    )
-    .await?
-    .json()
-    .await?;
-    let key = project["api_key"].as_str().context("key")?.to_owned();
-    let ep: Value = post("/v1/endpoints", &key, json!({"url": hook}))
-        .await?
-        .json()
-        .await?;
-    post(
-        "/v1/subscriptions",
-        &key,
-        json!({"endpoint_id": ep["id"], "event_types": ["*"]}),
-    )
-    .await?;
+    let (_, key) = crate::setup::tenant(api, &[json!({"url": hook})]).await?;
     // Warm-up through the whole path.
     post(
         "/v1/events",
@@ -195,7 +151,7 @@ async fn measure(
     let pids: Vec<(&'static str, u32)> = roles.iter().map(|r| (r.name, r.child.id())).collect();
     let before: HashMap<&str, (f64, f64)> = pids
         .iter()
-        .filter_map(|(n, p)| usage(*p).map(|u| (*n, u)))
+        .filter_map(|(n, p)| crate::stats::process_usage(*p).map(|u| (*n, u)))
         .collect();
     let peaks: Arc<Mutex<HashMap<&'static str, f64>>> = Arc::default();
     let sampling = {
@@ -203,7 +159,9 @@ async fn measure(
         tokio::spawn(async move {
             loop {
                 for (name, pid) in &pids {
-                    if let (Some((_, rss)), Ok(mut p)) = (usage(*pid), peaks.lock()) {
+                    if let (Some((_, rss)), Ok(mut p)) =
+                        (crate::stats::process_usage(*pid), peaks.lock())
+                    {
                         let e = p.entry(name).or_insert(0.0);
                         *e = e.max(rss);
                     }
@@ -247,7 +205,7 @@ async fn measure(
     sampling.abort();
     let after: HashMap<&str, (f64, f64)> = pids
         .iter()
-        .filter_map(|(n, p)| usage(*p).map(|u| (*n, u)))
+        .filter_map(|(n, p)| crate::stats::process_usage(*p).map(|u| (*n, u)))
         .collect();
 
     let mut latencies: Vec<Duration> = {

@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use railhook_common::config::Settings;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 
 pub fn unique(prefix: &str) -> String {
@@ -31,4 +32,51 @@ pub async fn fresh() -> anyhow::Result<(Settings, String, PgPool)> {
     railhook_common::db::MIGRATOR.run(&pool).await?;
     railhook_common::db::ensure_publication(&pool, &settings.publication).await?;
     Ok((settings, url, pool))
+}
+
+/// The admin token every benchmark's API is started with.
+pub const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
+
+/// An organization (with a quota no benchmark reaches) and a project through the admin API
+/// at `api`, and one endpoint per body in `endpoints`, each subscribed to every Event type.
+/// Returns (project id, API key).
+pub async fn tenant(api: &str, endpoints: &[Value]) -> anyhow::Result<(String, String)> {
+    let http = reqwest::Client::new();
+    let post = |path: &str, token: &str, body: Value| {
+        http.post(format!("{api}{path}"))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    let org: Value = post(
+        "/v1/organizations",
+        ADMIN_TOKEN,
+        json!({"name": "bench", "monthly_quota": 1_000_000_000_000i64}),
+    )
+    .await?
+    .json()
+    .await?;
+    let project: Value = post(
+        "/v1/projects",
+        ADMIN_TOKEN,
+        json!({"organization_id": org["id"], "name": "bench"}),
+    )
+    .await?
+    .json()
+    .await?;
+    let key = project["api_key"].as_str().context("api key")?.to_owned();
+    for body in endpoints {
+        let endpoint: Value = post("/v1/endpoints", &key, body.clone())
+            .await?
+            .json()
+            .await?;
+        post(
+            "/v1/subscriptions",
+            &key,
+            json!({"endpoint_id": endpoint["id"], "event_types": ["*"]}),
+        )
+        .await?;
+    }
+    let project_id = project["id"].as_str().context("project id")?.to_owned();
+    Ok((project_id, key))
 }

@@ -41,3 +41,22 @@ pub fn histogram_quantile(h: &prometheus::Histogram, q: f64) -> f64 {
     }
     prev_bound * 1e3
 }
+
+/// (CPU seconds so far, RSS MiB) of a process, from /proc.
+pub fn process_usage(pid: u32) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    // USER_HZ is 100 on Linux x86_64.
+    Some((ticks / 100.0, kb / 1024.0))
+}

@@ -11,6 +11,7 @@ use railhook_common::secrets::hash_api_key;
 use secrecy::ExposeSecret;
 use subtle::ConstantTimeEq;
 
+use crate::ingest::{LIVE_SUBSCRIPTIONS_JSON, parse_candidates};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -119,14 +120,6 @@ impl SenderCache {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct SubscriptionRow {
-    id: String,
-    endpoint_id: String,
-    event_types: Vec<String>,
-    ordered: bool,
-}
-
 impl FromRequestParts<AppState> for Sender {
     type Rejection = ApiError;
 
@@ -137,51 +130,29 @@ impl FromRequestParts<AppState> for Sender {
         if let Some(sender) = state.senders.0.get(&hash) {
             return Ok(sender);
         }
-        let row = sqlx::query(
-            r#"SELECT p.id AS project_id, p.organization_id, o.monthly_quota,
-                      coalesce((SELECT json_agg(json_build_object(
-                                    'id', s.id, 'endpoint_id', s.endpoint_id,
-                                    'event_types', s.event_types, 'ordered', s.ordered)
-                                    ORDER BY s.id)
-                                FROM subscriptions s JOIN endpoints e ON e.id = s.endpoint_id
-                                WHERE s.project_id = p.id AND s.deleted_at IS NULL
-                                  AND e.deleted_at IS NULL AND e.enabled), '[]')::text AS subscriptions
-               FROM api_keys k
-               JOIN projects p ON p.id = k.project_id
-               JOIN organizations o ON o.id = p.organization_id
-               WHERE k.key_hash = $1 AND k.revoked_at IS NULL"#,
-        )
+        let row = sqlx::query(&format!(
+            "SELECT p.id AS project_id, p.organization_id, o.monthly_quota,
+                    {LIVE_SUBSCRIPTIONS_JSON} AS subscriptions
+             FROM api_keys k
+             JOIN projects p ON p.id = k.project_id
+             JOIN organizations o ON o.id = p.organization_id
+             WHERE k.key_hash = $1 AND k.revoked_at IS NULL"
+        ))
         .bind(&hash)
         .fetch_optional(&state.pool)
         .await?
         .ok_or(ApiError::Unauthorized)?;
-        let subscriptions: Vec<SubscriptionRow> =
-            serde_json::from_str(row.get::<&str, _>("subscriptions")).map_err(|_| {
-                ApiError::Internal(crate::problem::InternalError::Fault(
-                    "unreadable subscriptions",
-                ))
-            })?;
+        let subscriptions =
+            parse_candidates(row.get("subscriptions")).ok_or(ApiError::Internal(
+                crate::problem::InternalError::Fault("unreadable subscriptions"),
+            ))?;
         let sender = Sender {
             project: Project {
                 id: ProjectId::from_trusted(row.get("project_id")),
                 organization_id: OrganizationId::from_trusted(row.get("organization_id")),
                 monthly_quota: row.get("monthly_quota"),
             },
-            subscriptions: std::sync::Arc::new(
-                subscriptions
-                    .into_iter()
-                    .map(|s| crate::ingest::Candidate {
-                        subscription_id: s.id,
-                        endpoint_id: s.endpoint_id,
-                        patterns: s
-                            .event_types
-                            .into_iter()
-                            .map(railhook_common::EventTypePattern::from_trusted)
-                            .collect(),
-                        ordered: s.ordered,
-                    })
-                    .collect(),
-            ),
+            subscriptions: std::sync::Arc::new(subscriptions),
         };
         state.senders.0.insert(hash, sender.clone());
         Ok(sender)

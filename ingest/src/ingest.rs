@@ -84,12 +84,12 @@ pub struct Candidate {
 
 /// The Deliveries to create, as parallel columns for one `unnest` insert.
 #[derive(Default)]
-struct DeliveryPlan {
-    ids: Vec<String>,
-    event_ids: Vec<String>,
-    endpoint_ids: Vec<String>,
-    subscription_ids: Vec<String>,
-    ordered: Vec<bool>,
+pub(crate) struct DeliveryPlan {
+    pub(crate) ids: Vec<String>,
+    pub(crate) event_ids: Vec<String>,
+    pub(crate) endpoint_ids: Vec<String>,
+    pub(crate) subscription_ids: Vec<String>,
+    pub(crate) ordered: Vec<bool>,
 }
 
 impl DeliveryPlan {
@@ -122,7 +122,6 @@ pub async fn ingest(
     events: Vec<NewEvent>,
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
     let organization = project.organization_id.as_str();
-    let all: Vec<usize> = (0..events.len()).collect();
     let results = if state
         .quota
         .check(organization, project.monthly_quota, events.len())
@@ -130,15 +129,20 @@ pub async fn ingest(
         == QuotaCheck::Exceeded
     {
         let existing = find_existing(&state.pool, project, &events, None).await?;
-        if existing.len() < events.len() {
+        let Some(found) = (0..events.len())
+            .map(|i| existing.get(&i))
+            .collect::<Option<Vec<_>>>()
+        else {
             state.metrics.quota_rejected.inc();
             return Err(ApiError::QuotaExceeded);
-        }
-        all.iter()
-            .map(|i| replayed(&existing[i], &events[*i]))
+        };
+        found
+            .into_iter()
+            .zip(&events)
+            .map(|(f, e)| replayed(f, e))
             .collect::<Result<Vec<_>, _>>()?
     } else {
-        let created = write_events(state, project, subs, &events, &all).await?;
+        let created = write_events(state, project, subs, &events).await?;
         state
             .quota
             .charge(organization, created.iter().filter(|e| e.created).count())
@@ -217,40 +221,61 @@ async fn find_existing(
         .collect())
 }
 
+/// The live subscriptions (on enabled endpoints) of the project `p.id`, as one JSON array,
+/// ordered by id: `auth::Sender` reads it in the same query as the key, `candidates` alone.
+pub(crate) const LIVE_SUBSCRIPTIONS_JSON: &str = "coalesce((
+    SELECT json_agg(json_build_object('id', s.id, 'endpoint_id', s.endpoint_id,
+                                      'event_types', s.event_types, 'ordered', s.ordered)
+                    ORDER BY s.id)
+    FROM subscriptions s JOIN endpoints e ON e.id = s.endpoint_id
+    WHERE s.project_id = p.id AND s.deleted_at IS NULL
+      AND e.deleted_at IS NULL AND e.enabled), '[]')::text";
+
+#[derive(serde::Deserialize)]
+struct SubscriptionRow {
+    id: String,
+    endpoint_id: String,
+    event_types: Vec<String>,
+    ordered: bool,
+}
+
+/// Reads `LIVE_SUBSCRIPTIONS_JSON`; `None` only if the database sent something else.
+pub(crate) fn parse_candidates(json: &str) -> Option<Vec<Candidate>> {
+    let rows: Vec<SubscriptionRow> = serde_json::from_str(json).ok()?;
+    Some(
+        rows.into_iter()
+            .map(|s| Candidate {
+                subscription_id: s.id,
+                endpoint_id: s.endpoint_id,
+                // Patterns were validated when the subscription was stored.
+                patterns: s
+                    .event_types
+                    .into_iter()
+                    .map(EventTypePattern::from_trusted)
+                    .collect(),
+                ordered: s.ordered,
+            })
+            .collect(),
+    )
+}
+
 /// The project's live subscriptions on enabled endpoints.
 pub(crate) async fn candidates(
     db: impl sqlx::PgExecutor<'_>,
     project_id: &str,
 ) -> Result<Vec<Candidate>, sqlx::Error> {
-    let rows = sqlx::query!(
-        r#"SELECT s.id, s.endpoint_id, s.event_types, s.ordered
-           FROM subscriptions s
-           JOIN endpoints e ON e.id = s.endpoint_id
-           WHERE s.project_id = $1 AND s.deleted_at IS NULL
-             AND e.deleted_at IS NULL AND e.enabled
-           ORDER BY s.id"#,
-        project_id
-    )
-    .fetch_all(db)
+    let json: String = sqlx::query_scalar(&format!(
+        "SELECT {LIVE_SUBSCRIPTIONS_JSON} FROM (SELECT $1::text AS id) p"
+    ))
+    .bind(project_id)
+    .fetch_one(db)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| Candidate {
-            subscription_id: r.id,
-            endpoint_id: r.endpoint_id,
-            patterns: r
-                .event_types
-                .into_iter()
-                .map(EventTypePattern::from_trusted)
-                .collect(),
-            ordered: r.ordered,
-        })
-        .collect())
+    parse_candidates(&json).ok_or_else(|| sqlx::Error::Decode("unreadable subscriptions".into()))
 }
 
 /// One Delivery per (Event, endpoint): an endpoint with two matching subscriptions still gets
 /// the Event once (ordered if either subscription asks for order).
-fn plan_deliveries(
+pub(crate) fn plan_deliveries(
     event: &EventId,
     event_type: &EventType,
     subs: &[Candidate],
@@ -274,48 +299,49 @@ fn plan_deliveries(
     }
 }
 
-/// Step 3: the transaction. Returns one result per position in `fresh`.
+/// What step 3 writes: a new id per Event, the Deliveries planned for every Event, and which
+/// of them (`spans[i]`, positions in `plan`) belong to Event `i`. All are planned up front;
+/// the statement keeps those of the Events it actually inserts (a concurrent request may
+/// hold an Idempotency-Key).
+struct Draft {
+    ids: Vec<EventId>,
+    plan: DeliveryPlan,
+    spans: Vec<std::ops::Range<usize>>,
+}
+
+impl Draft {
+    fn new(events: &[NewEvent], subs: &[Candidate]) -> Self {
+        let ids: Vec<EventId> = events.iter().map(|_| EventId::generate()).collect();
+        let mut plan = DeliveryPlan::default();
+        let mut spans = Vec::with_capacity(events.len());
+        for (event, id) in events.iter().zip(&ids) {
+            let first = plan.ids.len();
+            plan_deliveries(id, &event.event_type, subs, &mut plan);
+            spans.push(first..plan.ids.len());
+        }
+        Self { ids, plan, spans }
+    }
+}
+
+/// Step 3 and 4. Returns one result per Event.
 async fn write_events(
     state: &AppState,
     project: &Project,
     subs: &[Candidate],
     events: &[NewEvent],
-    fresh: &[usize],
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
-    let ids: Vec<EventId> = fresh.iter().map(|_| EventId::generate()).collect();
-    // Every fresh Event's Deliveries are planned up front; the statement keeps those of the
-    // Events it actually inserts (a concurrent request may win an Idempotency-Key).
-    let mut plan = DeliveryPlan::default();
-    let mut spans = Vec::with_capacity(fresh.len());
-    for (&i, id) in fresh.iter().zip(&ids) {
-        let first = plan.ids.len();
-        plan_deliveries(id, &events[i].event_type, subs, &mut plan);
-        spans.push(first..plan.ids.len());
-    }
+    let draft = Draft::new(events, subs);
     // One Event: one statement, atomic by itself. Several: the same statement in a
     // transaction, because a batch is all or nothing and an Idempotency-Key reused with
     // another payload (found only once the statement skipped it) must undo the rest.
-    let (inserted, results) = if fresh.len() == 1 && !state.faults.trip_ingest_before_commit() {
-        let inserted = insert_all(&state.pool, project, events, fresh, &ids, &plan).await?;
-        let results = outcomes(
-            &state.pool,
-            project,
-            events,
-            fresh,
-            &ids,
-            &plan,
-            spans,
-            &inserted,
-        )
-        .await?;
+    let (inserted, results) = if events.len() == 1 && !state.faults.trip_ingest_before_commit() {
+        let inserted = insert_all(&state.pool, project, events, &draft).await?;
+        let results = outcomes(&state.pool, project, events, &draft, &inserted).await?;
         (inserted, results)
     } else {
         let mut tx = state.pool.begin().await?;
-        let inserted = insert_all(&mut *tx, project, events, fresh, &ids, &plan).await?;
-        let results = outcomes(
-            &mut *tx, project, events, fresh, &ids, &plan, spans, &inserted,
-        )
-        .await?;
+        let inserted = insert_all(&mut *tx, project, events, &draft).await?;
+        let results = outcomes(&mut *tx, project, events, &draft, &inserted).await?;
         if state.faults.trip_ingest_before_commit() {
             // The crash test's fault point: everything written, never committed.
             return Err(ApiError::Internal(InternalError::Fault(
@@ -325,7 +351,7 @@ async fn write_events(
         tx.commit().await?;
         (inserted, results)
     };
-    let written = plan.keep(|event| inserted.contains_key(event));
+    let written = draft.plan.keep(|event| inserted.contains_key(event));
     state.metrics.events_created.inc_by(inserted.len() as u64);
     state
         .metrics
@@ -335,34 +361,27 @@ async fn write_events(
     Ok(results)
 }
 
-/// The answer for each fresh Event: created, or (skipped by the statement because its
+/// The answer for each Event: created, or (skipped by the statement because its
 /// Idempotency-Key exists) the Event that holds the key — 409 if it is another request. The
 /// statement waited for a concurrent holder to commit before skipping, so it is visible.
-#[allow(clippy::too_many_arguments)]
 async fn outcomes(
     db: impl sqlx::PgExecutor<'_>,
     project: &Project,
     events: &[NewEvent],
-    fresh: &[usize],
-    ids: &[EventId],
-    plan: &DeliveryPlan,
-    spans: Vec<std::ops::Range<usize>>,
+    draft: &Draft,
     inserted: &HashMap<String, DateTime<Utc>>,
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
-    let raced: Vec<usize> = fresh
-        .iter()
-        .zip(ids)
-        .filter(|(_, id)| !inserted.contains_key(id.as_str()))
-        .map(|(&i, _)| i)
+    let raced: Vec<usize> = (0..events.len())
+        .filter(|&i| !inserted.contains_key(draft.ids[i].as_str()))
         .collect();
     let winners = find_existing(db, project, events, Some(&raced)).await?;
-    let mut results = Vec::with_capacity(fresh.len());
-    for ((&i, id), span) in fresh.iter().zip(ids).zip(spans) {
+    let mut results = Vec::with_capacity(events.len());
+    for (i, (event, id)) in events.iter().zip(&draft.ids).enumerate() {
         let accepted = match inserted.get(id.as_str()) {
-            Some(&created_at) => created(id, &events[i], created_at, plan, span),
+            Some(&created_at) => created(id, event, created_at, draft, i),
             None => {
                 let winner = winners.get(&i).ok_or(ApiError::IdempotencyConflict)?;
-                replayed(winner, &events[i])?
+                replayed(winner, event)?
             }
         };
         results.push(accepted);
@@ -374,10 +393,12 @@ fn created(
     id: &EventId,
     event: &NewEvent,
     created_at: DateTime<Utc>,
-    plan: &DeliveryPlan,
-    span: std::ops::Range<usize>,
+    draft: &Draft,
+    position: usize,
 ) -> AcceptedEvent {
-    let mut deliveries: Vec<DeliveryRef> = span
+    let plan = &draft.plan;
+    let mut deliveries: Vec<DeliveryRef> = draft.spans[position]
+        .clone()
         .map(|d| DeliveryRef {
             id: plan.ids[d].clone(),
             endpoint_id: plan.endpoint_ids[d].clone(),
@@ -395,33 +416,26 @@ fn created(
     }
 }
 
-/// Step 3, the one statement: the fresh Events, the Deliveries of those actually inserted
-/// and one Outbox row per Delivery. A single statement is atomic on its own (Postgres runs
-/// it in one implicit transaction), so it needs no BEGIN/COMMIT round trips: the Event, its
-/// Deliveries and their announcements exist together or not at all. An Event whose
-/// Idempotency-Key a concurrent request already holds is skipped with its Deliveries.
-/// Returns the inserted Events' ids with their creation time.
+/// Step 3, the one statement: the Events, the Deliveries of those actually inserted and one
+/// Outbox row per Delivery. A single statement is atomic on its own (Postgres runs it in one
+/// implicit transaction), so it needs no BEGIN/COMMIT round trips: the Event, its Deliveries
+/// and their announcements exist together or not at all. An Event whose Idempotency-Key a
+/// concurrent request already holds is skipped with its Deliveries. Returns the inserted
+/// Events' ids with their creation time.
 async fn insert_all(
     db: impl sqlx::PgExecutor<'_>,
     project: &Project,
     events: &[NewEvent],
-    fresh: &[usize],
-    ids: &[EventId],
-    plan: &DeliveryPlan,
+    draft: &Draft,
 ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
-    let ids: Vec<String> = ids.iter().map(|id| id.as_str().to_owned()).collect();
-    let types: Vec<String> = fresh
+    let plan = &draft.plan;
+    let ids: Vec<String> = draft.ids.iter().map(|id| id.as_str().to_owned()).collect();
+    let types: Vec<String> = events
         .iter()
-        .map(|&i| events[i].event_type.as_str().to_owned())
+        .map(|e| e.event_type.as_str().to_owned())
         .collect();
-    let payloads: Vec<String> = fresh
-        .iter()
-        .map(|&i| events[i].payload.get().to_owned())
-        .collect();
-    let keys: Vec<Option<String>> = fresh
-        .iter()
-        .map(|&i| events[i].idempotency_key.clone())
-        .collect();
+    let payloads: Vec<String> = events.iter().map(|e| e.payload.get().to_owned()).collect();
+    let keys: Vec<Option<String>> = events.iter().map(|e| e.idempotency_key.clone()).collect();
     let rows = sqlx::query!(
         r#"WITH ev AS (
                INSERT INTO events (id, project_id, event_type, payload, idempotency_key)

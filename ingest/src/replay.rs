@@ -25,10 +25,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use railhook_common::event_type::EventType;
-use railhook_common::ids::DeliveryId;
+use railhook_common::ids::{DeliveryId, EventId};
 use sqlx::{PgConnection, PgPool, Row};
 
-use crate::ingest::candidates;
+use crate::ingest::{DeliveryPlan, candidates, plan_deliveries};
 
 /// Events per batch transaction.
 pub const BATCH_EVENTS: i64 = 500;
@@ -138,7 +138,6 @@ async fn plan(
     only_endpoint: Option<&str>,
     events: &[ReplayedEvent],
 ) -> Result<Plan, sqlx::Error> {
-    let subs = candidates(&mut *tx, project_id).await?;
     let sources: Vec<String> = events
         .iter()
         .filter_map(|e| e.source_id.clone())
@@ -159,39 +158,53 @@ async fn plan(
         .await?
     };
     let wanted = |endpoint: &str| only_endpoint.is_none_or(|only| only == endpoint);
+    let mut subs = candidates(&mut *tx, project_id).await?;
+    subs.retain(|s| wanted(&s.endpoint_id));
+    // Outgoing Events match like at ingest (one Delivery per endpoint, however many of its
+    // subscriptions match); a replayed Delivery is never ordered.
+    let mut outgoing = DeliveryPlan::default();
     let mut plan = Plan::default();
     for event in events {
-        let mut add = |endpoint: &str, subscription: Option<&str>, direction| {
-            plan.ids.push(DeliveryId::generate().into_string());
-            plan.event_ids.push(event.id.clone());
-            plan.endpoint_ids.push(endpoint.to_owned());
-            plan.subscription_ids.push(subscription.map(str::to_owned));
-            plan.directions.push(direction);
-        };
-        if let Some(source) = &event.source_id {
-            for (endpoint, _) in destinations
-                .iter()
-                .filter(|(ep, src)| src == source && wanted(ep))
-            {
-                add(endpoint, None, "incoming");
+        let Some(source) = &event.source_id else {
+            // Stored types were valid when accepted; one that no longer parses is skipped.
+            if let Ok(event_type) = EventType::parse(&event.event_type) {
+                let id = EventId::from_trusted(event.id.clone());
+                plan_deliveries(&id, &event_type, &subs, &mut outgoing);
             }
             continue;
-        }
-        // Stored types were valid when accepted; one that no longer parses is skipped.
-        let Ok(event_type) = EventType::parse(&event.event_type) else {
-            continue;
         };
-        let mut seen = HashSet::new();
-        for sub in &subs {
-            if wanted(&sub.endpoint_id)
-                && sub.patterns.iter().any(|p| p.matches(&event_type))
-                && seen.insert(sub.endpoint_id.as_str())
-            {
-                add(&sub.endpoint_id, Some(&sub.subscription_id), "outgoing");
-            }
+        for (endpoint, _) in destinations
+            .iter()
+            .filter(|(ep, src)| src == source && wanted(ep))
+        {
+            plan.push(&event.id, endpoint, None, "incoming");
         }
     }
+    for n in 0..outgoing.ids.len() {
+        plan.push(
+            &outgoing.event_ids[n],
+            &outgoing.endpoint_ids[n],
+            Some(&outgoing.subscription_ids[n]),
+            "outgoing",
+        );
+    }
     Ok(plan)
+}
+
+impl Plan {
+    fn push(
+        &mut self,
+        event: &str,
+        endpoint: &str,
+        subscription: Option<&str>,
+        direction: &'static str,
+    ) {
+        self.ids.push(DeliveryId::generate().into_string());
+        self.event_ids.push(event.to_owned());
+        self.endpoint_ids.push(endpoint.to_owned());
+        self.subscription_ids.push(subscription.map(str::to_owned));
+        self.directions.push(direction);
+    }
 }
 
 /// The batch's Deliveries and their Outbox rows, in one statement so neither exists alone.

@@ -234,6 +234,24 @@ impl TestApp {
         Self::reply(req.send().await.expect("request")).await
     }
 
+    /// Revokes the project's only API key through the admin API.
+    pub async fn revoke_key_of(&self, project: &str) {
+        let key_id: String = sqlx::query_scalar("SELECT id FROM api_keys WHERE project_id = $1")
+            .bind(project)
+            .fetch_one(&self.pool)
+            .await
+            .expect("key id");
+        let r = self
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/v1/api-keys/{key_id}"),
+                Some(ADMIN_TOKEN),
+                None,
+            )
+            .await;
+        assert!(r.status.is_success(), "{:?}", r.body);
+    }
+
     /// Row counts of (events, deliveries, outbox).
     pub async fn counts(&self) -> (i64, i64, i64) {
         let count = |table: &'static str| {

@@ -342,9 +342,11 @@ pub struct FailedQuery {
 
 impl FailedQuery {
     fn filter(&self) -> Result<FailedFilter, ApiError> {
+        // The API's own validation checks the ids, type and code; only the form's text needs
+        // reading here.
         let f = FailedFilter {
-            endpoint_id: parse_endpoint(&self.endpoint_id)?,
-            event_type: parse_type(&self.event_type)?,
+            endpoint_id: given(&self.endpoint_id).map(str::to_owned),
+            event_type: given(&self.event_type).map(str::to_owned),
             status_code: parse_code(&self.status_code)?,
             since: parse_time("since", &self.since)?,
             until: parse_time("until", &self.until)?,
@@ -662,15 +664,7 @@ pub async fn endpoint_action(
     let _updated = match action.as_str() {
         "enable" => endpoints::set_enabled(&state, &session.project, &id, true, None).await?,
         "disable" => {
-            let reason = given(&form.reason).map_or_else(
-                || "disabled by a person".to_owned(),
-                |r| {
-                    format!(
-                        "disabled by a person: {}",
-                        r.chars().take(500).collect::<String>()
-                    )
-                },
-            );
+            let reason = endpoints::disabled_by_a_person(form.reason.as_deref())?;
             endpoints::set_enabled(&state, &session.project, &id, false, Some(reason)).await?
         }
         _ => return Err(ApiError::NotFound("route").into()),

@@ -178,36 +178,14 @@ pub async fn retry(
 /// The single retry, shared by the API and the dashboard.
 pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResult<Delivery> {
     let current = find(state, project, id).await?;
-    let mut tx = state.pool.begin().await?;
-    let delivery = sqlx::query_as!(
-        Delivery,
-        r#"UPDATE deliveries
-           SET status = 'PENDING', attempt_count = 0, next_retry_at = NULL, failure_reason = NULL,
-               claim_token = NULL, ladder_started_at = now(), updated_at = now(),
-               version = version + 1,
-               -- A re-sent ordered Delivery does not hold the endpoint's line again: the
-               -- ones numbered after it went on without it.
-               ordering_skipped_at = CASE WHEN ordered THEN coalesce(ordering_skipped_at, now()) END
-           WHERE id = $1 AND project_id = $2 AND status = 'FAILED'
-           RETURNING id, event_id, endpoint_id, status, attempt_count, next_retry_at,
-                     last_attempt_at, sequence_number, deferral_count, failure_reason, created_at, updated_at"#,
-        current.id,
-        project.id.as_str()
-    )
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(ApiError::InvalidState(
-        "only a FAILED delivery can be retried",
-    ))?;
-    sqlx::query!(
-        "INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
-         VALUES ($1, $2, $3, 'MANUAL_RETRY')",
-        delivery.id,
-        delivery.endpoint_id,
-        project.id.as_str()
-    )
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(delivery)
+    let filter = crate::routes::failed::FailedFilter::default();
+    let reset =
+        crate::routes::failed::reset_failed(&state.pool, project, &filter, Some(&current.id), None)
+            .await?;
+    if reset == 0 {
+        return Err(ApiError::InvalidState(
+            "only a FAILED delivery can be retried",
+        ));
+    }
+    find(state, project, &current.id).await
 }

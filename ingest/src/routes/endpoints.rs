@@ -646,20 +646,25 @@ pub async fn disable(
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::MalformedJson(e.to_string()))?
     };
-    let reason = body.reason.unwrap_or_default();
-    let reason = reason.trim();
-    if reason.chars().count() > 500 {
+    let reason = disabled_by_a_person(body.reason.as_deref())?;
+    set_enabled(&state, &project, &id, false, Some(reason)).await
+}
+
+/// The reason shown for an endpoint a person disabled (API or dashboard), with theirs if
+/// they gave one (at most 500 characters).
+pub fn disabled_by_a_person(given: Option<&str>) -> ApiResult<String> {
+    let given = given.unwrap_or_default().trim();
+    if given.chars().count() > 500 {
         return Err(ApiError::validation(
             "reason",
             "reason must be at most 500 characters",
         ));
     }
-    let reason = if reason.is_empty() {
+    Ok(if given.is_empty() {
         "disabled by a person".to_owned()
     } else {
-        format!("disabled by a person: {reason}")
-    };
-    set_enabled(&state, &project, &id, false, Some(reason)).await
+        format!("disabled by a person: {given}")
+    })
 }
 
 /// Starts deliveries to an endpoint again and clears its reason and failure streak.

@@ -190,46 +190,60 @@ pub async fn retry_matching(
         .await?;
     let mut retried = 0;
     loop {
-        let mut tx = state.pool.begin().await?;
-        // Same reset as the single retry (routes/deliveries.rs): fresh ladder, Claim cleared,
-        // an ordered Delivery leaves the ordering line; and its Outbox row in the same
-        // statement, so the relay announces it.
-        let n: i64 = sqlx::query_scalar(&format!(
-            "WITH picked AS (
-                 SELECT d.id FROM deliveries d JOIN events v ON v.id = d.event_id
-                 WHERE {FILTER_SQL} AND d.updated_at <= $8
-                 ORDER BY d.id LIMIT $7
-                 FOR UPDATE OF d SKIP LOCKED
-             ), upd AS (
-                 UPDATE deliveries d
-                 SET status = 'PENDING', attempt_count = 0, next_retry_at = NULL,
-                     failure_reason = NULL, claim_token = NULL, ladder_started_at = now(),
-                     updated_at = now(), version = d.version + 1,
-                     ordering_skipped_at = CASE WHEN d.ordered
-                                                THEN coalesce(d.ordering_skipped_at, now()) END
-                 FROM picked WHERE d.id = picked.id AND d.status = 'FAILED'
-                 RETURNING d.id, d.endpoint_id
-             ), announced AS (
-                 INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
-                 SELECT upd.id, upd.endpoint_id, $1, 'MANUAL_RETRY' FROM upd ORDER BY upd.id
-                 RETURNING 1
-             )
-             SELECT count(*) FROM announced"
-        ))
-        .bind(project.id.as_str())
-        .bind(&filter.endpoint_id)
-        .bind(&filter.event_type)
-        .bind(filter.status_code)
-        .bind(filter.since)
-        .bind(filter.until)
-        .bind(RETRY_BATCH)
-        .bind(started)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        let n = reset_failed(&state.pool, project, filter, None, Some(started)).await?;
         retried += n;
         if n < RETRY_BATCH {
             return Ok(retried);
         }
     }
+}
+
+/// Sends up to `RETRY_BATCH` FAILED Deliveries matching `filter` (and `only`, one id, if
+/// given; and failed no later than `failed_by`) again: a fresh ladder, the Claim cleared,
+/// an ordered Delivery out of the ordering line (the ones numbered after it went on without
+/// it), and an Outbox row (`MANUAL_RETRY`) each, all in one statement so the relay announces
+/// exactly what was reset. The one reset used by the single and the bulk retry. Returns how
+/// many it reset.
+pub async fn reset_failed(
+    db: impl sqlx::PgExecutor<'_>,
+    project: &Project,
+    filter: &FailedFilter,
+    only: Option<&str>,
+    failed_by: Option<DateTime<Utc>>,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(&format!(
+        "WITH picked AS (
+             SELECT d.id FROM deliveries d JOIN events v ON v.id = d.event_id
+             WHERE {FILTER_SQL}
+               AND ($8::timestamptz IS NULL OR d.updated_at <= $8)
+               AND ($9::text IS NULL OR d.id = $9)
+             ORDER BY d.id LIMIT $7
+             FOR UPDATE OF d SKIP LOCKED
+         ), upd AS (
+             UPDATE deliveries d
+             SET status = 'PENDING', attempt_count = 0, next_retry_at = NULL,
+                 failure_reason = NULL, claim_token = NULL, ladder_started_at = now(),
+                 updated_at = now(), version = d.version + 1,
+                 ordering_skipped_at = CASE WHEN d.ordered
+                                            THEN coalesce(d.ordering_skipped_at, now()) END
+             FROM picked WHERE d.id = picked.id AND d.status = 'FAILED'
+             RETURNING d.id, d.endpoint_id
+         ), announced AS (
+             INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+             SELECT upd.id, upd.endpoint_id, $1, 'MANUAL_RETRY' FROM upd ORDER BY upd.id
+             RETURNING 1
+         )
+         SELECT count(*) FROM announced"
+    ))
+    .bind(project.id.as_str())
+    .bind(&filter.endpoint_id)
+    .bind(&filter.event_type)
+    .bind(filter.status_code)
+    .bind(filter.since)
+    .bind(filter.until)
+    .bind(RETRY_BATCH)
+    .bind(failed_by)
+    .bind(only)
+    .fetch_one(db)
+    .await
 }
