@@ -162,7 +162,7 @@ pub struct BulkRetry {
 }
 
 /// Sends every Failed Message matching the filter again, like `POST /v1/deliveries/{id}/retry`
-/// does for one, in transactions of at most 1000 Deliveries (each with its Outbox rows).
+/// does for one, in statements of at most 1000 Deliveries (each with its Outbox rows; see `reset_failed`).
 /// Only messages that had failed when the request began are taken: one that fails again
 /// while this runs (its endpoint is still disabled, say) is not retried in a loop.
 #[utoipa::path(post, path = "/v1/failed-messages/retry", tag = "failed-messages",
