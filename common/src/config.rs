@@ -85,6 +85,10 @@ pub struct Settings {
     pub processing_timeout_seconds: u64,
     /// PENDING with nothing scheduled for longer than this goes to the retry path.
     pub stranded_after_seconds: u64,
+    /// A worker leaves and rejoins its consumer group when a partition it does not hold has
+    /// had messages waiting and an unmoving committed offset for this long (0: never). The
+    /// guard against a broker that keeps a dead member's partitions assigned (group_watch.rs).
+    pub worker_stall_rejoin_seconds: u64,
     /// How long a parked ordered Delivery waits for a stuck predecessor (from its first
     /// park) before it goes without it. Also read as `ORDERING_GAP_TIMEOUT_SECONDS`.
     pub ordering_gap_timeout_seconds: u64,
@@ -173,6 +177,7 @@ struct Defaults {
     sweep_ms: u64,
     processing_timeout_seconds: u64,
     stranded_after_seconds: u64,
+    worker_stall_rejoin_seconds: u64,
     ordering_gap_timeout_seconds: u64,
     breaker_consecutive_failures: u32,
     breaker_failure_rate: f64,
@@ -220,6 +225,7 @@ const DEFAULTS: Defaults = Defaults {
     sweep_ms: 30_000,
     processing_timeout_seconds: 300,
     stranded_after_seconds: 3_600,
+    worker_stall_rejoin_seconds: 30,
     ordering_gap_timeout_seconds: 60,
     breaker_consecutive_failures: 5,
     breaker_failure_rate: 0.5,

@@ -4,6 +4,7 @@
 //! for the SQL that decides, [`schedule`] for the retry decision.
 
 pub mod attempt;
+pub mod group_watch;
 pub mod hint;
 pub mod limits;
 pub mod metrics;

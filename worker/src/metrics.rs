@@ -20,6 +20,7 @@ pub const ENDPOINT_BREAKERS: &str = "railhook_endpoint_breakers";
 pub const LIMITS_UNAVAILABLE_TOTAL: &str = "railhook_worker_limits_unavailable_total";
 pub const RETRY_BACKLOG: &str = "railhook_worker_retry_backlog";
 pub const CONSUMER_LAG: &str = "railhook_worker_consumer_lag";
+pub const GROUP_REJOINS_TOTAL: &str = "railhook_worker_group_rejoins_total";
 
 /// `reason` label values of [`DEFERRALS_TOTAL`] (see `limits::Reason`).
 pub const DEFERRAL_REASONS: [&str; 5] = ["breaker", "throttled", "concurrency", "rate", "ordering"];
@@ -55,6 +56,9 @@ pub struct WorkerMetrics {
     /// Messages behind the partition's high watermark, per `topic` (`deliveries`, `retries`)
     /// and `partition`, from librdkafka's statistics. Partitions are few and fixed.
     pub consumer_lag: IntGaugeVec,
+    /// Times this worker left and rejoined its consumer group because a partition it does
+    /// not hold stood still with messages waiting (group_watch.rs).
+    pub group_rejoins: IntCounter,
 }
 
 use railhook_common::metrics_http::register as reg;
@@ -180,6 +184,10 @@ impl WorkerMetrics {
                     &["topic", "partition"],
                 )
                 .expect("valid metric"),
+            ),
+            group_rejoins: counter(
+                GROUP_REJOINS_TOTAL,
+                "Consumer-group rejoins forced by partitions left unread (a broker that kept a dead member's partitions assigned).",
             ),
             registry: r,
         };

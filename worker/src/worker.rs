@@ -10,6 +10,8 @@
 //!  every retry_scheduler_ms: claim_due (SKIP LOCKED) → publish RetryHint (ack) → never write
 //!                                                     └ publish failed → unclaim
 //!  every sweep_ms: PROCESSING too long → PENDING; PENDING unscheduled too long → retry path
+//!  group watch: a partition this worker does not hold stood still with messages waiting
+//!               for worker_stall_rejoin_seconds → leave and rejoin the group (group_watch.rs)
 //! ```
 //!
 //! Offsets: a message's offset is stored only after its Claim's transaction committed or
@@ -19,7 +21,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use railhook_common::announcement::Announcement;
@@ -33,11 +35,12 @@ use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, ClientContext, Statistics};
 use sqlx::PgPool;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::attempt::{Attempt, ClientError, Outcome, Runner};
+use crate::group_watch::{Probe, Stalls};
 use crate::hint::RetryHint;
 use crate::limits::{
     Admission, BreakerPolicy, BreakerState, EndpointLimits, Limits, Reason, Verdict, deferral_wait,
@@ -63,6 +66,8 @@ pub struct WorkerConfig {
     pub sweep_interval: Duration,
     pub processing_timeout: Duration,
     pub stranded_after: Duration,
+    /// See [`crate::group_watch`]; `None` turns the guard off.
+    pub stall_rejoin_after: Option<Duration>,
     pub allow_private_targets: String,
     pub message_timeout: Duration,
     pub redis_url: String,
@@ -88,6 +93,8 @@ impl WorkerConfig {
             sweep_interval: Duration::from_millis(s.sweep_ms),
             processing_timeout: Duration::from_secs(s.processing_timeout_seconds),
             stranded_after: Duration::from_secs(s.stranded_after_seconds),
+            stall_rejoin_after: (s.worker_stall_rejoin_seconds > 0)
+                .then(|| Duration::from_secs(s.worker_stall_rejoin_seconds)),
             allow_private_targets: s.allow_private_targets.clone(),
             message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
             redis_url: s.redis_url.clone(),
@@ -151,6 +158,91 @@ pub async fn run(
         )
         .await?;
     }
+    let mut producer = kafka::producer(&config.brokers, config.message_timeout, 10_000)?;
+    let shared = Shared {
+        pool,
+        runner: Runner::new(Allowlist::parse(&config.allow_private_targets)?)?,
+        metrics,
+        outgoing: config.outgoing.clone(),
+        incoming: config.incoming.clone(),
+        limits: Limits::new(&config.redis_url, config.breaker.clone())?,
+        gap_timeout: config.ordering_gap_timeout,
+        deferral_max: config.deferral_max,
+        streak: config.streak,
+    };
+    let permits = Arc::new(Semaphore::new(config.max_in_flight));
+    let mut scheduler = tokio::time::interval(config.scheduler_interval);
+    let mut sweep = tokio::time::interval(config.sweep_interval);
+    let (stalled_tx, mut stalled) = mpsc::channel(1);
+    let _watch = match config.stall_rejoin_after {
+        Some(after) => {
+            let probe = Probe::new(
+                &config.brokers,
+                &config.group,
+                &[&config.deliveries_topic, &config.retries_topic],
+            )?;
+            Some(AbortOnDrop(tokio::spawn(watch_group(
+                probe, after, stalled_tx,
+            ))))
+        }
+        None => None,
+    };
+    // A new membership gets a full stall window to settle before it may rejoin again.
+    let settle = config.stall_rejoin_after.unwrap_or_default();
+    let mut rejoined: Option<Instant> = None;
+    tokio::pin!(shutdown);
+    // One pass per group membership: a rejoin (see `group_watch`) drops the consumer, which
+    // commits the stored offsets and leaves the group, and subscribes a new one.
+    loop {
+        let consumer = subscribe(&config, &shared.metrics)?;
+        // Whatever the consumer has ready, up to a batch: claimed in one statement, so one
+        // commit (one WAL flush) serves the whole batch.
+        let mut hints = consumer.stream().ready_chunks(CLAIM_BATCH);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                batch = hints.next() => {
+                    let Some(batch) = batch else { return Ok(()) };
+                    let messages: Vec<BorrowedMessage<'_>> = batch
+                        .into_iter()
+                        .filter_map(|m| m.map_err(|e| tracing::warn!(error = %e, "consumer error")).ok())
+                        .collect();
+                    on_batch(&shared, &config, &permits, &messages).await;
+                    for m in &messages {
+                        if let Err(e) = consumer.store_offset_from_message(m) {
+                            tracing::warn!(error = %e, "offset not stored");
+                        }
+                    }
+                },
+                _ = scheduler.tick() => {
+                    if schedule_retries(&shared, &config, &producer).await.is_err() {
+                        // A new producer id rather than librdkafka's epoch bump after the
+                        // timeout, which tansu 0.6.0 cannot handle (relay.rs, `session`).
+                        match kafka::producer(&config.brokers, config.message_timeout, 10_000) {
+                            Ok(p) => producer = p,
+                            Err(e) => tracing::warn!(error = %e, "retry producer not recreated"),
+                        }
+                    }
+                }
+                _ = sweep.tick() => sweeps(&shared, &config).await,
+                Some(report) = stalled.recv() => {
+                    let settled = rejoined.is_none_or(|at| at.elapsed() >= settle);
+                    if settled && orphaned(&consumer, report) {
+                        shared.metrics.group_rejoins.inc();
+                        rejoined = Some(Instant::now());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Subscribes a new member of the workers' group.
+fn subscribe(
+    config: &WorkerConfig,
+    metrics: &WorkerMetrics,
+) -> Result<StreamConsumer<LagContext>, WorkerError> {
     let lag = LagContext {
         lag: metrics.consumer_lag.clone(),
         deliveries_topic: config.deliveries_topic.clone(),
@@ -176,45 +268,89 @@ pub async fn run(
         .set("max.poll.interval.ms", "60000")
         .create_with_context(lag)?;
     consumer.subscribe(&[&config.deliveries_topic, &config.retries_topic])?;
-    let producer = kafka::producer(&config.brokers, config.message_timeout, 10_000)?;
-    let shared = Shared {
-        pool,
-        runner: Runner::new(Allowlist::parse(&config.allow_private_targets)?)?,
-        metrics,
-        outgoing: config.outgoing.clone(),
-        incoming: config.incoming.clone(),
-        limits: Limits::new(&config.redis_url, config.breaker.clone())?,
-        gap_timeout: config.ordering_gap_timeout,
-        deferral_max: config.deferral_max,
-        streak: config.streak,
-    };
-    let permits = Arc::new(Semaphore::new(config.max_in_flight));
-    let mut scheduler = tokio::time::interval(config.scheduler_interval);
-    let mut sweep = tokio::time::interval(config.sweep_interval);
-    // Whatever the consumer has ready, up to a batch: claimed in one statement, so one commit
-    // (one WAL flush) serves the whole batch.
-    let mut hints = consumer.stream().ready_chunks(CLAIM_BATCH);
-    tokio::pin!(shutdown);
+    Ok(consumer)
+}
+
+/// Stalled partitions, as the group watch saw them at `at`.
+struct Stalled {
+    at: Instant,
+    partitions: Vec<(String, i32)>,
+}
+
+/// Aborts the task when dropped, so the watch ends with `run`.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads the group's positions every few seconds (off the async threads: the probe blocks)
+/// and reports the partitions that stalled.
+async fn watch_group(probe: Probe, after: Duration, tx: mpsc::Sender<Stalled>) {
+    let probe = Arc::new(probe);
+    let mut stalls = Stalls::new(after);
+    // A few seconds, jittered, so the workers of a group do not look (and rejoin) in step.
+    let every = (after / 6).max(Duration::from_secs(1));
     loop {
-        tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            batch = hints.next() => {
-                let Some(batch) = batch else { return Ok(()) };
-                let messages: Vec<BorrowedMessage<'_>> = batch
-                    .into_iter()
-                    .filter_map(|m| m.map_err(|e| tracing::warn!(error = %e, "consumer error")).ok())
-                    .collect();
-                on_batch(&shared, &config, &permits, &messages).await;
-                for m in &messages {
-                    if let Err(e) = consumer.store_offset_from_message(m) {
-                        tracing::warn!(error = %e, "offset not stored");
-                    }
-                }
-            },
-            _ = scheduler.tick() => schedule_retries(&shared, &config, &producer).await,
-            _ = sweep.tick() => sweeps(&shared, &config).await,
+        let jitter = rand::random_range(0.75..1.25);
+        tokio::time::sleep(every.mul_f64(jitter)).await;
+        let p = probe.clone();
+        let read = tokio::task::spawn_blocking(move || p.positions(Duration::from_secs(5))).await;
+        let positions = match read {
+            Ok(Ok(positions)) => positions,
+            Ok(Err(e)) => {
+                // The broker is away: what happened meanwhile is unknown, so every clock
+                // starts again (a restarted broker is not a stall).
+                tracing::debug!(error = %e, "group positions not read");
+                stalls = Stalls::new(after);
+                continue;
+            }
+            Err(_) => return,
+        };
+        let partitions = stalls.observe(Instant::now(), &positions);
+        if !partitions.is_empty() {
+            // A full channel means the last report is still unread: this one can wait.
+            let _ = tx.try_send(Stalled {
+                at: Instant::now(),
+                partitions,
+            });
         }
     }
+}
+
+/// Whether `report` names a partition this member does not hold: then some other member
+/// holds it and does not read it, or nobody does, and a rejoin makes the coordinator assign
+/// every partition again. A stall of this member's own partitions is its own slowness (a
+/// full in-flight bound, Postgres away), which a rejoin would not cure. A report from before
+/// a long pause of this loop (Postgres away) is stale and ignored.
+fn orphaned(consumer: &StreamConsumer<LagContext>, report: Stalled) -> bool {
+    if report.at.elapsed() > Duration::from_secs(5) {
+        return false;
+    }
+    let Ok(mine) = consumer.assignment() else {
+        return false;
+    };
+    let elements = mine.elements();
+    let held: Vec<(&str, i32)> = elements
+        .iter()
+        .map(|e| (e.topic(), e.partition()))
+        .collect();
+    let orphans: Vec<String> = report
+        .partitions
+        .iter()
+        .filter(|(t, p)| !held.contains(&(t.as_str(), *p)))
+        .map(|(t, p)| format!("{t}/{p}"))
+        .collect();
+    if orphans.is_empty() {
+        return false;
+    }
+    tracing::warn!(
+        partitions = %orphans.join(","),
+        "partitions this worker does not hold have not been read; rejoining the consumer group so they are assigned again"
+    );
+    true
 }
 
 /// Reads the consumer's lag per partition out of librdkafka's periodic statistics into
@@ -661,16 +797,23 @@ fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
 
 /// The retry scheduler: claims due rows and publishes a hint for each. Once a hint is
 /// acknowledged by Kafka the scheduler never writes that row again (the consumer owns it);
-/// only a failed publish hands the row back.
-async fn schedule_retries(shared: &Shared, config: &WorkerConfig, producer: &FutureProducer) {
+/// only a failed publish hands the row back. The first failed publish ends the round and
+/// hands back the rest too: the broker is away, and trying each hint would hold the loop for
+/// a message timeout apiece.
+async fn schedule_retries(
+    shared: &Shared,
+    config: &WorkerConfig,
+    producer: &FutureProducer,
+) -> Result<(), KafkaError> {
     let due = match store::claim_due(&shared.pool, 500).await {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %e, "retry scheduler could not read due deliveries");
-            return;
+            return Ok(());
         }
     };
-    for (delivery_id, endpoint_id, token) in due {
+    let mut due = due.into_iter();
+    while let Some((delivery_id, endpoint_id, token)) = due.next() {
         let hint = RetryHint {
             delivery_id,
             endpoint_id,
@@ -683,11 +826,16 @@ async fn schedule_retries(shared: &Shared, config: &WorkerConfig, producer: &Fut
         match producer.send(record, Duration::from_secs(5)).await {
             Ok(_) => shared.metrics.retries_published.inc(),
             Err((e, _)) => {
-                tracing::warn!(error = %e, "retry hint not published; handing the delivery back");
+                tracing::warn!(error = %e, "retry hint not published; handing the round's deliveries back");
                 let _ = store::unclaim(&shared.pool, &hint.delivery_id, hint.token).await;
+                for (id, _, token) in due {
+                    let _ = store::unclaim(&shared.pool, &id, token).await;
+                }
+                return Err(e);
             }
         }
     }
+    Ok(())
 }
 
 async fn sweeps(shared: &Shared, config: &WorkerConfig) {
