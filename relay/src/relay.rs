@@ -161,7 +161,6 @@ pub struct Relay {
     config: RelayConfig,
     metrics: RelayMetrics,
     faults: Arc<Faults>,
-    producer: FutureProducer,
     pg: tokio_postgres::Config,
 }
 
@@ -184,11 +183,6 @@ impl Relay {
         faults: Arc<Faults>,
     ) -> Result<Self, RelayError> {
         let pg = slot::pg_config(&config.database_url)?;
-        let producer = producer::producer(
-            &config.brokers,
-            config.message_timeout,
-            config.max_in_flight,
-        )?;
         producer::ensure_topic(
             &config.brokers,
             &config.topic,
@@ -200,7 +194,6 @@ impl Relay {
             config,
             metrics,
             faults,
-            producer,
             pg,
         })
     }
@@ -281,7 +274,17 @@ impl Relay {
         self.metrics.active.set(1);
         self.metrics.sessions.inc();
         tracing::info!(slot = %self.config.slot, "relay holds the slot; streaming");
-        let mut s = Session::new(&self.config);
+        // A fresh producer (a fresh producer id) per session. A session ends when an ack
+        // fails, typically messages that timed out while the broker was away; librdkafka's
+        // idempotent producer then bumps its epoch, which tansu 0.6.0 cannot handle (its
+        // storage task panics and the broker answers nothing until restarted;
+        // docs/RELIABILITY.md). A new producer starts at epoch 0 and never needs the bump.
+        let producer = producer::producer(
+            &self.config.brokers,
+            self.config.message_timeout,
+            self.config.max_in_flight,
+        )?;
+        let mut s = Session::new(&self.config, producer);
         let result = self.stream(&mut stream, &control, &mut s).await;
         // Dropping the client ends the connection; an aborted session never confirms more.
         stream.abort();
@@ -352,7 +355,7 @@ impl Relay {
                         if self.faults.crash_before_produce.load(Ordering::SeqCst) {
                             return Err(RelayError::InjectedCrash("before produce"));
                         }
-                        let (ack, bytes) = self.produce(&announcement, current.seq)?;
+                        let (ack, bytes) = self.produce(&s.producer, &announcement, current.seq)?;
                         acks.push(ack);
                         s.window.sent(current.seq, bytes);
                     }
@@ -401,6 +404,7 @@ impl Relay {
     /// Hands one Announcement to the producer; returns its ack future and its size.
     fn produce(
         &self,
+        producer: &FutureProducer,
         announcement: &Announcement,
         seq: u64,
     ) -> Result<(AckFuture, usize), RelayError> {
@@ -409,7 +413,7 @@ impl Relay {
         let record = FutureRecord::to(&self.config.topic)
             .key(announcement.key())
             .payload(&payload);
-        match self.producer.send_result(record) {
+        match producer.send_result(record) {
             Ok(delivery) => Ok((Box::pin(async move { (seq, bytes, delivery.await) }), bytes)),
             Err((e, _)) => {
                 self.metrics.publish_errors.inc();
@@ -549,6 +553,7 @@ impl Relay {
 
 /// What one session knows; dropped with it.
 struct Session {
+    producer: FutureProducer,
     window: Window,
     relations: HashMap<u32, Relation>,
     current: Option<Current>,
@@ -565,8 +570,9 @@ struct Current {
 }
 
 impl Session {
-    fn new(config: &RelayConfig) -> Self {
+    fn new(config: &RelayConfig, producer: FutureProducer) -> Self {
         Self {
+            producer,
             window: Window::new(config.max_in_flight, config.max_in_flight_bytes),
             relations: HashMap::new(),
             current: None,
