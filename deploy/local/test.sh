@@ -9,6 +9,9 @@ ensure_browser
 ensure_schemathesis
 # promtool checks the alert rules and the /metrics page (tests/observability.rs).
 command -v promtool >/dev/null || apt_install prometheus
+# ip (iproute2) builds the far host behind a router for the network-partition scenario
+# (tests/support/netns.rs).
+command -v ip >/dev/null || apt_install iproute2
 # The compose file, Kubernetes manifests and Prometheus config, checked offline.
 "$ROOT/deploy/validate.sh"
 source "$ENV_FILE"

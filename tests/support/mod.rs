@@ -351,6 +351,7 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+pub mod netns;
 pub mod pipeline;
 pub mod receiver;
 pub mod relay;

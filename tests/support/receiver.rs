@@ -60,6 +60,20 @@ impl Receiver {
     /// Follows `script` request by request, then `default` for ever.
     pub async fn start(script: Vec<Behaviour>, default: Behaviour) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::serve_on(listener, script, default)
+    }
+
+    /// The same, on a listener bound elsewhere (a far host: `netns::FarHost::bind`).
+    pub fn start_on(
+        listener: std::net::TcpListener,
+        script: Vec<Behaviour>,
+        default: Behaviour,
+    ) -> Self {
+        let listener = TcpListener::from_std(listener).expect("tokio listener");
+        Self::serve_on(listener, script, default)
+    }
+
+    fn serve_on(listener: TcpListener, script: Vec<Behaviour>, default: Behaviour) -> Self {
         let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
         let r = Self {
             url,

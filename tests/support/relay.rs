@@ -220,6 +220,23 @@ fn tansu_bin() -> String {
         .unwrap_or_else(|_| "/opt/railhook-tools/tansu-0.6.0/bin/tansu".to_owned())
 }
 
+/// The broker's log, appended across restarts: in `$RAILHOOK_RELIABILITY_LOGS` when that is
+/// set (kept for diagnosis), else in its data folder (gone with the broker).
+fn broker_log(dir: &std::path::Path) -> Stdio {
+    let path = match std::env::var("RAILHOOK_RELIABILITY_LOGS") {
+        Ok(logs) => {
+            let name = dir.file_name().unwrap_or_default().to_string_lossy();
+            std::path::Path::new(&logs).join(format!("{name}.log"))
+        }
+        Err(_) => dir.join("broker.log"),
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_or_else(|_| Stdio::null(), Stdio::from)
+}
+
 impl PrivateBroker {
     pub fn start() -> Self {
         let port = super::free_port();
@@ -249,8 +266,8 @@ impl PrivateBroker {
                 "--storage-engine",
                 "sqlite://tansu.db",
             ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(broker_log(&self.dir))
+            .stderr(broker_log(&self.dir))
             .spawn()
             .expect("tansu (deploy/local/broker.sh install)");
         self.child = Some(child);
