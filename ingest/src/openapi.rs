@@ -1,6 +1,7 @@
 //! The OpenAPI document served at `/openapi.json`, generated from the handlers' annotations.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::incoming::{self, routes as sources};
@@ -16,6 +17,51 @@ impl Modify for BearerSchemes {
                 name,
                 SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
             );
+        }
+    }
+}
+
+const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Every refusal is RFC 9457 `application/problem+json` (problem.rs), so the document says
+/// so: the error answers a handler names are given that media type, and every operation gets
+/// a `default` answer for the errors any route can give without naming them (400 for a
+/// malformed body, 401 without a valid key, 413 over the payload limit, 415 for a body that
+/// is not JSON, 429 past a quota or rate limit, 503 while the database is away).
+struct ProblemAnswers;
+
+impl Modify for ProblemAnswers {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        for item in api.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for op in operations.into_iter().flatten() {
+                let answers = &mut op.responses.responses;
+                for (status, answer) in answers.iter_mut() {
+                    let is_error = status.starts_with('4') || status.starts_with('5');
+                    if let (true, RefOr::T(answer)) = (is_error, answer)
+                        && let Some(content) = answer.content.shift_remove("application/json")
+                    {
+                        answer.content.insert(PROBLEM_JSON.to_owned(), content);
+                    }
+                }
+                answers.entry("default".to_owned()).or_insert_with(|| {
+                    let problem = ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build();
+                    RefOr::T(
+                        ResponseBuilder::new()
+                            .description("An error: RFC 9457 problem+json with a stable `code`.")
+                            .content(PROBLEM_JSON, problem)
+                            .build(),
+                    )
+                });
+            }
         }
     }
 }
@@ -38,7 +84,7 @@ impl Modify for BearerSchemes {
         sources::create, sources::list, sources::get, sources::delete,
         sources::create_destination, sources::list_destinations, incoming::receive,
     ),
-    modifiers(&BearerSchemes)
+    modifiers(&BearerSchemes, &ProblemAnswers)
 )]
 struct ApiDoc;
 
