@@ -33,7 +33,8 @@ pub struct Received {
     pub headers: HashMap<String, String>,
     pub body: String,
     pub at: Instant,
-    /// The status this receiver answered with (none for a reset or a stalled answer).
+    /// The status line this receiver sent (none for a reset), even when the body then
+    /// never came.
     pub answered: Option<u16>,
 }
 
@@ -127,8 +128,9 @@ impl Receiver {
                 | Behaviour::Redirect(c)
                 | Behaviour::RetryAfter(c, _)
                 | Behaviour::Delay(_, c)
-                | Behaviour::SlowBody(c) => Some(c),
-                Behaviour::StallAfterStatus(_) | Behaviour::Reset => None,
+                | Behaviour::SlowBody(c)
+                | Behaviour::StallAfterStatus(c) => Some(c),
+                Behaviour::Reset => None,
             };
             self.received.lock().expect("lock").push(request);
             let ok = match behaviour {

@@ -266,6 +266,13 @@ fn subscribe(
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "2000")
         .set("max.poll.interval.ms", "60000")
+        // librdkafka prefetches up to 100,000 messages per partition by default. Under a
+        // backlog, a RetryHint fetched later then waits behind every Announcement fetched
+        // before it, and a partition the worker holds looks unread to the group watch for
+        // as long as that local queue takes to drain (seen: over 30 s at 10,000 Events).
+        // A short prefetch per partition keeps the partitions interleaved; one claim batch
+        // is 500 hints, so 1,000 per partition still keeps the worker fed.
+        .set("queued.min.messages", "1000")
         .create_with_context(lag)?;
     consumer.subscribe(&[&config.deliveries_topic, &config.retries_topic])?;
     Ok(consumer)
