@@ -43,6 +43,9 @@ pub struct Settings {
     pub db_max_connections: u32,
     /// Upper bound on one quota round trip to Redis; past it the charge is skipped.
     pub quota_timeout_ms: u64,
+    /// How long a client has to send a request's headers (and how long a kept-alive
+    /// connection may sit idle) before the API closes the connection.
+    pub http_header_timeout_seconds: u64,
     /// `text` or `json`.
     pub log_format: LogFormat,
     /// OTLP/HTTP collector (`http://collector:4318`); spans are exported only when set.
@@ -158,6 +161,7 @@ struct Defaults {
     secret_rotation_overlap_seconds: u64,
     db_max_connections: u32,
     quota_timeout_ms: u64,
+    http_header_timeout_seconds: u64,
     log_format: LogFormat,
     kafka_partitions: i32,
     kafka_replication_factor: i32,
@@ -206,6 +210,7 @@ const DEFAULTS: Defaults = Defaults {
     secret_rotation_overlap_seconds: 24 * 3600,
     db_max_connections: 20,
     quota_timeout_ms: 100,
+    http_header_timeout_seconds: 30,
     log_format: LogFormat::Text,
     kafka_partitions: 6,
     kafka_replication_factor: 1,
@@ -353,6 +358,12 @@ impl Settings {
         }
         if self.max_payload_bytes == 0 {
             return Err(invalid("max_payload_bytes", "must be greater than 0"));
+        }
+        if !(1..=3600).contains(&self.http_header_timeout_seconds) {
+            return Err(invalid(
+                "http_header_timeout_seconds",
+                "must be between 1 and 3600",
+            ));
         }
         if !(1..=10_000).contains(&self.max_batch_size) {
             return Err(invalid("max_batch_size", "must be between 1 and 10000"));

@@ -49,6 +49,8 @@ pub struct Limits {
     pub max_payload_bytes: usize,
     pub max_batch_size: usize,
     pub secret_rotation_overlap: Duration,
+    /// A connection that has not sent its request headers by then is closed.
+    pub header_read_timeout: Duration,
 }
 
 impl Limits {
@@ -92,6 +94,7 @@ impl AppState {
                 secret_rotation_overlap: Duration::from_secs(
                     settings.secret_rotation_overlap_seconds,
                 ),
+                header_read_timeout: Duration::from_secs(settings.http_header_timeout_seconds),
             },
             admin_token: settings.admin_token.clone(),
             faults: Arc::new(Faults::default()),

@@ -64,12 +64,15 @@ pub async fn fresh_database() -> String {
 }
 
 pub fn settings(database_url: &str, redis_url: &str) -> Settings {
-    let figment: Figment = Settings::defaults()
+    Settings::from_figment(test_figment(database_url, redis_url)).expect("test settings")
+}
+
+fn test_figment(database_url: &str, redis_url: &str) -> Figment {
+    Settings::defaults()
         .merge(("database_url", database_url))
         .merge(("redis_url", redis_url))
         .merge(("admin_token", ADMIN_TOKEN))
-        .merge(("db_max_connections", 30));
-    Settings::from_figment(figment).expect("test settings")
+        .merge(("db_max_connections", 30))
 }
 
 pub struct TestApp {
@@ -85,8 +88,14 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with_redis(redis_url: &str) -> TestApp {
+    spawn_app_tuned(redis_url, |f| f).await
+}
+
+/// An API whose settings the test adjusts on top of the test defaults.
+pub async fn spawn_app_tuned(redis_url: &str, tune: impl FnOnce(Figment) -> Figment) -> TestApp {
     let database_url = fresh_database().await;
-    let settings = settings(&database_url, redis_url);
+    let settings = Settings::from_figment(tune(test_figment(&database_url, redis_url)))
+        .expect("test settings");
     let pool = railhook_common::db::connect(&settings).await.expect("pool");
     let state = AppState::new(pool.clone(), &settings).expect("state");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
