@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::header;
@@ -36,6 +37,9 @@ pub fn render(registries: &[&Registry]) -> Vec<u8> {
     buf
 }
 
+/// How long a scraper has to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves the registries until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,
@@ -58,7 +62,5 @@ pub async fn serve(
                 }
             }),
         );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    crate::http_server::serve(listener, app, HEADER_TIMEOUT, shutdown).await
 }

@@ -26,10 +26,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder as ConnBuilder;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use railhook_common::http_server;
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -209,13 +206,10 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
     response
 }
 
-/// Serves the API until `shutdown` resolves, then drains in-flight requests.
-///
-/// Connections are served by hyper directly rather than through `axum::serve`, which
-/// gives hyper no timer: without one, hyper's header read timeout never runs, and a
-/// client that sends half a request line and then nothing holds its socket for as long as
-/// it likes (slowloris). Here every connection has `HTTP_HEADER_TIMEOUT_SECONDS` to
-/// finish its headers; the body and the handler are then bounded by [`REQUEST_TIMEOUT`].
+/// Serves the API until `shutdown` resolves, then drains in-flight requests. Each
+/// connection has `HTTP_HEADER_TIMEOUT_SECONDS` to finish its headers (see
+/// [`railhook_common::http_server`]); the body and the handler are then bounded by
+/// [`REQUEST_TIMEOUT`].
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
@@ -225,43 +219,7 @@ pub async fn serve(
     // mid-batch only rolls that batch back (see `replay`).
     let replays = tokio::spawn(replay::run(state.pool.clone()));
     let header_timeout = state.limits.header_read_timeout;
-    let app = router(state);
-    let mut connections = ConnBuilder::new(TokioExecutor::new());
-    connections
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
-    let graceful = GracefulShutdown::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of file descriptors and the like: the listener itself is fine,
-                    // so wait a little for sockets to close instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let conn = connections
-            .serve_connection_with_upgrades(
-                TokioIo::new(stream),
-                TowerToHyperService::new(app.clone()),
-            )
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
+    let served = http_server::serve(listener, router(state), header_timeout, shutdown).await;
     replays.abort();
-    Ok(())
+    served
 }
