@@ -112,6 +112,35 @@ impl Stack {
         });
     }
 
+    /// Each process: alive or not, and its gauges that tell where a stream stopped.
+    async fn diagnose(&mut self) -> String {
+        let mut out = String::new();
+        for p in &mut self.procs {
+            let alive = matches!(p.child.try_wait(), Ok(None));
+            out.push_str(&format!("{} (alive: {alive})\n", p.role));
+            let page = match reqwest::get(&p.metrics).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(e) => format!("metrics unreachable: {e}"),
+            };
+            for line in page.lines().filter(|l| {
+                !l.starts_with('#')
+                    && [
+                        "active",
+                        "lag",
+                        "rejoin",
+                        "published",
+                        "claimed",
+                        "attempts_total",
+                    ]
+                    .iter()
+                    .any(|k| l.contains(k))
+            }) {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+        out
+    }
+
     /// Index of the relay whose `railhook_relay_active` is 1.
     async fn active_relay(&self) -> Option<usize> {
         for (i, p) in self.procs.iter().enumerate() {
@@ -572,9 +601,32 @@ async fn run(scenario: Scenario, events: usize) -> Row {
         max_delay,
         fenced: 0,
     };
+    let pool = sqlx::PgPool::connect(&database_url).await.expect("pool");
+    if row.lost > 0 {
+        // Where the missing ones are, for a failure that happened once and not again.
+        let missing: Vec<String> = expected
+            .keys()
+            .filter(|k| !first.contains_key(*k))
+            .cloned()
+            .collect();
+        let states: Vec<(String, bool, bool, i64)> = sqlx::query_as(
+            "SELECT status, next_retry_at IS NOT NULL, hinted_at IS NOT NULL, count(*)
+             FROM deliveries WHERE id = ANY($1) GROUP BY 1, 2, 3",
+        )
+        .bind(&missing)
+        .fetch_all(&pool)
+        .await
+        .unwrap_or_default();
+        eprintln!(
+            "{}: {} missing; (status, retry scheduled, hinted, count): {states:?}\n{}\n{}",
+            scenario.name(),
+            missing.len(),
+            stack.diagnose().await,
+            broker.diagnose()
+        );
+    }
     drop(stack);
     // The Slot is cluster-wide: drop it once its relay is gone.
-    let pool = sqlx::PgPool::connect(&database_url).await.expect("pool");
     let fenced: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE fenced")
         .fetch_one(&pool)
         .await
@@ -610,7 +662,13 @@ async fn check(scenarios: &[Scenario]) {
     let _turn = ONE_AT_A_TIME.lock().await;
     let events = events();
     let mut rows = Vec::new();
-    for &s in scenarios {
+    // `RAILHOOK_RELIABILITY_ONLY=broker` runs only the scenarios whose name contains it
+    // (for diagnosing one scenario with `RAILHOOK_RELIABILITY_LOGS`).
+    let only = std::env::var("RAILHOOK_RELIABILITY_ONLY").unwrap_or_default();
+    for &s in scenarios
+        .iter()
+        .filter(|s| s.name().contains(only.as_str()))
+    {
         let row = run(s, events).await;
         eprintln!(
             "done: {} lost {} dup {}",

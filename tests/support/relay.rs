@@ -287,6 +287,21 @@ impl PrivateBroker {
         }
     }
 
+    /// Whether the broker process is still running, and the end of its log: printed when a
+    /// scenario lost something, so a failed CI run says whether the broker had died.
+    pub fn diagnose(&mut self) -> String {
+        let running = match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => "running".to_owned(),
+            Some(Ok(Some(status))) => format!("exited ({status})"),
+            Some(Err(e)) => format!("unknown ({e})"),
+            None => "not started".to_owned(),
+        };
+        let log = std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!("broker {running}; its log ends:\n{}", tail.join("\n"))
+    }
+
     /// SIGKILL, as the broker notes require for tansu with sqlite.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
