@@ -164,13 +164,22 @@ async fn the_rate_limit_holds_across_two_workers() {
         span >= Duration::from_millis(2_500),
         "12 requests at 4/s take at least 2.75 s: {span:?}"
     );
-    // No one-second window holds more than the rate (plus timer slack of one).
+    // No one-second window holds more than the rate (plus timer slack of one). Slots that
+    // came due during one retry-scheduler tick once arrived together (four within a
+    // millisecond, seven in one second on a loaded CI machine); the worker now waits for a
+    // near slot itself, and the arrivals are 250 ms apart.
     for (i, t) in at.iter().enumerate() {
         let within = at[i..]
             .iter()
             .take_while(|u| u.duration_since(*t) < Duration::from_millis(950))
             .count();
-        assert!(within <= 5, "{within} requests inside one second");
+        assert!(
+            within <= 5,
+            "{within} requests inside one second; arrivals (ms after the first): {:?}",
+            at.iter()
+                .map(|u| u.duration_since(at[0]).as_millis())
+                .collect::<Vec<_>>()
+        );
     }
     for id in &ids {
         assert_eq!(row(&p, id).await.1, 1, "deferrals spent no Attempt");

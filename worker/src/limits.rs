@@ -23,9 +23,13 @@
 //!   `max_concurrency` requests in flight across all workers; a lease expires by itself after
 //!   the endpoint's timeout and a margin, so a killed worker does not leak a slot.
 //! - **Rate** (`rh:ep:{id}:rl`, GCRA): `rate` requests/s with a burst. A refused Delivery
-//!   *reserves* the next free slot (`rh:rsv:{delivery}`) and is deferred to exactly then;
-//!   when it comes back it redeems the reservation instead of queueing again, so a backlog
-//!   drains at the configured rate instead of churning.
+//!   *reserves* the next free slot (`rh:rsv:{delivery}`); when it comes back it redeems the
+//!   reservation instead of queueing again (one that comes back early is told the time left
+//!   and keeps its slot), so a backlog drains at the configured rate instead of churning.
+//!   A slot close enough ([`rate_hold`]) is waited for in the worker, holding the Claim,
+//!   and a farther one is deferred to come back that much early: the request then leaves at
+//!   its slot, not at the retry scheduler's next tick, so slots that came due during one
+//!   tick do not reach the receiver together.
 //!
 //! If Redis cannot be reached the checks fail open (the Delivery goes) and
 //! `railhook_worker_limits_unavailable_total` counts it: limits protect receivers, they must
@@ -74,6 +78,8 @@ if rate > 0 then
   local reserved = tonumber(redis.call('GET', KEYS[5]) or '-1')
   if reserved >= 0 and reserved <= now + 50 then
     redis.call('DEL', KEYS[5])
+  elseif reserved >= 0 then
+    return {'rate', reserved - now, ''}
   else
     local tat = tonumber(redis.call('GET', KEYS[2]) or '0')
     if tat < now then tat = now end
@@ -408,6 +414,16 @@ impl Limits {
     }
 }
 
+/// The longest a worker waits for a reserved rate slot while holding the Claim: two
+/// seconds, or eight slots at high rates, so a throttled endpoint's sleepers never hold more
+/// than a handful of the worker's in-flight places.
+pub fn rate_hold(rate_per_second: u32) -> Duration {
+    if rate_per_second == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs(2).min(Duration::from_secs(8) / rate_per_second)
+}
+
 /// How long a deferred Delivery waits before it is tried again: what the limit asked for,
 /// but at least a back-off that doubles with each deferral of the same Delivery (so a long
 /// outage costs a few deferrals per Delivery, not one a second), capped at `max`, with
@@ -436,6 +452,15 @@ pub fn deferral_wait(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rate_hold_is_short_and_bounded_in_slots() {
+        assert_eq!(rate_hold(0), Duration::ZERO);
+        assert_eq!(rate_hold(1), Duration::from_secs(2));
+        assert_eq!(rate_hold(4), Duration::from_secs(2));
+        assert_eq!(rate_hold(8), Duration::from_secs(1));
+        assert_eq!(rate_hold(100), Duration::from_millis(80));
+    }
 
     #[test]
     fn deferral_wait_doubles_and_is_capped() {

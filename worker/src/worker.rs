@@ -44,6 +44,7 @@ use crate::group_watch::{Probe, Stalls};
 use crate::hint::RetryHint;
 use crate::limits::{
     Admission, BreakerPolicy, BreakerState, EndpointLimits, Limits, Reason, Verdict, deferral_wait,
+    rate_hold,
 };
 use crate::metrics::WorkerMetrics;
 use crate::ordering::{self, Gate};
@@ -618,26 +619,43 @@ async fn admit(
         timeout: Duration::from_millis(u64::try_from(target.timeout_ms).unwrap_or(30_000)),
     };
     let lease_token = claimed.token.to_string();
-    match shared
-        .limits
-        .admit(&claimed.endpoint_id, &claimed.id, &lease_token, &limits)
-        .await
-    {
-        Admission::Go { lease, changed } => {
-            if let Some(state) = changed {
-                breaker_changed(shared, &claimed.endpoint_id, state).await;
+    let hold = rate_hold(limits.rate_per_second.unwrap_or(0));
+    // A reserved rate slot within `hold` is waited for here (the Claim is held, nothing is
+    // in flight), then admitted again: the reservation redeems at its slot. Three waits at
+    // most; a slot that moved farther (another check refused meanwhile) is deferred.
+    for waits in 0.. {
+        match shared
+            .limits
+            .admit(&claimed.endpoint_id, &claimed.id, &lease_token, &limits)
+            .await
+        {
+            Admission::Go { lease, changed } => {
+                if let Some(state) = changed {
+                    breaker_changed(shared, &claimed.endpoint_id, state).await;
+                }
+                return Some(lease);
             }
-            Some(lease)
-        }
-        Admission::Defer { reason, wait } => {
-            defer(shared, claimed, reason, wait).await;
-            None
-        }
-        Admission::Unavailable => {
-            shared.metrics.limits_unavailable.inc();
-            Some(None)
+            Admission::Defer {
+                reason: Reason::Rate,
+                wait,
+            } if wait <= hold && waits < 3 => tokio::time::sleep(wait).await,
+            Admission::Defer { reason, wait } => {
+                // A far rate slot: come back `hold` early and wait out the rest here.
+                let wait = if reason == Reason::Rate {
+                    wait.saturating_sub(hold)
+                } else {
+                    wait
+                };
+                defer(shared, claimed, reason, wait).await;
+                return None;
+            }
+            Admission::Unavailable => {
+                shared.metrics.limits_unavailable.inc();
+                return Some(None);
+            }
         }
     }
+    None
 }
 
 /// How the breaker reads a report, and how long a 429 (or a 503 with `Retry-After`) pauses
