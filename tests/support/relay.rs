@@ -287,6 +287,23 @@ impl PrivateBroker {
         }
     }
 
+    /// Whether the broker's storage task has panicked since its last start. tansu 0.6.0's
+    /// SQLite storage can panic on a Produce after a restart ("more or less than one row");
+    /// the process keeps listening but answers every request with a storage error, so the
+    /// only cure is what an operator would do: restart it (docs/RELIABILITY.md).
+    pub fn storage_panicked(&self) -> bool {
+        let path = match std::env::var("RAILHOOK_RELIABILITY_LOGS") {
+            Ok(logs) => {
+                let name = self.dir.file_name().unwrap_or_default().to_string_lossy();
+                std::path::Path::new(&logs).join(format!("{name}.log"))
+            }
+            Err(_) => self.dir.join("broker.log"),
+        };
+        let log = std::fs::read_to_string(path).unwrap_or_default();
+        let since_start = log.rfind("ready in").map_or("", |i| &log[i..]);
+        since_start.contains("panicked at")
+    }
+
     /// Whether the broker process is still running, and the end of its log: printed when a
     /// scenario lost something, so a failed CI run says whether the broker had died.
     pub fn diagnose(&mut self) -> String {
@@ -297,9 +314,27 @@ impl PrivateBroker {
             None => "not started".to_owned(),
         };
         let log = std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(30).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        format!("broker {running}; its log ends:\n{}", tail.join("\n"))
+        let lines: Vec<&str> = log.lines().collect();
+        // What went wrong first matters more than the repeats at the end: any panic, and
+        // the first lines after the last start.
+        let panics: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.contains("panick"))
+            .take(10)
+            .collect();
+        let last_start = lines
+            .iter()
+            .rposition(|l| l.contains("ready in"))
+            .unwrap_or(0);
+        let after_start = &lines[last_start..(last_start + 25).min(lines.len())];
+        let tail = &lines[lines.len().saturating_sub(10)..];
+        format!(
+            "broker {running}\npanics: {}\nafter its last start:\n{}\nits log ends:\n{}",
+            panics.join("\n"),
+            after_start.join("\n"),
+            tail.join("\n")
+        )
     }
 
     /// SIGKILL, as the broker notes require for tansu with sqlite.
