@@ -222,14 +222,19 @@ fn tansu_bin() -> String {
 
 /// The broker's log, appended across restarts: in `$RAILHOOK_RELIABILITY_LOGS` when that is
 /// set (kept for diagnosis), else in its data folder (gone with the broker).
-fn broker_log(dir: &std::path::Path) -> Stdio {
-    let path = match std::env::var("RAILHOOK_RELIABILITY_LOGS") {
+/// The broker's log: in its data folder, or under `$RAILHOOK_RELIABILITY_LOGS` when set.
+fn broker_log_path(dir: &std::path::Path) -> PathBuf {
+    match std::env::var("RAILHOOK_RELIABILITY_LOGS") {
         Ok(logs) => {
             let name = dir.file_name().unwrap_or_default().to_string_lossy();
             std::path::Path::new(&logs).join(format!("{name}.log"))
         }
         Err(_) => dir.join("broker.log"),
-    };
+    }
+}
+
+fn broker_log(dir: &std::path::Path) -> Stdio {
+    let path = broker_log_path(dir);
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -292,14 +297,7 @@ impl PrivateBroker {
     /// the process keeps listening but answers every request with a storage error, so the
     /// only cure is what an operator would do: restart it (docs/RELIABILITY.md).
     pub fn storage_panicked(&self) -> bool {
-        let path = match std::env::var("RAILHOOK_RELIABILITY_LOGS") {
-            Ok(logs) => {
-                let name = self.dir.file_name().unwrap_or_default().to_string_lossy();
-                std::path::Path::new(&logs).join(format!("{name}.log"))
-            }
-            Err(_) => self.dir.join("broker.log"),
-        };
-        let log = std::fs::read_to_string(path).unwrap_or_default();
+        let log = std::fs::read_to_string(broker_log_path(&self.dir)).unwrap_or_default();
         let since_start = log.rfind("ready in").map_or("", |i| &log[i..]);
         since_start.contains("panicked at")
     }
@@ -313,7 +311,7 @@ impl PrivateBroker {
             Some(Err(e)) => format!("unknown ({e})"),
             None => "not started".to_owned(),
         };
-        let log = std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default();
+        let log = std::fs::read_to_string(broker_log_path(&self.dir)).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         // What went wrong first matters more than the repeats at the end: any panic, and
         // the first lines after the last start.

@@ -623,7 +623,8 @@ async fn admit(
     // A reserved rate slot within `hold` is waited for here (the Claim is held, nothing is
     // in flight), then admitted again: the reservation redeems at its slot. Three waits at
     // most; a slot that moved farther (another check refused meanwhile) is deferred.
-    for waits in 0.. {
+    let mut waits = 0;
+    loop {
         match shared
             .limits
             .admit(&claimed.endpoint_id, &claimed.id, &lease_token, &limits)
@@ -638,7 +639,10 @@ async fn admit(
             Admission::Defer {
                 reason: Reason::Rate,
                 wait,
-            } if wait <= hold && waits < 3 => tokio::time::sleep(wait).await,
+            } if wait <= hold && waits < 3 => {
+                waits += 1;
+                tokio::time::sleep(wait).await;
+            }
             Admission::Defer { reason, wait } => {
                 // A far rate slot: come back `hold` early and wait out the rest here.
                 let wait = if reason == Reason::Rate {
@@ -655,7 +659,6 @@ async fn admit(
             }
         }
     }
-    None
 }
 
 /// How the breaker reads a report, and how long a 429 (or a 503 with `Retry-After`) pauses
