@@ -8,12 +8,17 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use railhook_common::config::Settings;
+use railhook_common::health::{self, Dependencies, KafkaProbe};
 use railhook_common::{db, metrics_http};
 use railhook_relay::{Faults, RelayConfig, RelayMetrics, slot};
 use railhook_worker::{WorkerConfig, WorkerMetrics};
 use sqlx::PgPool;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
+
+/// How long `railhook migrate` waits for Postgres to answer.
+const MIGRATE_WAIT: Duration = Duration::from_secs(60);
 
 #[derive(Parser)]
 #[command(
@@ -139,21 +144,101 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
     }
 }
 
-fn relay_parts(settings: &Settings) -> (RelayConfig, RelayMetrics) {
-    (RelayConfig::from_settings(settings), RelayMetrics::new())
+/// How often a process asks its dependencies whether they answer (`/readyz`,
+/// `railhook_dependency_up`). One metadata request, one `SELECT 1` and one `PING` per
+/// interval: nothing a broker or a database notices.
+const PROBE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What a role's probes look at.
+#[derive(Default)]
+struct Probes {
+    postgres: Option<PgPool>,
+    kafka: bool,
+    redis: bool,
+}
+
+/// Probes the role's dependencies every [`PROBE_INTERVAL`] until the process ends. Kafka's
+/// probe blocks (librdkafka), so it runs off the async threads.
+fn spawn_probes(settings: &Settings, deps: &Dependencies, probes: Probes) -> anyhow::Result<()> {
+    let kafka = if probes.kafka {
+        deps.declare("kafka", true);
+        Some(Arc::new(
+            KafkaProbe::new(&settings.kafka()).context("configuration: kafka")?,
+        ))
+    } else {
+        None
+    };
+    let redis = if probes.redis {
+        deps.declare("redis", false);
+        Some(settings.redis_client()?)
+    } else {
+        None
+    };
+    if probes.postgres.is_some() {
+        deps.declare("postgres", true);
+    }
+    let deps = deps.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PROBE_INTERVAL);
+        loop {
+            tick.tick().await;
+            if let Some(pool) = &probes.postgres {
+                let _ = health::probe_postgres(&deps, pool).await;
+            }
+            if let Some(client) = &redis {
+                health::probe_redis(&deps, client).await;
+            }
+            if let Some(probe) = &kafka {
+                let (probe, deps) = (probe.clone(), deps.clone());
+                let _ = tokio::task::spawn_blocking(move || probe.probe(&deps)).await;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The first look at Postgres: a certificate the URL's `sslmode` refuses (or TLS settings
+/// the driver cannot use) stops the process now, saying what is wrong; Postgres merely away
+/// is left to the probes and the roles' own retries.
+async fn first_contact(deps: &Dependencies, pool: &PgPool) -> anyhow::Result<()> {
+    match health::probe_postgres(deps, pool).await {
+        Err(e) if health::postgres_is_configuration(&e) => {
+            Err(anyhow::Error::new(e).context("cannot connect to Postgres (check DATABASE_URL)"))
+        }
+        Err(e) => {
+            tracing::warn!(error = %health::postgres_reason(&e), "Postgres not answering yet; waiting");
+            Ok(())
+        }
+        Ok(()) => Ok(()),
+    }
+}
+
+fn relay_parts(settings: &Settings) -> anyhow::Result<(RelayConfig, RelayMetrics)> {
+    Ok((RelayConfig::from_settings(settings)?, RelayMetrics::new()))
 }
 
 async fn relay(settings: &Settings) -> anyhow::Result<()> {
-    let (config, metrics) = relay_parts(settings);
+    let (config, metrics) = relay_parts(settings)?;
+    let deps = Dependencies::new();
+    spawn_probes(
+        settings,
+        &deps,
+        Probes {
+            kafka: true,
+            ..Probes::default()
+        },
+    )?;
     let metrics_server = metrics_http::serve(
         settings.metrics_addr,
         vec![metrics.registry.clone()],
+        deps.clone(),
         shutdown_signal(),
     );
     let relay = railhook_relay::run(
         config,
         metrics,
         Arc::new(Faults::default()),
+        deps,
         shutdown_signal(),
     );
     tracing::info!(metrics = %settings.metrics_addr, "relay starting");
@@ -165,69 +250,123 @@ async fn relay(settings: &Settings) -> anyhow::Result<()> {
 }
 
 async fn worker(settings: &Settings) -> anyhow::Result<()> {
-    let pool = connect(settings).await?;
+    let pool = connect(settings)?;
+    let deps = Dependencies::new();
     let metrics = WorkerMetrics::new();
     // Registered here, once per process: tests run several workers on one registry.
     db::PoolCollector::register(&metrics.registry, "worker", pool.clone());
+    spawn_probes(
+        settings,
+        &deps,
+        Probes {
+            postgres: Some(pool.clone()),
+            kafka: true,
+            redis: true,
+        },
+    )?;
     let metrics_server = metrics_http::serve(
         settings.metrics_addr,
         vec![metrics.registry.clone()],
+        deps.clone(),
         shutdown_signal(),
     );
-    let config = WorkerConfig::from_settings(settings);
-    let worker = railhook_worker::run(config, pool, metrics, shutdown_signal());
+    let config = WorkerConfig::from_settings(settings)?;
+    let worker = async {
+        first_contact(&deps, &pool).await?;
+        // Claims need Postgres: hints are not consumed before it answers.
+        tokio::select! {
+            r = health::wait_for_postgres(&deps, &pool) => r.context("cannot connect to Postgres (check DATABASE_URL)")?,
+            _ = shutdown_signal() => return Ok(()),
+        }
+        railhook_worker::run(
+            config,
+            pool.clone(),
+            metrics,
+            deps.clone(),
+            shutdown_signal(),
+        )
+        .await
+        .context("worker")
+    };
     tokio::select! {
-        r = worker => r.context("worker")?,
+        r = worker => r?,
         r = metrics_server => r.with_context(|| format!("metrics on {}", settings.metrics_addr))?,
     }
     Ok(())
 }
 
-/// Every role in one process: a failure of any of them stops the process.
+/// Every role in one process. A role waits for what it lacks instead of failing, so a
+/// missing Slot or a broker not up yet never stops the API; only a configuration error
+/// (which would stop a single role too) ends the process.
 async fn all(settings: &Settings) -> anyhow::Result<()> {
-    let (config, metrics) = relay_parts(settings);
+    let (config, metrics) = relay_parts(settings)?;
+    let deps = Dependencies::new();
     let worker_metrics = WorkerMetrics::new();
     let registries = vec![metrics.registry.clone(), worker_metrics.registry.clone()];
     let relay = railhook_relay::run(
         config,
         metrics,
         Arc::new(Faults::default()),
+        deps.clone(),
         shutdown_signal(),
     );
-    let pool = connect(settings).await?;
+    let pool = connect(settings)?;
     db::PoolCollector::register(&registries[1], "worker", pool.clone());
-    let worker_config = WorkerConfig::from_settings(settings);
-    let worker = railhook_worker::run(worker_config, pool, worker_metrics, shutdown_signal());
+    // Postgres is probed by `ingest_with`, through the API's pool.
+    spawn_probes(
+        settings,
+        &deps,
+        Probes {
+            kafka: true,
+            redis: true,
+            ..Probes::default()
+        },
+    )?;
+    let worker_config = WorkerConfig::from_settings(settings)?;
+    let worker = async {
+        tokio::select! {
+            r = health::wait_for_postgres(&deps, &pool) => r.context("cannot connect to Postgres (check DATABASE_URL)")?,
+            _ = shutdown_signal() => return Ok(()),
+        }
+        railhook_worker::run(
+            worker_config,
+            pool.clone(),
+            worker_metrics,
+            deps.clone(),
+            shutdown_signal(),
+        )
+        .await
+        .context("worker")
+    };
     tokio::select! {
         r = relay => r.context("relay")?,
-        r = worker => r.context("worker")?,
-        r = ingest_with(settings, registries) => r?,
+        r = worker => r?,
+        r = ingest_with(settings, registries, deps.clone()) => r?,
     }
     Ok(())
 }
 
 async fn slot(settings: &Settings, action: SlotAction) -> anyhow::Result<()> {
-    let pg = slot::pg_config(&settings.database_url)?;
-    let client = slot::connect(&pg)
+    let mut client = slot::connect(&settings.replication_postgres()?)
         .await
         .context("cannot connect to Postgres")?;
     let name = &settings.slot;
     match action {
         SlotAction::Create => {
-            let created = slot::create(&client, name).await?;
+            let created = slot::create(&mut client, name).await?;
             println!(
                 "slot {name}: {}",
                 if created { "created" } else { "already exists" }
             );
         }
         SlotAction::Drop => {
-            let dropped = slot::drop(&client, name).await?;
+            let dropped = slot::drop(&mut client, name).await?;
             println!(
                 "slot {name}: {}",
                 if dropped { "dropped" } else { "did not exist" }
             );
         }
-        SlotAction::Status => match slot::status(&client, name).await? {
+        SlotAction::Status => match slot::status(&mut client, name).await? {
             None => {
                 println!("slot {name}: missing (create it with `railhook slot create`)");
                 std::process::exit(3);
@@ -235,7 +374,7 @@ async fn slot(settings: &Settings, action: SlotAction) -> anyhow::Result<()> {
             Some(s) => {
                 print_status(&s);
                 // Absent before the first migration that created it, or before any relay ran.
-                let seen = slot::last_heartbeat_seen(&client, name)
+                let seen = slot::last_heartbeat_seen(&mut client, name)
                     .await
                     .ok()
                     .flatten();
@@ -270,14 +409,26 @@ fn print_status(s: &slot::SlotStatus) {
     );
 }
 
-async fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
-    db::connect(settings)
-        .await
-        .context("cannot connect to Postgres (check DATABASE_URL)")
+/// A lazy pool: nothing connects yet (see `db::connect`).
+fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
+    db::connect(settings).context("configuration: database_url")
 }
 
 async fn migrate(settings: &Settings) -> anyhow::Result<()> {
-    let pool = connect(settings).await?;
+    let pool = connect(settings)?;
+    // A migration is a one-shot job: it waits for Postgres a while (it may start alongside
+    // it), then fails so the job runner's own retries and alerts take over.
+    let deps = Dependencies::new();
+    deps.declare("postgres", true);
+    tokio::time::timeout(MIGRATE_WAIT, health::wait_for_postgres(&deps, &pool))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "Postgres did not answer within {} s",
+                MIGRATE_WAIT.as_secs()
+            )
+        })?
+        .context("cannot connect to Postgres (check DATABASE_URL)")?;
     db::MIGRATOR
         .run(&pool)
         .await
@@ -285,27 +436,47 @@ async fn migrate(settings: &Settings) -> anyhow::Result<()> {
     db::ensure_publication(&pool, &settings.publication)
         .await
         .context("creating the outbox publication")?;
-    let client = slot::connect(&slot::pg_config(&settings.database_url)?).await?;
-    let created = slot::create(&client, &settings.slot).await?;
+    let mut client = slot::connect(&settings.replication_postgres()?).await?;
+    let created = slot::create(&mut client, &settings.slot).await?;
     tracing::info!(publication = %settings.publication, slot = %settings.slot, slot_created = created, "migrations applied");
     Ok(())
 }
 
 async fn ingest(settings: &Settings) -> anyhow::Result<()> {
-    ingest_with(settings, Vec::new()).await
+    let deps = Dependencies::new();
+    spawn_probes(
+        settings,
+        &deps,
+        Probes {
+            redis: true,
+            ..Probes::default()
+        },
+    )?;
+    ingest_with(settings, Vec::new(), deps).await
 }
 
 async fn ingest_with(
     settings: &Settings,
     other_registries: Vec<prometheus::Registry>,
+    deps: Dependencies,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         settings.admin_token.is_some(),
         "configuration: admin_token (RAILHOOK_ADMIN_TOKEN) is required by the ingest role"
     );
-    let pool = connect(settings).await?;
-    let mut state = railhook_ingest::AppState::new(pool, settings).context("REDIS_URL")?;
+    let pool = connect(settings)?;
+    spawn_probes(
+        settings,
+        &deps,
+        Probes {
+            postgres: Some(pool.clone()),
+            ..Probes::default()
+        },
+    )?;
+    first_contact(&deps, &pool).await?;
+    let mut state = railhook_ingest::AppState::new(pool, settings)?;
     state.other_registries = other_registries;
+    state.deps = deps;
     let addr: SocketAddr = settings.http_addr;
     let listener = TcpListener::bind(addr)
         .await

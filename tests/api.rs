@@ -191,7 +191,9 @@ async fn service_routes_answer_and_openapi_describes_every_route() {
         async move { client.get(url).send().await.expect("get") }
     };
     assert_eq!(get("/healthz").await.status(), StatusCode::OK);
-    assert_eq!(get("/readyz").await.text().await.expect("body"), "ready");
+    let ready: Value = get("/readyz").await.json().await.expect("readyz body");
+    assert_eq!(ready["status"], "ready", "{ready}");
+    assert_eq!(ready["dependencies"]["postgres"]["up"], true, "{ready}");
     let missing = get("/nope").await;
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     let doc: Value = get("/openapi.json").await.json().await.expect("openapi");
@@ -312,17 +314,34 @@ fn bad_configuration_stops_the_binary_with_a_message_naming_the_setting() {
         ],
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("admin_token"));
+    // A TLS setting that cannot work is configuration: the process stops at once and names
+    // the parameter. (Postgres merely away is not: tests/connectivity.rs.)
     let out = railhook(
         &["ingest"],
         &[
-            ("DATABASE_URL", "postgres://u:hunter2@127.0.0.1:1/y"),
+            (
+                "DATABASE_URL",
+                "postgres://u:hunter2@127.0.0.1:1/y?sslmode=verify-full&sslrootcert=/nope/ca.pem",
+            ),
             ("RAILHOOK_ADMIN_TOKEN", "0123456789abcdef0"),
         ],
     );
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("Postgres") && !stderr.contains("hunter2"),
+        stderr.contains("sslrootcert") && !stderr.contains("hunter2"),
         "{stderr}"
     );
+    let out = railhook(
+        &["worker"],
+        &[
+            ("DATABASE_URL", "postgres://x/y"),
+            ("KAFKA_SECURITY_PROTOCOL", "SASL_SSL"),
+            ("KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"),
+            ("KAFKA_SASL_USERNAME", "u"),
+        ],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("kafka_sasl_password"), "{stderr}");
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use railhook_relay::{Faults, RelayError};
+use railhook_relay::Faults;
 use support::local_setting;
 use support::relay::{KafkaReader, PrivateBroker, RelayFixture};
 
@@ -224,20 +224,48 @@ async fn an_idle_slot_advances_while_other_tables_are_written() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_slot_stops_the_relay_with_a_clear_error() {
+async fn a_missing_slot_makes_the_relay_wait_and_it_streams_once_the_slot_exists() {
     let brokers = shared_brokers();
     let fx = RelayFixture::new(&brokers).await;
     let mut config = fx.config.clone();
-    config.slot = "rh_no_such_slot".to_owned();
+    let slot = format!("rh_late_{}", ulid::Ulid::new().to_string().to_lowercase());
+    config.slot = slot.clone();
     let relay = fx.spawn_with(config, Arc::new(Faults::default()));
-    let result = tokio::time::timeout(WAIT, relay.task)
+    support::eventually("the relay reports the Slot unusable", WAIT, || async {
+        (relay.metrics.slot_unusable.get() == 1).then_some(())
+    })
+    .await;
+    let readiness = relay.deps.readiness();
+    assert_eq!(readiness.status, "unready");
+    let reason = readiness.dependencies["slot"]
+        .last_error
+        .clone()
+        .unwrap_or_default();
+    assert!(reason.contains("railhook slot create"), "{reason}");
+    assert!(!relay.task.is_finished(), "the relay must wait, not stop");
+
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')::text")
+        .bind(&slot)
+        .execute(&fx.pool)
         .await
-        .expect("relay kept running")
-        .expect("join");
-    let err = result.expect_err("must fail");
-    assert!(matches!(err, RelayError::Slot(_)), "{err:?}");
-    assert!(err.to_string().contains("railhook slot create"), "{err}");
-    assert_eq!(relay.metrics.slot_unusable.get(), 1);
+        .expect("create the slot");
+    support::eventually("the relay streams the new Slot", WAIT, || async {
+        (relay.metrics.slot_unusable.get() == 0 && relay.metrics.active.get() == 1).then_some(())
+    })
+    .await;
+    fx.insert(0, 20).await;
+    let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
+    assert!(
+        reader.read_all(0..20, WAIT),
+        "rows written after the Slot came back"
+    );
+    assert_eq!(relay.deps.readiness().status, "ready");
+    drop(relay);
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(&fx.pool)
+        .await
+        .ok();
     fx.drop_slot().await;
 }
 

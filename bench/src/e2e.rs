@@ -100,7 +100,7 @@ pub(crate) async fn stack_with(endpoints: &[Value]) -> anyhow::Result<Stack> {
     s.db_max_connections = 40;
     s.admin_token = Some(crate::setup::ADMIN_TOKEN.to_owned().into());
     pool.close().await;
-    let pool = railhook_common::db::connect(&s).await?;
+    let pool = railhook_common::db::connect(&s)?;
     sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
         .bind(&s.slot)
         .execute(&pool)
@@ -112,9 +112,10 @@ pub(crate) async fn stack_with(endpoints: &[Value]) -> anyhow::Result<Stack> {
     let relay = RelayMetrics::new();
     let worker = WorkerMetrics::new();
     tokio::spawn(railhook_relay::run(
-        RelayConfig::from_settings(&s),
+        RelayConfig::from_settings(&s)?,
         relay.clone(),
         Arc::new(Faults::default()),
+        railhook_common::health::Dependencies::new(),
         async move {
             let _ = stopped.await;
         },
@@ -122,9 +123,10 @@ pub(crate) async fn stack_with(endpoints: &[Value]) -> anyhow::Result<Stack> {
     let (stop, stopped) = oneshot::channel::<()>();
     stops.push(stop);
     tokio::spawn(railhook_worker::run(
-        WorkerConfig::from_settings(&s),
+        WorkerConfig::from_settings(&s)?,
         pool.clone(),
         worker.clone(),
+        railhook_common::health::Dependencies::new(),
         async move {
             let _ = stopped.await;
         },

@@ -81,7 +81,7 @@ async fn start_api(endpoints: usize) -> anyhow::Result<Api> {
     s.admin_token = Some(crate::setup::ADMIN_TOKEN.to_owned().into());
     s.db_max_connections = 40;
     pool.close().await;
-    let pool = railhook_common::db::connect(&s).await?;
+    let pool = railhook_common::db::connect(&s)?;
     let state = AppState::new(pool.clone(), &s)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);

@@ -10,6 +10,8 @@
 //!    for `--seconds` (one row per transaction): commit → Kafka ack (the relay's histogram)
 //!    and commit → consumer receipt (exact, per row).
 
+use railhook_common::health::Dependencies;
+use railhook_common::kafka::KafkaConnection;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +22,6 @@ use futures::stream::FuturesUnordered;
 use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
 use railhook_common::config::Settings;
 use railhook_relay::{Faults, RelayConfig, RelayMetrics};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::FutureRecord;
@@ -171,9 +172,9 @@ async fn baseline_producer(
     suffix: &str,
 ) -> anyhow::Result<(String, rdkafka::producer::FutureProducer)> {
     let topic = format!("{}-{suffix}", config.topic);
-    railhook_common::kafka::ensure_topic(&config.brokers, &topic, config.partitions, 1).await?;
+    railhook_common::kafka::ensure_topic(&config.kafka, &topic, config.partitions, 1).await?;
     let producer = railhook_common::kafka::producer(
-        &config.brokers,
+        &config.kafka,
         config.message_timeout,
         config.max_in_flight,
     )?;
@@ -248,9 +249,15 @@ fn start_relay(config: RelayConfig) -> Running {
     let (stop, stopped) = oneshot::channel::<()>();
     let m = metrics.clone();
     tokio::spawn(async move {
-        if let Err(e) = railhook_relay::run(config, m, Arc::new(Faults::default()), async move {
-            let _ = stopped.await;
-        })
+        if let Err(e) = railhook_relay::run(
+            config,
+            m,
+            Arc::new(Faults::default()),
+            Dependencies::new(),
+            async move {
+                let _ = stopped.await;
+            },
+        )
         .await
         {
             eprintln!("relay: {e}");
@@ -301,14 +308,14 @@ async fn steady_load(
 
 /// Reads the topic from the end and records when each outbox id arrives.
 fn receive(
-    brokers: &str,
+    kafka: &KafkaConnection,
     topic: &str,
     partitions: i32,
     expect: usize,
     limit: Duration,
 ) -> anyhow::Result<HashMap<i64, Instant>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let consumer: BaseConsumer = kafka
+        .client_config()
         .set("group.id", unique("bench-"))
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "10")
@@ -347,7 +354,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let recv = pg_recvlogical(&s.url, &s.raw_slot, &s.settings.publication, end)?;
     let mut relay_settings = s.settings.clone();
     relay_settings.slot = s.relay_slot.clone();
-    let config = RelayConfig::from_settings(&relay_settings);
+    let config = RelayConfig::from_settings(&relay_settings)?;
     let bare = bare_producer(&config, args.rows).await?;
     eprintln!("  baselines: pg_recvlogical {recv:.2?}, bare producer {bare:.2?}");
 
@@ -394,7 +401,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await?;
     let expect = (args.rate * args.seconds) as usize;
     let (brokers, topic, partitions) = (
-        config.brokers.clone(),
+        config.kafka.clone(),
         config.topic.clone(),
         config.partitions,
     );
@@ -445,7 +452,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     drop(relay);
     // The floor under the same conditions: a consumer reading the topic meanwhile.
     let bare_topic = format!("{}-bare-paced", config.topic);
-    let (brokers, partitions) = (config.brokers.clone(), config.partitions);
+    let (brokers, partitions) = (config.kafka.clone(), config.partitions);
     railhook_common::kafka::ensure_topic(&brokers, &bare_topic, partitions, 1).await?;
     let reader =
         std::thread::spawn(move || receive(&brokers, &bare_topic, partitions, usize::MAX, limit));

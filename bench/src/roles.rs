@@ -3,6 +3,7 @@
 //! latency at `--rate` events/s for `--seconds`, then, per role, CPU seconds used during
 //! the load and resident memory at the start and at its peak.
 
+use secrecy::ExposeSecret;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -59,7 +60,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let env: Vec<(String, String)> = vec![
         ("DATABASE_URL".into(), url.clone()),
         ("KAFKA_BROKERS".into(), settings.kafka_brokers.clone()),
-        ("REDIS_URL".into(), settings.redis_url.clone()),
+        (
+            "REDIS_URL".into(),
+            settings.redis_url.expose_secret().to_owned(),
+        ),
         ("RAILHOOK_SLOT".into(), slot.clone()),
         ("RAILHOOK_PUBLICATION".into(), settings.publication.clone()),
         (

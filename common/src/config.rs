@@ -10,6 +10,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use figment::Figment;
+
+use crate::kafka::{KafkaConnection, KafkaSecurity};
+use crate::postgres_url::PostgresTarget;
 use figment::providers::{Env, Format, Serialized, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
@@ -19,10 +22,51 @@ use serde::{Deserialize, Serialize};
 pub struct Settings {
     /// Postgres connection string (`DATABASE_URL` or `RAILHOOK_DATABASE_URL`).
     pub database_url: SecretString,
-    /// Redis, for the monthly quota and distributed limits.
-    pub redis_url: String,
+    /// A second Postgres URL for the relay's replication stream and control connection,
+    /// when the pools go through a pooler that cannot carry replication (PgBouncer, RDS
+    /// Proxy). Defaults to `database_url`.
+    #[serde(default)]
+    pub replication_database_url: Option<SecretString>,
+    /// Redis, for the monthly quota and distributed limits. `rediss://` for TLS; a user and
+    /// password in the URL are kept secret.
+    pub redis_url: SecretString,
+    /// A PEM file of CA certificates trusted for `rediss://` (default: the system's roots).
+    #[serde(default)]
+    pub redis_ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for Redis mutual TLS.
+    #[serde(default)]
+    pub redis_client_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub redis_client_key_file: Option<PathBuf>,
     /// Comma-separated Kafka bootstrap servers.
     pub kafka_brokers: String,
+    /// `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL` (`KAFKA_SECURITY_PROTOCOL`).
+    #[serde(deserialize_with = "text")]
+    pub kafka_security_protocol: String,
+    /// CA certificates (PEM) that sign the brokers' certificates (default: the system's).
+    #[serde(default)]
+    pub kafka_ssl_ca_location: Option<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS to the brokers.
+    #[serde(default)]
+    pub kafka_ssl_certificate_location: Option<PathBuf>,
+    #[serde(default)]
+    pub kafka_ssl_key_location: Option<PathBuf>,
+    #[serde(default, deserialize_with = "opt_secret")]
+    pub kafka_ssl_key_password: Option<SecretString>,
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`, with a `SASL_*` protocol.
+    #[serde(default, deserialize_with = "opt_text")]
+    pub kafka_sasl_mechanism: Option<String>,
+    #[serde(default, deserialize_with = "opt_text")]
+    pub kafka_sasl_username: Option<String>,
+    #[serde(default, deserialize_with = "opt_secret")]
+    pub kafka_sasl_password: Option<SecretString>,
+    /// A file of further librdkafka properties (`name=value` lines) for every client;
+    /// properties the guarantees rest on are refused by name (`kafka::GUARDED`).
+    #[serde(default)]
+    pub kafka_properties: Option<PathBuf>,
+    /// Built from the Kafka settings above by validation; read through [`Settings::kafka`].
+    #[serde(skip)]
+    kafka_checked: crate::kafka::KafkaConnection,
     /// Where the REST API listens.
     pub http_addr: SocketAddr,
     /// Where roles without the REST API serve `/metrics`.
@@ -145,11 +189,46 @@ fn seconds_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Err
     })
 }
 
+/// A string setting. Figment types environment values, so a numeric password or user name
+/// (`KAFKA_SASL_PASSWORD=123456`) arrives as a number and must still read as text.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Lenient {
+    Text(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl Lenient {
+    fn into_string(self) -> String {
+        match self {
+            Lenient::Text(s) => s,
+            Lenient::Int(n) => n.to_string(),
+            Lenient::Float(f) => f.to_string(),
+            Lenient::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+fn text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Lenient::deserialize(d)?.into_string())
+}
+
+fn opt_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<Lenient>::deserialize(d)?.map(Lenient::into_string))
+}
+
+fn opt_secret<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SecretString>, D::Error> {
+    Ok(opt_text(d)?.map(SecretString::from))
+}
+
 /// The defaults, as a serialisable layer under the file and the environment.
 #[derive(Serialize)]
 struct Defaults {
     redis_url: &'static str,
     kafka_brokers: &'static str,
+    kafka_security_protocol: &'static str,
     http_addr: &'static str,
     metrics_addr: &'static str,
     allow_private_targets: &'static str,
@@ -199,6 +278,7 @@ struct Defaults {
 const DEFAULTS: Defaults = Defaults {
     redis_url: "redis://127.0.0.1:6379",
     kafka_brokers: "127.0.0.1:9092",
+    kafka_security_protocol: "PLAINTEXT",
     http_addr: "127.0.0.1:8080",
     metrics_addr: "127.0.0.1:9464",
     allow_private_targets: "",
@@ -275,6 +355,14 @@ impl Settings {
             .merge(Env::raw().only(&[
                 "DATABASE_URL",
                 "KAFKA_BROKERS",
+                "KAFKA_SECURITY_PROTOCOL",
+                "KAFKA_SSL_CA_LOCATION",
+                "KAFKA_SSL_CERTIFICATE_LOCATION",
+                "KAFKA_SSL_KEY_LOCATION",
+                "KAFKA_SSL_KEY_PASSWORD",
+                "KAFKA_SASL_MECHANISM",
+                "KAFKA_SASL_USERNAME",
+                "KAFKA_SASL_PASSWORD",
                 "REDIS_URL",
                 "ORDERING_GAP_TIMEOUT_SECONDS",
             ]))
@@ -288,10 +376,11 @@ impl Settings {
     }
 
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
-        let settings: Settings = figment
+        let mut settings: Settings = figment
             .extract()
             .map_err(|e| ConfigError::Load(Box::new(e)))?;
         settings.validate()?;
+        settings.kafka_checked = settings.kafka_connection()?;
         Ok(settings)
     }
 
@@ -302,6 +391,63 @@ impl Settings {
 
     pub fn set_database_url(&mut self, url: &str) {
         self.database_url = SecretString::from(url.to_owned());
+    }
+
+    /// How every Kafka client reaches the brokers: the security settings checked at load,
+    /// with `kafka_brokers` as it is now (tests point a loaded `Settings` at another broker).
+    pub fn kafka(&self) -> KafkaConnection {
+        self.kafka_checked.clone().with_brokers(&self.kafka_brokers)
+    }
+
+    /// The pools' Postgres, parsed (validated at load, so this cannot fail afterwards
+    /// unless a certificate file was removed since).
+    pub fn postgres(&self) -> Result<PostgresTarget, ConfigError> {
+        PostgresTarget::parse(&self.database_url)
+            .map_err(|e| invalid("database_url", e.to_string()))
+    }
+
+    /// The relay's Postgres (replication stream and control connection).
+    pub fn replication_postgres(&self) -> Result<PostgresTarget, ConfigError> {
+        match &self.replication_database_url {
+            Some(url) => PostgresTarget::parse(url)
+                .map_err(|e| invalid("replication_database_url", e.to_string())),
+            None => self.postgres(),
+        }
+    }
+
+    /// Every Kafka client's connection settings, checked.
+    fn kafka_connection(&self) -> Result<KafkaConnection, ConfigError> {
+        let security = KafkaSecurity {
+            protocol: &self.kafka_security_protocol,
+            ca_location: self.kafka_ssl_ca_location.as_deref(),
+            certificate_location: self.kafka_ssl_certificate_location.as_deref(),
+            key_location: self.kafka_ssl_key_location.as_deref(),
+            key_password: self
+                .kafka_ssl_key_password
+                .as_ref()
+                .map(|s| s.expose_secret()),
+            sasl_mechanism: self.kafka_sasl_mechanism.as_deref(),
+            sasl_username: self.kafka_sasl_username.as_deref(),
+            sasl_password: self.kafka_sasl_password.as_ref().map(|s| s.expose_secret()),
+            properties_file: self.kafka_properties.as_deref(),
+        };
+        KafkaConnection::new(&self.kafka_brokers, &security).map_err(|e| ConfigError::Invalid {
+            field: "kafka",
+            problem: e.to_string(),
+        })
+    }
+
+    /// The Redis client for `redis_url`, with the CA and client certificate settings.
+    pub fn redis_client(&self) -> Result<redis::Client, ConfigError> {
+        crate::redis_client::client(
+            &self.redis_url,
+            &crate::redis_client::RedisTls {
+                ca_file: self.redis_ca_file.clone(),
+                client_cert_file: self.redis_client_cert_file.clone(),
+                client_key_file: self.redis_client_key_file.clone(),
+            },
+        )
+        .map_err(|e| invalid("redis_url", e.to_string()))
     }
 
     /// The outgoing ladder as configured (hard cap 96 h).
@@ -325,16 +471,9 @@ impl Settings {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let db = self.database_url.expose_secret();
-        if !(db.starts_with("postgres://") || db.starts_with("postgresql://")) {
-            return Err(invalid(
-                "database_url",
-                "must be a postgres:// or postgresql:// URL",
-            ));
-        }
-        if !(self.redis_url.starts_with("redis://") || self.redis_url.starts_with("rediss://")) {
-            return Err(invalid("redis_url", "must be a redis:// or rediss:// URL"));
-        }
+        self.postgres()?;
+        self.replication_postgres()?;
+        self.redis_client()?;
         if self.kafka_brokers.trim().is_empty() {
             return Err(invalid("kafka_brokers", "must name at least one host:port"));
         }

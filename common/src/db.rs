@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -24,8 +23,17 @@ const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// connection broken in that last second (Postgres restarted under load) fails the one
 /// statement that finds it broken; sqlx then closes it, and that request's transaction never
 /// committed, so nothing is half-written — the client retries, as after any 5xx.
-pub async fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new()
+///
+/// The pool is lazy: it connects on first use, so a role starts (and answers `/readyz` with
+/// 503) while Postgres is away, and reconnects by itself when it is back. TLS comes from the
+/// URL's libpq parameters ([`crate::postgres_url`]). Callers that must not start without
+/// Postgres wait with [`crate::health::wait_for_postgres`].
+pub fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
+    let options = settings
+        .postgres()
+        .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?
+        .sqlx_options()?;
+    Ok(PgPoolOptions::new()
         .max_connections(settings.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .test_before_acquire(false)
@@ -37,8 +45,7 @@ pub async fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
                 Ok(true)
             })
         })
-        .connect(settings.database_url.expose_secret())
-        .await
+        .connect_lazy_with(options))
 }
 
 /// Creates the publication the relay reads, if missing. Inserts only: the prune job's

@@ -89,35 +89,35 @@ mod tests {
 
     #[tokio::test]
     async fn half_sent_headers_are_closed_and_whole_requests_answered() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("test step");
+        let addr = listener.local_addr().expect("test step");
         let app = Router::new().route("/", get(|| async { "ok" }));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(listener, app, Duration::from_secs(1), async {
             let _ = stopped.await;
         }));
 
-        let mut slow = TcpStream::connect(addr).await.unwrap();
+        let mut slow = TcpStream::connect(addr).await.expect("test step");
         slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Par")
             .await
-            .unwrap();
-        let mut whole = TcpStream::connect(addr).await.unwrap();
+            .expect("test step");
+        let mut whole = TcpStream::connect(addr).await.expect("test step");
         whole
             .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .await
-            .unwrap();
-        let answer = read_all(&mut whole, Duration::from_secs(5)).await.unwrap();
+            .expect("test step");
+        let answer = read_all(&mut whole, Duration::from_secs(5)).await.expect("test step");
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(
             read_all(&mut slow, Duration::from_secs(4)).await.is_some(),
             "a half-sent request was still open 4 s on, past the 1 s header timeout"
         );
 
-        stop.send(()).unwrap();
+        stop.send(()).expect("test step");
         tokio::time::timeout(Duration::from_secs(5), server)
             .await
             .expect("shutdown finishes")
-            .unwrap()
-            .unwrap();
+            .expect("test step")
+            .expect("test step");
     }
 }

@@ -1,11 +1,15 @@
-//! `/metrics`, `/healthz` for roles without the REST API, on `RAILHOOK_METRICS_ADDR`.
+//! `/metrics`, `/healthz` and `/readyz` for roles without the REST API, on
+//! `RAILHOOK_METRICS_ADDR`.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::Router;
-use axum::http::header;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::{Json, Router};
+
+use crate::health::Dependencies;
 use axum::routing::get;
 use prometheus::{Encoder, Registry, TextEncoder};
 
@@ -40,15 +44,35 @@ pub fn render(registries: &[&Registry]) -> Vec<u8> {
 /// How long a scraper has to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Serves the registries until `shutdown` resolves.
+/// `/readyz`'s answer: 200 when every required dependency is up, else 503; the body names
+/// each dependency and its last error either way.
+pub fn readiness(deps: &Dependencies) -> axum::response::Response {
+    let readiness = deps.readiness();
+    let status = if readiness.status == "ready" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        [(header::CACHE_CONTROL, "no-store")],
+        Json(readiness),
+    )
+        .into_response()
+}
+
+/// Serves the registries (and the dependencies' gauge) until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,
-    registries: Vec<Registry>,
+    mut registries: Vec<Registry>,
+    deps: Dependencies,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
+    registries.push(deps.registry().clone());
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(move || async move { readiness(&deps) }))
         .route(
             "/metrics",
             get(move || {

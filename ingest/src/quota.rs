@@ -54,17 +54,15 @@ fn counter_key(organization_id: &str) -> String {
 }
 
 impl Quota {
-    pub fn new(
-        redis_url: &str,
-        timeout: Duration,
-        metrics: IngestMetrics,
-    ) -> Result<Self, redis::RedisError> {
-        Ok(Self {
-            client: redis::Client::open(redis_url)?,
+    /// Counters kept in Redis through `client` (built by `Settings::redis_client`: TLS and
+    /// credentials come from there).
+    pub fn new(client: redis::Client, timeout: Duration, metrics: IngestMetrics) -> Self {
+        Self {
+            client,
             timeout,
             conn: Arc::new(Mutex::new(ConnState::default())),
             metrics,
-        })
+        }
     }
 
     async fn connection(&self) -> Option<MultiplexedConnection> {

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use railhook_common::config::Settings;
+use railhook_common::config::{ConfigError, Settings};
+use railhook_common::health::Dependencies;
 use secrecy::SecretString;
 use sqlx::PgPool;
 
@@ -27,6 +28,8 @@ pub struct AppState {
     pub slot: String,
     /// Who posts Events, cached for a second (`auth::SenderCache`).
     pub senders: crate::auth::SenderCache,
+    /// What `/readyz` reports; `railhook all` shares one with the other roles.
+    pub deps: Dependencies,
 }
 
 /// The windows that turn an endpoint's failure streak into `warning` and then `disabled`
@@ -76,14 +79,17 @@ impl Faults {
 }
 
 impl AppState {
-    pub fn new(pool: PgPool, settings: &Settings) -> Result<Self, redis::RedisError> {
+    pub fn new(pool: PgPool, settings: &Settings) -> Result<Self, ConfigError> {
         let metrics = IngestMetrics::new();
         railhook_common::db::PoolCollector::register(metrics.registry(), "ingest", pool.clone());
         let quota = Quota::new(
-            &settings.redis_url,
+            settings.redis_client()?,
             Duration::from_millis(settings.quota_timeout_ms),
             metrics.clone(),
-        )?;
+        );
+        let deps = Dependencies::new();
+        deps.declare("postgres", true);
+        deps.declare("redis", false);
         Ok(Self {
             pool,
             quota,
@@ -109,6 +115,7 @@ impl AppState {
             },
             slot: settings.slot.clone(),
             senders: crate::auth::SenderCache::default(),
+            deps,
         })
     }
 }

@@ -18,6 +18,12 @@
 //! duplicates (duplicate windows 4 and 5 in docs/ARCHITECTURE.md). A broken session never
 //! confirms anything afterwards, because its client is dropped with it.
 //!
+//! Nothing that can come back stops the relay: Postgres or Kafka away, the Slot missing or
+//! lost, the publication not created yet. It waits with a capped back-off, says why on
+//! `/readyz` and in `railhook_dependency_up` / `railhook_relay_slot_unusable`, and starts a
+//! session when it can. Only a configuration error (a certificate the URL's `sslmode`
+//! refuses) ends `run` with an error.
+//!
 //! Two relays may run: the Slot is the lock. Postgres lets one connection stream a Slot; the
 //! other gets SQLSTATE 55006 ("replication slot is active") and waits as a standby, trying
 //! again every `STANDBY_RETRY` until the active one's connection is gone.
@@ -33,15 +39,17 @@ use futures::StreamExt;
 use futures::channel::oneshot::Canceled;
 use futures::stream::FuturesUnordered;
 use pgwire_replication::{
-    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
+    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
 };
 use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
-use railhook_common::config::Settings;
+use railhook_common::config::{ConfigError, Settings};
+use railhook_common::health::{self, Backoff, Dependencies};
+use railhook_common::kafka::KafkaConnection;
+use railhook_common::postgres_url::{self, PostgresTarget, RootCerts};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use secrecy::SecretString;
-use tokio_postgres::Client;
+use sqlx::PgConnection;
 
 use crate::metrics::RelayMetrics;
 use crate::pgoutput::{self, Column, DecodeError, PgOutput, Relation};
@@ -51,8 +59,14 @@ use railhook_common::kafka as producer;
 
 /// How often a standby asks for the Slot again.
 const STANDBY_RETRY: Duration = Duration::from_millis(500);
-/// Back-off between sessions after a transient failure.
+/// Back-off between sessions after a session that streamed; repeated failures to start one
+/// back off further, up to `health::MAX_BACKOFF`.
 const RESTART_BACKOFF: Duration = Duration::from_secs(1);
+/// The relay's Postgres in `/readyz`: the control connection and the replication stream,
+/// which may go to another host than the pools (`RAILHOOK_REPLICATION_DATABASE_URL`).
+pub const REPLICATION: &str = "postgres_replication";
+/// How often a relay waiting for a missing or lost Slot looks again.
+const SLOT_RETRY: Duration = Duration::from_secs(2);
 /// Outbox rows deleted per statement by the prune job.
 const PRUNE_BATCH: i64 = 5_000;
 /// Seconds between the Unix epoch and Postgres' epoch (2000-01-01).
@@ -60,8 +74,10 @@ const PG_EPOCH_OFFSET_SECS: i64 = 946_684_800;
 
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    pub database_url: SecretString,
-    pub brokers: String,
+    /// The replication stream's and the control connection's Postgres
+    /// (`RAILHOOK_REPLICATION_DATABASE_URL`, else `DATABASE_URL`).
+    pub postgres: PostgresTarget,
+    pub kafka: KafkaConnection,
     pub slot: String,
     pub publication: String,
     pub topic: String,
@@ -76,10 +92,10 @@ pub struct RelayConfig {
 }
 
 impl RelayConfig {
-    pub fn from_settings(s: &Settings) -> Self {
-        Self {
-            database_url: s.database_url.clone(),
-            brokers: s.kafka_brokers.clone(),
+    pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
+        Ok(Self {
+            postgres: s.replication_postgres()?,
+            kafka: s.kafka(),
             slot: s.slot.clone(),
             publication: s.publication.clone(),
             topic: producer::deliveries_topic(&s.topic_prefix),
@@ -91,7 +107,7 @@ impl RelayConfig {
             heartbeat_interval: Duration::from_millis(s.relay_heartbeat_ms),
             status_interval: Duration::from_millis(s.relay_status_ms),
             outbox_retention: Duration::from_secs(s.outbox_retention_seconds),
-        }
+        })
     }
 }
 
@@ -130,19 +146,50 @@ pub enum RelayError {
 }
 
 impl RelayError {
-    /// Errors a new session cannot fix: the relay stops and says why.
-    fn is_fatal(&self) -> bool {
+    /// Configuration errors: no wait can fix them, so the relay stops and says why. Only a
+    /// certificate refused under the URL's `sslmode` (or TLS settings the driver cannot use)
+    /// is one; the relay never falls back to plaintext or to an unverified connection.
+    fn is_configuration(&self) -> bool {
+        match self {
+            RelayError::Slot(SlotError::Postgres(e)) => health::postgres_is_configuration(e),
+            RelayError::Stream(PgWireError::Tls(_)) => true,
+            _ => false,
+        }
+    }
+
+    /// The Slot cannot be streamed until an operator acts (create it, run the migration).
+    fn is_slot_unusable(&self) -> bool {
         matches!(
             self,
             RelayError::Slot(
-                SlotError::Missing(_)
-                    | SlotError::Invalidated(_)
-                    | SlotError::NoPublication(_)
-                    | SlotError::BadUrl(_)
-            ) | RelayError::Decode(_)
-                | RelayError::OutboxRow(_)
-                | RelayError::UnknownRelation(_)
+                SlotError::Missing(_) | SlotError::Invalidated(_) | SlotError::NoPublication(_)
+            )
         )
+    }
+
+    /// The stream holds something this relay cannot read. Retried (slowly) rather than
+    /// stopping: in `railhook all` the API and the worker keep serving meanwhile.
+    fn is_undecodable(&self) -> bool {
+        matches!(
+            self,
+            RelayError::Decode(_) | RelayError::OutboxRow(_) | RelayError::UnknownRelation(_)
+        )
+    }
+
+    /// A short reason for `/readyz`: no server text beyond the SQLSTATE.
+    fn reason(&self) -> String {
+        match self {
+            RelayError::Slot(SlotError::Postgres(e)) => health::postgres_reason(e),
+            RelayError::Stream(PgWireError::Server(msg)) => {
+                let code = msg
+                    .split(|c: char| !c.is_ascii_alphanumeric())
+                    .find(|w| w.len() == 5 && w.chars().any(|c| c.is_ascii_digit()))
+                    .unwrap_or("?");
+                format!("replication stream: server refused (SQLSTATE {code})")
+            }
+            RelayError::Stream(e) => format!("replication stream: {e}"),
+            other => other.to_string(),
+        }
     }
 }
 
@@ -161,46 +208,50 @@ pub struct Relay {
     config: RelayConfig,
     metrics: RelayMetrics,
     faults: Arc<Faults>,
-    pg: tokio_postgres::Config,
+    deps: Dependencies,
+    /// Set once the topic exists; until then every session first tries to create it.
+    topic_ready: AtomicBool,
 }
 
-/// Runs the relay until `shutdown` resolves or a fatal error: waits as a standby while
-/// another relay holds the Slot, restarts sessions after transient failures.
+/// Runs the relay until `shutdown` resolves or a configuration error: waits as a standby
+/// while another relay holds the Slot, waits for a missing Slot, restarts sessions after
+/// transient failures.
 pub async fn run(
     config: RelayConfig,
     metrics: RelayMetrics,
     faults: Arc<Faults>,
+    deps: Dependencies,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RelayError> {
-    let relay = Relay::new(config, metrics, faults).await?;
-    relay.run(shutdown).await
+    Relay::new(config, metrics, faults, deps)
+        .run(shutdown)
+        .await
 }
 
 impl Relay {
-    pub async fn new(
+    pub fn new(
         config: RelayConfig,
         metrics: RelayMetrics,
         faults: Arc<Faults>,
-    ) -> Result<Self, RelayError> {
-        let pg = slot::pg_config(&config.database_url)?;
-        producer::ensure_topic(
-            &config.brokers,
-            &config.topic,
-            config.partitions,
-            config.replication_factor,
-        )
-        .await?;
-        Ok(Self {
+        deps: Dependencies,
+    ) -> Self {
+        deps.declare(REPLICATION, true);
+        deps.declare("kafka", true);
+        deps.declare("slot", true);
+        Self {
             config,
             metrics,
             faults,
-            pg,
-        })
+            deps,
+            topic_ready: AtomicBool::new(false),
+        }
     }
 
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<(), RelayError> {
         tokio::pin!(shutdown);
+        let mut backoff = Backoff::default();
         loop {
+            let sessions_before = self.metrics.sessions.get();
             let outcome = tokio::select! {
                 _ = &mut shutdown => return Ok(()),
                 outcome = self.session() => outcome,
@@ -208,22 +259,42 @@ impl Relay {
             self.metrics.active.set(0);
             self.metrics.in_flight_messages.set(0);
             self.metrics.in_flight_bytes.set(0);
+            // A session that streamed resets the back-off: the next failure is a new one.
+            if self.metrics.sessions.get() > sessions_before {
+                backoff.reset();
+            }
             let pause = match outcome {
                 Ok(()) => RESTART_BACKOFF,
                 Err(RelayError::SlotBusy) => {
                     tracing::debug!(slot = %self.config.slot, "slot held by another relay; standing by");
+                    self.deps.up("slot");
                     STANDBY_RETRY
                 }
-                Err(e) if e.is_fatal() => {
-                    self.metrics
-                        .slot_unusable
-                        .set(i64::from(matches!(e, RelayError::Slot(_))));
-                    tracing::error!(error = %e, "relay stopped");
+                Err(e) if e.is_configuration() => {
+                    tracing::error!(error = %e, cause = ?std::error::Error::source(&e).map(ToString::to_string), "relay stopped: configuration");
                     return Err(e);
                 }
+                Err(e) if e.is_slot_unusable() => {
+                    self.metrics.slot_unusable.set(1);
+                    self.deps.down("slot", e.to_string());
+                    SLOT_RETRY
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, cause = ?std::error::Error::source(&e).map(ToString::to_string), "relay session ended; restarting from the confirmed LSN");
-                    RESTART_BACKOFF
+                    if e.is_undecodable() {
+                        tracing::error!(error = %e, "relay cannot read the stream; retrying from the confirmed LSN");
+                    } else {
+                        tracing::warn!(error = %e, cause = ?std::error::Error::source(&e).map(ToString::to_string), "relay session ended; restarting from the confirmed LSN");
+                    }
+                    match &e {
+                        RelayError::Kafka(_) | RelayError::Publish(_) => {
+                            self.deps.down("kafka", e.reason())
+                        }
+                        RelayError::Slot(SlotError::Postgres(_)) | RelayError::Stream(_) => {
+                            self.deps.down(REPLICATION, e.reason())
+                        }
+                        _ => {}
+                    }
+                    backoff.next_wait().max(RESTART_BACKOFF)
                 }
             };
             tokio::select! {
@@ -234,29 +305,17 @@ impl Relay {
     }
 
     fn replication_config(&self) -> ReplicationConfig {
-        let host = match self.pg.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-            #[cfg(unix)]
-            Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
-            None => "127.0.0.1".to_owned(),
-        };
-        let port = self.pg.get_ports().first().copied().unwrap_or(5432);
-        let user = self.pg.get_user().unwrap_or("postgres");
-        let password = self
-            .pg
-            .get_password()
-            .map(|p| String::from_utf8_lossy(p).into_owned())
-            .unwrap_or_default();
-        let database = self.pg.get_dbname().unwrap_or(user);
+        let pg = &self.config.postgres;
         ReplicationConfig::new(
-            host,
-            user,
-            password,
-            database,
+            pg.host.clone(),
+            pg.user.clone(),
+            pg.password().unwrap_or_default().to_owned(),
+            pg.dbname.clone(),
             self.config.slot.clone(),
             self.config.publication.clone(),
         )
-        .with_port(port)
+        .with_port(pg.port)
+        .with_tls(replication_tls(pg))
         .with_status_interval(Duration::from_millis(200))
         .with_wakeup_interval(Duration::from_secs(1))
         .with_buffer_size(1024)
@@ -265,8 +324,22 @@ impl Relay {
 
     /// One replication session, from connect to whatever ends it.
     async fn session(&self) -> Result<(), RelayError> {
-        let control = slot::connect(&self.pg).await?;
-        slot::ensure_usable(&control, &self.config.slot, &self.config.publication).await?;
+        let mut control = slot::connect(&self.config.postgres).await?;
+        self.deps.up(REPLICATION);
+        slot::ensure_usable(&mut control, &self.config.slot, &self.config.publication).await?;
+        self.metrics.slot_unusable.set(0);
+        self.deps.up("slot");
+        if !self.topic_ready.load(Ordering::Relaxed) {
+            producer::ensure_topic(
+                &self.config.kafka,
+                &self.config.topic,
+                self.config.partitions,
+                self.config.replication_factor,
+            )
+            .await?;
+            self.topic_ready.store(true, Ordering::Relaxed);
+        }
+        self.deps.up("kafka");
         let mut stream = ReplicationClient::connect(self.replication_config())
             .await
             .map_err(stream_error)?;
@@ -280,12 +353,12 @@ impl Relay {
         // storage task panics and the broker answers nothing until restarted;
         // docs/RELIABILITY.md). A new producer starts at epoch 0 and never needs the bump.
         let producer = producer::producer(
-            &self.config.brokers,
+            &self.config.kafka,
             self.config.message_timeout,
             self.config.max_in_flight,
         )?;
         let mut s = Session::new(&self.config, producer);
-        let result = self.stream(&mut stream, &control, &mut s).await;
+        let result = self.stream(&mut stream, &mut control, &mut s).await;
         // Dropping the client ends the connection; an aborted session never confirms more.
         stream.abort();
         result
@@ -294,7 +367,7 @@ impl Relay {
     async fn stream(
         &self,
         stream: &mut ReplicationClient,
-        control: &Client,
+        control: &mut PgConnection,
         s: &mut Session,
     ) -> Result<(), RelayError> {
         let mut acks: FuturesUnordered<AckFuture> = FuturesUnordered::new();
@@ -312,11 +385,11 @@ impl Relay {
                     }
                 }
                 _ = heartbeat.tick() => {
-                    if let Err(e) = slot::heartbeat(control).await {
+                    if let Err(e) = slot::heartbeat(&mut *control).await {
                         tracing::warn!(error = %e, "heartbeat not written");
                     }
                 }
-                _ = status.tick() => self.report_status(control, s).await?,
+                _ = status.tick() => self.report_status(&mut *control, s).await?,
             }
             self.metrics
                 .in_flight_messages
@@ -472,8 +545,12 @@ impl Relay {
         Ok(())
     }
 
-    async fn report_status(&self, control: &Client, s: &Session) -> Result<(), RelayError> {
-        let status = slot::status(control, &self.config.slot)
+    async fn report_status(
+        &self,
+        control: &mut PgConnection,
+        s: &Session,
+    ) -> Result<(), RelayError> {
+        let status = slot::status(&mut *control, &self.config.slot)
             .await?
             .ok_or_else(|| SlotError::Missing(self.config.slot.clone()))?;
         self.metrics
@@ -496,14 +573,14 @@ impl Relay {
         }
         let confirmed = s.confirmed.as_u64();
         slot::record_seen(
-            control,
+            &mut *control,
             &self.config.slot,
             s.last_heartbeat_micros,
             confirmed,
         )
         .await?;
         if let Some(confirmed) = s.last_confirmed_commit_micros {
-            self.prune(control, confirmed).await?;
+            self.prune(&mut *control, confirmed).await?;
         }
         Ok(())
     }
@@ -514,38 +591,39 @@ impl Relay {
     /// keep the table small while leaving recent rows for an operator to inspect.
     async fn prune(
         &self,
-        control: &Client,
+        control: &mut PgConnection,
         confirmed_commit_micros: i64,
     ) -> Result<(), RelayError> {
         let retention = self.config.outbox_retention.as_secs_f64();
         let confirmed_unix = confirmed_commit_micros as f64 / 1e6 + PG_EPOCH_OFFSET_SECS as f64;
         for _ in 0..10 {
-            let deleted = control
-                .execute(
-                    "DELETE FROM outbox WHERE id IN (
-                         SELECT id FROM outbox
-                         WHERE created_at < now() - make_interval(secs => $1)
-                           AND created_at < to_timestamp($2)
-                         ORDER BY id LIMIT $3)",
-                    &[&retention, &confirmed_unix, &PRUNE_BATCH],
-                )
-                .await
-                .map_err(SlotError::from)?;
+            let deleted = sqlx::query(
+                "DELETE FROM outbox WHERE id IN (
+                     SELECT id FROM outbox
+                     WHERE created_at < now() - make_interval(secs => $1)
+                       AND created_at < to_timestamp($2)
+                     ORDER BY id LIMIT $3)",
+            )
+            .bind(retention)
+            .bind(confirmed_unix)
+            .bind(PRUNE_BATCH)
+            .execute(&mut *control)
+            .await
+            .map_err(SlotError::from)?
+            .rows_affected();
             self.metrics.pruned.inc_by(deleted);
             if deleted < PRUNE_BATCH as u64 {
                 break;
             }
         }
         // The oldest row by id is the oldest by time (ids follow inserts); one index probe.
-        let oldest: f64 = control
-            .query_one(
-                "SELECT coalesce(extract(epoch FROM now() - (
-                     SELECT created_at FROM outbox ORDER BY id LIMIT 1)), 0)::float8",
-                &[],
-            )
-            .await
-            .map_err(SlotError::from)?
-            .get(0);
+        let oldest: f64 = sqlx::query_scalar(
+            "SELECT coalesce(extract(epoch FROM now() - (
+                 SELECT created_at FROM outbox ORDER BY id LIMIT 1)), 0)::float8",
+        )
+        .fetch_one(&mut *control)
+        .await
+        .map_err(SlotError::from)?;
         self.metrics.outbox_oldest_age_seconds.set(oldest.max(0.0));
         Ok(())
     }
@@ -592,6 +670,29 @@ impl Session {
         stream.update_applied_lsn(lsn);
         metrics.confirmed_lsn.set(lsn.as_u64() as i64);
     }
+}
+
+/// The replication stream's TLS, from the same parsed URL as the pools: one mode, one CA.
+fn replication_tls(pg: &PostgresTarget) -> TlsConfig {
+    let mode = match pg.ssl_mode {
+        postgres_url::SslMode::Disable => SslMode::Disable,
+        postgres_url::SslMode::Prefer => SslMode::Prefer,
+        postgres_url::SslMode::Require => SslMode::Require,
+        postgres_url::SslMode::VerifyCa => SslMode::VerifyCa,
+        postgres_url::SslMode::VerifyFull => SslMode::VerifyFull,
+    };
+    let mut tls = TlsConfig {
+        mode,
+        ca_pem_path: match &pg.root_certs {
+            RootCerts::File(path) => Some(path.clone()),
+            RootCerts::System => None,
+        },
+        ..TlsConfig::default()
+    };
+    if let Some((cert, key)) = &pg.client_cert {
+        tls = tls.with_client_cert(cert, key);
+    }
+    tls
 }
 
 fn seconds_since_pg_micros(micros: i64) -> f64 {

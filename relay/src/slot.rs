@@ -3,19 +3,19 @@
 //!
 //! The relay never creates its Slot: a new Slot starts at "now" and would silently skip
 //! every Outbox row written while none existed. `railhook migrate` / `railhook slot create`
-//! create it; a relay that finds it missing or invalidated stops with an error.
+//! create it; a relay that finds it missing or invalidated waits (`railhook_relay_slot_unusable`
+//! = 1) and picks it up once it exists again.
+//!
+//! The control connection is an sqlx connection built from the same parsed URL as the
+//! replication stream ([`railhook_common::postgres_url`]), so both use one TLS rule.
 
-use std::str::FromStr;
-
-use secrecy::{ExposeSecret, SecretString};
-use tokio_postgres::{Client, NoTls};
+use railhook_common::postgres_url::PostgresTarget;
+use sqlx::{Connection, PgConnection, PgExecutor, Row};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
-    #[error("DATABASE_URL is not a valid Postgres connection string")]
-    BadUrl(#[source] tokio_postgres::Error),
     #[error("control connection to Postgres failed")]
-    Postgres(#[from] tokio_postgres::Error),
+    Postgres(#[from] sqlx::Error),
     #[error(
         "replication slot '{0}' does not exist: create it with `railhook slot create` (see docs/OPERATIONS.md); the relay never creates it, since a new slot would skip rows"
     )]
@@ -28,20 +28,12 @@ pub enum SlotError {
     NoPublication(String),
 }
 
-/// Parses `DATABASE_URL` for tokio-postgres (control) and pgwire-replication (stream).
-pub fn pg_config(database_url: &SecretString) -> Result<tokio_postgres::Config, SlotError> {
-    tokio_postgres::Config::from_str(database_url.expose_secret()).map_err(SlotError::BadUrl)
-}
-
-/// A control connection; its driver runs on a spawned task until the client is dropped.
-pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, SlotError> {
-    let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "control connection closed");
-        }
-    });
-    Ok(client)
+/// A control connection (TLS as the URL says); closed when dropped.
+pub async fn connect(target: &PostgresTarget) -> Result<PgConnection, SlotError> {
+    let options = target
+        .sqlx_options()?
+        .application_name("railhook-relay-control");
+    Ok(PgConnection::connect_with(&options).await?)
 }
 
 /// Everything an operator needs to judge a Slot.
@@ -64,47 +56,51 @@ pub struct SlotStatus {
     pub safe_wal_size: Option<i64>,
 }
 
-pub async fn status(client: &Client, slot: &str) -> Result<Option<SlotStatus>, SlotError> {
-    let row = client
-        .query_opt(
-            "SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
-                    wal_status, safe_wal_size
-             FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    Ok(row.map(|r| SlotStatus {
-        slot: slot.to_owned(),
-        active: r.get(0),
-        active_pid: r.get(1),
-        confirmed_flush_lsn: r.get(2),
-        restart_lsn: r.get(3),
-        lag_bytes: r.get(4),
-        retained_bytes: r.get(5),
-        wal_status: r.get(6),
-        safe_wal_size: r.get(7),
-    }))
+pub async fn status<'e>(
+    db: impl PgExecutor<'e>,
+    slot: &str,
+) -> Result<Option<SlotStatus>, SlotError> {
+    let row = sqlx::query(
+        "SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
+                wal_status, safe_wal_size
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| {
+        Ok(SlotStatus {
+            slot: slot.to_owned(),
+            active: r.try_get(0)?,
+            active_pid: r.try_get(1)?,
+            confirmed_flush_lsn: r.try_get(2)?,
+            restart_lsn: r.try_get(3)?,
+            lag_bytes: r.try_get(4)?,
+            retained_bytes: r.try_get(5)?,
+            wal_status: r.try_get(6)?,
+            safe_wal_size: r.try_get(7)?,
+        })
+    })
+    .transpose()
 }
 
 /// Refuses to stream from a Slot that is missing or lost, or without the publication.
 pub async fn ensure_usable(
-    client: &Client,
+    conn: &mut PgConnection,
     slot: &str,
     publication: &str,
 ) -> Result<SlotStatus, SlotError> {
-    let publication_exists = client
-        .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&publication],
-        )
+    let publication_exists = sqlx::query("SELECT 1 FROM pg_publication WHERE pubname = $1")
+        .bind(publication)
+        .fetch_optional(&mut *conn)
         .await?
         .is_some();
     if !publication_exists {
         return Err(SlotError::NoPublication(publication.to_owned()));
     }
-    let status = status(client, slot)
+    let status = status(&mut *conn, slot)
         .await?
         .ok_or_else(|| SlotError::Missing(slot.to_owned()))?;
     if status.wal_status.as_deref() == Some("lost") {
@@ -114,26 +110,25 @@ pub async fn ensure_usable(
 }
 
 /// Creates the Slot (pgoutput) if missing; returns whether it created one.
-pub async fn create(client: &Client, slot: &str) -> Result<bool, SlotError> {
-    if status(client, slot).await?.is_some() {
+pub async fn create(conn: &mut PgConnection, slot: &str) -> Result<bool, SlotError> {
+    if status(&mut *conn, slot).await?.is_some() {
         return Ok(false);
     }
-    client
-        .execute(
-            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&slot],
-        )
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')::text")
+        .bind(slot)
+        .execute(&mut *conn)
         .await?;
     Ok(true)
 }
 
 /// Drops the Slot; returns whether one existed.
-pub async fn drop(client: &Client, slot: &str) -> Result<bool, SlotError> {
-    if status(client, slot).await?.is_none() {
+pub async fn drop(conn: &mut PgConnection, slot: &str) -> Result<bool, SlotError> {
+    if status(&mut *conn, slot).await?.is_none() {
         return Ok(false);
     }
-    client
-        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+    sqlx::query("SELECT pg_drop_replication_slot($1)::text")
+        .bind(slot)
+        .execute(&mut *conn)
         .await?;
     Ok(true)
 }
@@ -141,7 +136,7 @@ pub async fn drop(client: &Client, slot: &str) -> Result<bool, SlotError> {
 /// Records what the active relay saw: the commit time of the newest heartbeat that came
 /// through the Slot (microseconds since 2000-01-01) and the confirmed LSN.
 pub async fn record_seen(
-    client: &Client,
+    conn: &mut PgConnection,
     slot: &str,
     heartbeat_micros: Option<i64>,
     confirmed_lsn: u64,
@@ -151,32 +146,37 @@ pub async fn record_seen(
         confirmed_lsn >> 32,
         confirmed_lsn & 0xffff_ffff
     );
-    client
-        .execute(
-            "INSERT INTO relay_status (slot, last_heartbeat_seen_at, confirmed_lsn, updated_at)
-             VALUES ($1, timestamptz '2000-01-01 00:00:00+00' + make_interval(secs => $2::float8 / 1e6),
-                     $3::text::pg_lsn, now())
-             ON CONFLICT (slot) DO UPDATE SET
-                 last_heartbeat_seen_at = coalesce(EXCLUDED.last_heartbeat_seen_at, relay_status.last_heartbeat_seen_at),
-                 confirmed_lsn = greatest(EXCLUDED.confirmed_lsn, relay_status.confirmed_lsn),
-                 updated_at = now()",
-            &[&slot, &heartbeat_micros.map(|m| m as f64), &lsn],
-        )
-        .await?;
+    sqlx::query(
+        "INSERT INTO relay_status (slot, last_heartbeat_seen_at, confirmed_lsn, updated_at)
+         VALUES ($1, timestamptz '2000-01-01 00:00:00+00' + make_interval(secs => $2::float8 / 1e6),
+                 $3::text::pg_lsn, now())
+         ON CONFLICT (slot) DO UPDATE SET
+             last_heartbeat_seen_at = coalesce(EXCLUDED.last_heartbeat_seen_at, relay_status.last_heartbeat_seen_at),
+             confirmed_lsn = greatest(EXCLUDED.confirmed_lsn, relay_status.confirmed_lsn),
+             updated_at = now()",
+    )
+    .bind(slot)
+    .bind(heartbeat_micros.map(|m| m as f64))
+    .bind(lsn)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
 /// The last heartbeat the active relay saw through the Slot, as text, if any.
-pub async fn last_heartbeat_seen(client: &Client, slot: &str) -> Result<Option<String>, SlotError> {
-    let row = client
-        .query_opt(
-            "SELECT to_char(last_heartbeat_seen_at, 'YYYY-MM-DD\"T\"HH24:MI:SS.MSOF')
-                    || ' (' || round(extract(epoch from now() - last_heartbeat_seen_at)::numeric, 1) || ' s ago)'
-             FROM relay_status WHERE slot = $1",
-            &[&slot],
-        )
-        .await?;
-    Ok(row.and_then(|r| r.get(0)))
+pub async fn last_heartbeat_seen(
+    conn: &mut PgConnection,
+    slot: &str,
+) -> Result<Option<String>, SlotError> {
+    let seen: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT to_char(last_heartbeat_seen_at, 'YYYY-MM-DD\"T\"HH24:MI:SS.MSOF')
+                || ' (' || round(extract(epoch from now() - last_heartbeat_seen_at)::numeric, 1) || ' s ago)'
+         FROM relay_status WHERE slot = $1",
+    )
+    .bind(slot)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(seen.flatten())
 }
 
 /// The prefix of the relay's heartbeat messages in the WAL.
@@ -184,12 +184,10 @@ pub const HEARTBEAT_PREFIX: &str = "railhook";
 
 /// Writes a transactional heartbeat: it travels the Slot like any transaction, so an idle
 /// Outbox still moves the confirmed LSN and lag stays measurable.
-pub async fn heartbeat(client: &Client) -> Result<(), SlotError> {
-    client
-        .execute(
-            "SELECT pg_logical_emit_message(true, $1, now()::text)",
-            &[&HEARTBEAT_PREFIX],
-        )
+pub async fn heartbeat(conn: &mut PgConnection) -> Result<(), SlotError> {
+    sqlx::query("SELECT pg_logical_emit_message(true, $1, now()::text)::text")
+        .bind(HEARTBEAT_PREFIX)
+        .execute(&mut *conn)
         .await?;
     Ok(())
 }

@@ -96,7 +96,7 @@ pub async fn spawn_app_tuned(redis_url: &str, tune: impl FnOnce(Figment) -> Figm
     let database_url = fresh_database().await;
     let settings = Settings::from_figment(tune(test_figment(&database_url, redis_url)))
         .expect("test settings");
-    let pool = railhook_common::db::connect(&settings).await.expect("pool");
+    let pool = railhook_common::db::connect(&settings).expect("pool");
     let state = AppState::new(pool.clone(), &settings).expect("state");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));

@@ -2,6 +2,7 @@
 //! own Slot, and a worker with its own consumer group and topics, on the shared broker.
 #![allow(dead_code)]
 
+use railhook_common::health::Dependencies;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,9 +64,10 @@ impl Pipeline {
         let worker_metrics = WorkerMetrics::new();
         let (relay_stop, relay_stopped) = oneshot::channel::<()>();
         tokio::spawn(railhook_relay::run(
-            RelayConfig::from_settings(&settings),
+            RelayConfig::from_settings(&settings).expect("relay config"),
             relay_metrics.clone(),
             Arc::new(Faults::default()),
+            Dependencies::new(),
             async move {
                 let _ = relay_stopped.await;
             },
@@ -88,9 +90,10 @@ impl Pipeline {
     pub fn spawn_worker(&mut self) {
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(railhook_worker::run(
-            WorkerConfig::from_settings(&self.settings),
+            WorkerConfig::from_settings(&self.settings).expect("worker config"),
             self.app.pool.clone(),
             self.worker_metrics.clone(),
+            Dependencies::new(),
             async move {
                 let _ = stopped.await;
             },

@@ -2,6 +2,7 @@
 //! private broker that a test may kill and restart.
 #![allow(dead_code)]
 
+use railhook_common::health::Dependencies;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -58,7 +59,7 @@ impl RelayFixture {
             database_url,
             pool,
             slot,
-            config: RelayConfig::from_settings(&s),
+            config: RelayConfig::from_settings(&s).expect("relay config"),
         }
     }
 
@@ -69,17 +70,20 @@ impl RelayFixture {
 
     pub fn spawn_with(&self, config: RelayConfig, faults: Arc<Faults>) -> RunningRelay {
         let metrics = RelayMetrics::new();
+        let deps = Dependencies::new();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(railhook_relay::run(
             config,
             metrics.clone(),
             faults,
+            deps.clone(),
             async move {
                 let _ = stopped.await;
             },
         ));
         RunningRelay {
             metrics,
+            deps,
             _stop: stop,
             task,
         }
@@ -143,6 +147,8 @@ pub fn parse_lsn(s: &str) -> u64 {
 
 pub struct RunningRelay {
     pub metrics: RelayMetrics,
+    /// What the relay says on `/readyz`.
+    pub deps: Dependencies,
     _stop: oneshot::Sender<()>,
     pub task: tokio::task::JoinHandle<Result<(), railhook_relay::RelayError>>,
 }

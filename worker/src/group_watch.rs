@@ -13,9 +13,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use railhook_common::kafka::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 /// Where the group stands on one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,9 +80,9 @@ pub struct Probe {
 }
 
 impl Probe {
-    pub fn new(brokers: &str, group: &str, topics: &[&str]) -> KafkaResult<Self> {
-        let consumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+    pub fn new(kafka: &KafkaConnection, group: &str, topics: &[&str]) -> KafkaResult<Self> {
+        let consumer = kafka
+            .client_config()
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .create()?;

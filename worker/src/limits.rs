@@ -277,9 +277,11 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Limits {
-    pub fn new(redis_url: &str, policy: BreakerPolicy) -> Result<Self, redis::RedisError> {
+    /// Limits kept in Redis through `client` (built by `Settings::redis_client`: TLS and
+    /// credentials come from there).
+    pub fn new(client: redis::Client, policy: BreakerPolicy) -> Result<Self, redis::RedisError> {
         Ok(Self {
-            client: redis::Client::open(redis_url)?,
+            client,
             conn: Arc::new(Mutex::new(ConnState::default())),
             admit: Arc::new(redis::Script::new(ADMIT)),
             record: Arc::new(redis::Script::new(RECORD)),

@@ -25,15 +25,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use railhook_common::announcement::Announcement;
-use railhook_common::config::Settings;
-use railhook_common::kafka;
+use railhook_common::config::{ConfigError, Settings};
+use railhook_common::health::{Backoff, Dependencies};
+use railhook_common::kafka::{self, KafkaConnection};
 use railhook_common::retry::Ladder;
 use railhook_common::signing::SigningKey;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, ClientContext, Statistics};
+use rdkafka::{ClientContext, Statistics};
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc};
 use tracing::Instrument;
@@ -54,7 +55,7 @@ use crate::store::{self, Claimed};
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    pub brokers: String,
+    pub kafka: KafkaConnection,
     pub deliveries_topic: String,
     pub retries_topic: String,
     pub group: String,
@@ -71,7 +72,7 @@ pub struct WorkerConfig {
     pub stall_rejoin_after: Option<Duration>,
     pub allow_private_targets: String,
     pub message_timeout: Duration,
-    pub redis_url: String,
+    pub redis: redis::Client,
     pub breaker: BreakerPolicy,
     pub ordering_gap_timeout: Duration,
     pub deferral_max: Duration,
@@ -79,9 +80,9 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
-    pub fn from_settings(s: &Settings) -> Self {
-        Self {
-            brokers: s.kafka_brokers.clone(),
+    pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
+        Ok(Self {
+            kafka: s.kafka(),
             deliveries_topic: kafka::deliveries_topic(&s.topic_prefix),
             retries_topic: kafka::retries_topic(&s.topic_prefix),
             group: s.worker_group.clone(),
@@ -98,7 +99,7 @@ impl WorkerConfig {
                 .then(|| Duration::from_secs(s.worker_stall_rejoin_seconds)),
             allow_private_targets: s.allow_private_targets.clone(),
             message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
-            redis_url: s.redis_url.clone(),
+            redis: s.redis_client()?,
             breaker: BreakerPolicy {
                 consecutive_failures: s.breaker_consecutive_failures,
                 failure_rate: s.breaker_failure_rate,
@@ -113,7 +114,7 @@ impl WorkerConfig {
                 disable_after: Duration::from_secs(s.endpoint_disable_after_seconds),
                 min_failures: s.endpoint_disable_min_failures,
             },
-        }
+        })
     }
 }
 
@@ -143,30 +144,65 @@ struct Shared {
     streak: store::StreakPolicy,
 }
 
-/// Runs the worker until `shutdown` resolves.
+/// Creates the worker's topics, waiting with a capped back-off while Kafka is away (the
+/// worker never exits because the broker is not up yet). Returns `false` if `shutdown`
+/// came first.
+async fn wait_for_topics(
+    config: &WorkerConfig,
+    deps: &Dependencies,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> bool {
+    let mut backoff = Backoff::default();
+    loop {
+        let mut result = Ok(());
+        for topic in [&config.deliveries_topic, &config.retries_topic] {
+            result = kafka::ensure_topic(
+                &config.kafka,
+                topic,
+                config.partitions,
+                config.replication_factor,
+            )
+            .await;
+            if result.is_err() {
+                break;
+            }
+        }
+        match result {
+            Ok(()) => {
+                deps.up("kafka");
+                return true;
+            }
+            Err(e) => deps.down("kafka", e.to_string()),
+        }
+        tokio::select! {
+            _ = &mut *shutdown => return false,
+            _ = tokio::time::sleep(backoff.next_wait()) => {}
+        }
+    }
+}
+
+/// Runs the worker until `shutdown` resolves. Kafka or Postgres away at start is waited for,
+/// not an error (`deps` says what is missing).
 pub async fn run(
     config: WorkerConfig,
     pool: PgPool,
     metrics: WorkerMetrics,
+    deps: Dependencies,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), WorkerError> {
-    for topic in [&config.deliveries_topic, &config.retries_topic] {
-        kafka::ensure_topic(
-            &config.brokers,
-            topic,
-            config.partitions,
-            config.replication_factor,
-        )
-        .await?;
+    deps.declare("kafka", true);
+    tokio::pin!(shutdown);
+    if !wait_for_topics(&config, &deps, &mut shutdown).await {
+        return Ok(());
     }
-    let mut producer = kafka::producer(&config.brokers, config.message_timeout, 10_000)?;
+    let mut producer = kafka::producer(&config.kafka, config.message_timeout, 10_000)?;
     let shared = Shared {
         pool,
         runner: Runner::new(Allowlist::parse(&config.allow_private_targets)?)?,
         metrics,
         outgoing: config.outgoing.clone(),
         incoming: config.incoming.clone(),
-        limits: Limits::new(&config.redis_url, config.breaker.clone())?,
+        limits: Limits::new(config.redis.clone(), config.breaker.clone())?,
         gap_timeout: config.ordering_gap_timeout,
         deferral_max: config.deferral_max,
         streak: config.streak,
@@ -178,7 +214,7 @@ pub async fn run(
     let _watch = match config.stall_rejoin_after {
         Some(after) => {
             let probe = Probe::new(
-                &config.brokers,
+                &config.kafka,
                 &config.group,
                 &[&config.deliveries_topic, &config.retries_topic],
             )?;
@@ -191,7 +227,6 @@ pub async fn run(
     // A new membership gets a full stall window to settle before it may rejoin again.
     let settle = config.stall_rejoin_after.unwrap_or_default();
     let mut rejoined: Option<Instant> = None;
-    tokio::pin!(shutdown);
     // One pass per group membership: a rejoin (see `group_watch`) drops the consumer, which
     // commits the stored offsets and leaves the group, and subscribes a new one.
     loop {
@@ -219,7 +254,7 @@ pub async fn run(
                     if schedule_retries(&shared, &config, &producer).await.is_err() {
                         // A new producer id rather than librdkafka's epoch bump after the
                         // timeout, which tansu 0.6.0 cannot handle (relay.rs, `session`).
-                        match kafka::producer(&config.brokers, config.message_timeout, 10_000) {
+                        match kafka::producer(&config.kafka, config.message_timeout, 10_000) {
                             Ok(p) => producer = p,
                             Err(e) => tracing::warn!(error = %e, "retry producer not recreated"),
                         }
@@ -249,8 +284,9 @@ fn subscribe(
         deliveries_topic: config.deliveries_topic.clone(),
         retries_topic: config.retries_topic.clone(),
     };
-    let consumer: StreamConsumer<LagContext> = ClientConfig::new()
-        .set("bootstrap.servers", &config.brokers)
+    let consumer: StreamConsumer<LagContext> = config
+        .kafka
+        .client_config()
         .set("statistics.interval.ms", "5000")
         .set("group.id", &config.group)
         .set("enable.auto.commit", "true")

@@ -5,7 +5,8 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 
-use crate::problem::{ApiError, ApiResult};
+use railhook_common::health;
+
 use crate::state::AppState;
 
 /// The process is up and answering.
@@ -13,18 +14,17 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready when Postgres answers a real query.
-pub async fn readyz(State(state): State<AppState>) -> ApiResult<&'static str> {
-    sqlx::query_scalar!("SELECT 1 AS one")
-        .fetch_one(&state.pool)
-        .await
-        .map_err(|_| ApiError::Unavailable)?;
-    Ok("ready")
+/// Ready when every required dependency answers: Postgres is asked now (a real query), the
+/// others as their last probe found them. 503 otherwise; either way the body names each
+/// dependency, whether it is up, and its last error (`railhook_common::health`).
+pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    let _ = health::probe_postgres(&state.deps, &state.pool).await;
+    railhook_common::metrics_http::readiness(&state.deps)
 }
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
-        let mut registries = vec![state.metrics.registry()];
+        let mut registries = vec![state.metrics.registry(), state.deps.registry()];
         registries.extend(state.other_registries.iter());
         crate::metrics::render(&registries)
     })

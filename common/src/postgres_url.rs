@@ -1,0 +1,318 @@
+//! One reading of a libpq-style Postgres URL for every connection Railhook makes: the sqlx
+//! pools, the relay's control connection (also sqlx) and the relay's replication stream
+//! (pgwire-replication, which has its own TLS client).
+//!
+//! The TLS parameters follow libpq, so a `DATABASE_URL` written for `psql` means the same
+//! thing here:
+//!
+//! | `sslmode` | encrypted | server certificate checked | host name checked | plaintext fallback |
+//! | --- | --- | --- | --- | --- |
+//! | `disable` | no | – | – | – |
+//! | `prefer` (default, as in libpq) | if the server offers it | no | no | yes |
+//! | `require` | yes | no (yes, as `verify-ca`, when `sslrootcert` is given) | no | never |
+//! | `verify-ca` | yes | against `sslrootcert` | no | never |
+//! | `verify-full` | yes | against `sslrootcert` | yes | never |
+//!
+//! `sslrootcert=system` trusts the operating system's roots (and, as in libpq, makes the
+//! default mode `verify-full`); without `sslrootcert` the verify modes use them too.
+//! `sslcert` and `sslkey` present a client certificate (both or neither).
+//!
+//! Invariant: the parsed mode is the one every connection uses. The pools and the replication
+//! stream cannot disagree on whether a certificate is checked, because both are built from
+//! this value, never from the URL text separately.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+
+/// How a connection negotiates TLS (libpq's `sslmode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(raw: &str) -> Option<Self> {
+        Some(match raw {
+            "disable" => Self::Disable,
+            "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disable => "disable",
+            Self::Prefer => "prefer",
+            Self::Require => "require",
+            Self::VerifyCa => "verify-ca",
+            Self::VerifyFull => "verify-full",
+        }
+    }
+
+    /// True when a server without TLS is refused.
+    pub fn requires_tls(self) -> bool {
+        matches!(self, Self::Require | Self::VerifyCa | Self::VerifyFull)
+    }
+}
+
+/// Where trusted CA certificates come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCerts {
+    /// The operating system's (or, for the replication stream, Mozilla's) roots.
+    System,
+    /// A PEM file (`sslrootcert=/path`).
+    File(PathBuf),
+}
+
+/// A parsed Postgres URL. The password is kept secret; `Debug` never prints it.
+#[derive(Debug, Clone)]
+pub struct PostgresTarget {
+    url: SecretString,
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    password: Option<SecretString>,
+    pub dbname: String,
+    /// The effective mode (`require` with a root certificate is already `verify-ca`).
+    pub ssl_mode: SslMode,
+    pub root_certs: RootCerts,
+    /// Client certificate and key (mutual TLS).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PostgresUrlError {
+    #[error("must be a postgres:// or postgresql:// URL")]
+    Scheme,
+    #[error("is not a valid URL ({0})")]
+    Syntax(String),
+    #[error("names no host (Unix sockets are not supported: use host:port)")]
+    NoHost,
+    #[error("has sslmode={0}; expected one of disable, prefer, require, verify-ca, verify-full")]
+    SslMode(String),
+    #[error("has {0} without {1}: a client certificate needs both")]
+    HalfClientCert(&'static str, &'static str),
+    #[error("has {param}={path}, which cannot be read ({problem})")]
+    Unreadable {
+        param: &'static str,
+        path: String,
+        problem: String,
+    },
+}
+
+fn readable(param: &'static str, path: &str) -> Result<PathBuf, PostgresUrlError> {
+    std::fs::File::open(Path::new(path))
+        .map(|_| PathBuf::from(path))
+        .map_err(|e| PostgresUrlError::Unreadable {
+            param,
+            path: path.to_owned(),
+            problem: e.kind().to_string(),
+        })
+}
+
+impl PostgresTarget {
+    /// Parses and checks the URL: the mode is known, and every certificate file it names can
+    /// be opened now, so a typo is a configuration error at start rather than a TLS failure
+    /// later.
+    pub fn parse(url: &SecretString) -> Result<Self, PostgresUrlError> {
+        let raw = url.expose_secret();
+        if !(raw.starts_with("postgres://") || raw.starts_with("postgresql://")) {
+            return Err(PostgresUrlError::Scheme);
+        }
+        // The URL's own text never goes into an error: it may hold the password.
+        let parsed = url::Url::parse(raw).map_err(|e| PostgresUrlError::Syntax(e.to_string()))?;
+        let mut host = parsed
+            .host_str()
+            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
+            .filter(|h| !h.is_empty());
+        let mut port = parsed.port().unwrap_or(5432);
+        let decode = |s: &str| {
+            percent_decode(s).map_err(|_| PostgresUrlError::Syntax("bad percent-encoding".into()))
+        };
+        let mut user = decode(parsed.username())?;
+        let mut password = parsed.password().map(decode).transpose()?;
+        let mut dbname = decode(parsed.path().trim_start_matches('/'))?;
+        let (mut mode, mut root, mut cert, mut key) = (None, None, None, None);
+        for (k, v) in parsed.query_pairs() {
+            match k.as_ref() {
+                "sslmode" => {
+                    mode = Some(
+                        SslMode::parse(&v)
+                            .ok_or_else(|| PostgresUrlError::SslMode(v.to_string()))?,
+                    )
+                }
+                "sslrootcert" => root = Some(v.to_string()),
+                "sslcert" => cert = Some(v.to_string()),
+                "sslkey" => key = Some(v.to_string()),
+                "host" if !v.starts_with('/') => host = Some(v.to_string()),
+                "port" => {
+                    port = v
+                        .parse()
+                        .map_err(|_| PostgresUrlError::Syntax("port is not a number".into()))?
+                }
+                "user" => user = v.to_string(),
+                "password" => password = Some(v.to_string()),
+                "dbname" => dbname = v.to_string(),
+                _ => {}
+            }
+        }
+        let host = host.ok_or(PostgresUrlError::NoHost)?;
+        let root_certs = match root.as_deref() {
+            None | Some("system") => RootCerts::System,
+            Some(path) => RootCerts::File(readable("sslrootcert", path)?),
+        };
+        let ssl_mode = match (mode, root.as_deref()) {
+            // libpq: sslrootcert=system without a mode means verify-full.
+            (None, Some("system")) => SslMode::VerifyFull,
+            (None, _) => SslMode::Prefer,
+            // libpq: require with a root certificate verifies the chain, as verify-ca.
+            (Some(SslMode::Require), Some(_)) => SslMode::VerifyCa,
+            (Some(m), _) => m,
+        };
+        let client_cert = match (cert, key) {
+            (None, None) => None,
+            (Some(_), None) => return Err(PostgresUrlError::HalfClientCert("sslcert", "sslkey")),
+            (None, Some(_)) => return Err(PostgresUrlError::HalfClientCert("sslkey", "sslcert")),
+            (Some(c), Some(k)) => Some((readable("sslcert", &c)?, readable("sslkey", &k)?)),
+        };
+        if user.is_empty() {
+            user = "postgres".into();
+        }
+        if dbname.is_empty() {
+            dbname = user.clone();
+        }
+        Ok(Self {
+            url: url.clone(),
+            host,
+            port,
+            user,
+            password: password.map(SecretString::from),
+            dbname,
+            ssl_mode,
+            root_certs,
+            client_cert,
+        })
+    }
+
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_ref().map(|p| p.expose_secret())
+    }
+
+    /// Options for sqlx: everything sqlx reads from the URL (application name, options, …)
+    /// with the TLS settings replaced by the parsed ones, so sqlx and the replication stream
+    /// apply one rule.
+    pub fn sqlx_options(&self) -> Result<PgConnectOptions, sqlx::Error> {
+        let mut options = PgConnectOptions::from_str(self.url.expose_secret())?
+            .host(&self.host)
+            .port(self.port)
+            .username(&self.user)
+            .database(&self.dbname)
+            .ssl_mode(match self.ssl_mode {
+                SslMode::Disable => PgSslMode::Disable,
+                SslMode::Prefer => PgSslMode::Prefer,
+                SslMode::Require => PgSslMode::Require,
+                SslMode::VerifyCa => PgSslMode::VerifyCa,
+                SslMode::VerifyFull => PgSslMode::VerifyFull,
+            });
+        if let Some(p) = self.password() {
+            options = options.password(p);
+        }
+        if let RootCerts::File(path) = &self.root_certs {
+            options = options.ssl_root_cert(path);
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            options = options.ssl_client_cert(cert).ssl_client_key(key);
+        }
+        Ok(options)
+    }
+}
+
+fn percent_decode(s: &str) -> Result<String, std::str::Utf8Error> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<PostgresTarget, PostgresUrlError> {
+        PostgresTarget::parse(&SecretString::from(url.to_owned()))
+    }
+
+    #[test]
+    fn plain_url_defaults_to_prefer_like_libpq() {
+        let t = parse("postgres://rh:p%40ss@db.example:6543/app").expect("valid");
+        assert_eq!(
+            (t.host.as_str(), t.port, t.user.as_str(), t.dbname.as_str()),
+            ("db.example", 6543, "rh", "app")
+        );
+        assert_eq!(t.password(), Some("p@ss"));
+        assert_eq!(t.ssl_mode, SslMode::Prefer);
+        assert_eq!(t.root_certs, RootCerts::System);
+    }
+
+    #[test]
+    fn modes_follow_libpq() {
+        let ca = std::env::temp_dir().join("railhook-test-ca.pem");
+        std::fs::write(&ca, "x").expect("write");
+        let ca = ca.display();
+        for (query, want) in [
+            ("sslmode=disable", SslMode::Disable),
+            ("sslmode=require", SslMode::Require),
+            (
+                &format!("sslmode=require&sslrootcert={ca}"),
+                SslMode::VerifyCa,
+            ),
+            (
+                &format!("sslmode=verify-full&sslrootcert={ca}"),
+                SslMode::VerifyFull,
+            ),
+            ("sslrootcert=system", SslMode::VerifyFull),
+            ("sslmode=verify-ca&sslrootcert=system", SslMode::VerifyCa),
+        ] {
+            let t = parse(&format!("postgres://u@h/d?{query}")).expect(query);
+            assert_eq!(t.ssl_mode, want, "{query}");
+        }
+    }
+
+    #[test]
+    fn mistakes_are_named_and_never_echo_the_password() {
+        let err = parse("postgres://u:hunter2@h/d?sslmode=verify_full").expect_err("bad mode");
+        assert!(err.to_string().contains("verify_full"));
+        let err = parse("postgres://u:hunter2@h/d?sslmode=verify-full&sslrootcert=/nope/ca.pem")
+            .expect_err("missing file")
+            .to_string();
+        assert!(
+            err.contains("sslrootcert") && err.contains("/nope/ca.pem"),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"));
+        let err = parse("postgres://u@h/d?sslcert=/a").expect_err("half");
+        assert_eq!(err, PostgresUrlError::HalfClientCert("sslcert", "sslkey"));
+        assert_eq!(
+            parse("mysql://h/d").expect_err("scheme"),
+            PostgresUrlError::Scheme
+        );
+    }
+
+    #[test]
+    fn sqlx_gets_the_parsed_mode() {
+        let t = parse("postgres://u:pw@h:1/d?sslmode=require&application_name=x").expect("valid");
+        let o = t.sqlx_options().expect("options");
+        assert!(matches!(o.get_ssl_mode(), PgSslMode::Require));
+        assert_eq!(o.get_application_name(), Some("x"));
+        assert_eq!((o.get_host(), o.get_port()), ("h", 1));
+    }
+}
