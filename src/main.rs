@@ -63,6 +63,7 @@ enum SlotAction {
 }
 
 fn main() -> std::process::ExitCode {
+    railhook_common::install_crypto_provider();
     let cli = Cli::parse();
     if let Role::Replay(args) = cli.role {
         // An API client: no database, broker or telemetry settings needed.

@@ -158,6 +158,23 @@ impl Dependencies {
         self.up_gauge.with_label_values(&[name]).set(0);
     }
 
+    /// Marks it down, keeping the reason already recorded if it was down: for a caller whose
+    /// own error is vaguer than a probe's (a time-out where the probe saw the TLS verdict).
+    pub fn down_keep_reason(&self, name: &'static str, reason: impl Into<String>) {
+        if self.is_up(name)
+            || self
+                .lock()
+                .get(name)
+                .is_some_and(|s| s.last_error.is_none())
+        {
+            self.down(name, reason);
+        } else if let Some(s) = self.lock().get_mut(name)
+            && s.last_error.as_deref() == Some("not checked yet")
+        {
+            s.last_error = Some(reason.into());
+        }
+    }
+
     pub fn is_up(&self, name: &str) -> bool {
         self.lock().get(name).is_some_and(|s| s.up)
     }
@@ -182,8 +199,10 @@ impl Dependencies {
 /// A Postgres error as a dependency reason: TLS and I/O problems in full (they say what is
 /// wrong and hold no data), a server error by SQLSTATE only.
 pub fn postgres_reason(e: &sqlx::Error) -> String {
+    if let Some(tls) = tls_failure(e) {
+        return format!("tls: {tls}");
+    }
     match e {
-        sqlx::Error::Tls(inner) => format!("tls: {inner}"),
         sqlx::Error::Io(io) => format!("io: {io}"),
         sqlx::Error::Database(db) => format!(
             "server refused: SQLSTATE {}",
@@ -204,15 +223,47 @@ pub fn postgres_reason(e: &sqlx::Error) -> String {
 /// client's TLS settings are unusable. Such an error stops the process at start, naming the
 /// problem; nothing falls back to plaintext or to an unverified connection.
 pub fn postgres_is_configuration(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Tls(_) | sqlx::Error::Configuration(_))
+    tls_failure(e).is_some() || matches!(e, sqlx::Error::Configuration(_))
+}
+
+/// The TLS problem behind `e`, if that is what it is. sqlx reports a refused certificate as
+/// an I/O error wrapping rustls' error (the handshake runs inside the stream), and TLS set-up
+/// problems (an unreadable key) as `Error::Tls`.
+fn tls_failure(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Tls(inner) => Some(inner.to_string()),
+        sqlx::Error::Io(io)
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>()) =>
+        {
+            Some(io.to_string())
+        }
+        _ => None,
+    }
 }
 
 /// Probes `pool` with `SELECT 1` and records the outcome.
 pub async fn probe_postgres(deps: &Dependencies, pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
-    match sqlx::query_scalar::<_, i32>("SELECT 1")
+    let result = match sqlx::query_scalar::<_, i32>("SELECT 1")
         .fetch_one(pool)
         .await
     {
+        // The pool only says it found no connection in time; one direct attempt says why
+        // (refused, a certificate, …). If that attempt succeeds, the pool is saturated.
+        Err(sqlx::Error::PoolTimedOut) => {
+            use sqlx::Connection;
+            match sqlx::PgConnection::connect_with(&pool.connect_options()).await {
+                Ok(conn) => {
+                    let _ = conn.close().await;
+                    Err(sqlx::Error::PoolTimedOut)
+                }
+                Err(e) => Err(e),
+            }
+        }
+        other => other,
+    };
+    match result {
         Ok(_) => {
             deps.up("postgres");
             Ok(())
@@ -273,13 +324,33 @@ pub struct KafkaProbe {
 
 #[derive(Default)]
 pub struct ProbeContext {
+    /// The last error librdkafka reported, preferring a TLS or SASL one: after a failed
+    /// handshake it goes on to say "1/1 brokers are down", which hides the cause.
     last_error: Mutex<Option<String>>,
+}
+
+fn is_security_error(reason: &str) -> bool {
+    [
+        "SSL",
+        "certificate",
+        "SASL",
+        "Authentication",
+        "authentication",
+    ]
+    .iter()
+    .any(|w| reason.contains(w))
 }
 
 impl rdkafka::ClientContext for ProbeContext {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         tracing::warn!(%error, reason, "kafka client error");
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
+        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        let keep = last
+            .as_deref()
+            .is_some_and(|l| is_security_error(l) && !is_security_error(reason));
+        if !keep {
+            *last = Some(reason.to_owned());
+        }
     }
 }
 
@@ -312,6 +383,9 @@ impl KafkaProbe {
             }
             Ok(_) => deps.down("kafka", "the cluster named no brokers"),
             Err(e) => {
+                // librdkafka hands its error events (a failed TLS handshake among them) to
+                // the context only when the client is polled.
+                self.producer.poll(Duration::from_millis(100));
                 let said = client
                     .context()
                     .last_error

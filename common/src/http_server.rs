@@ -106,7 +106,9 @@ mod tests {
             .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .await
             .expect("test step");
-        let answer = read_all(&mut whole, Duration::from_secs(5)).await.expect("test step");
+        let answer = read_all(&mut whole, Duration::from_secs(5))
+            .await
+            .expect("test step");
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(
             read_all(&mut slow, Duration::from_secs(4)).await.is_some(),

@@ -21,3 +21,15 @@ pub mod signing;
 pub mod telemetry;
 
 pub use event_type::{EventType, EventTypePattern};
+
+/// Installs the process's rustls crypto provider (ring), once; later calls do nothing.
+///
+/// Three crates in the tree build rustls configurations from the process default rather
+/// than naming a provider: the Redis client (`rediss://`), sqlx's `verify-ca` verifier and
+/// pgwire-replication. Two providers are compiled in (ring, and aws-lc-rs for the Attempt
+/// client), so without an installed default rustls cannot choose and panics on the first
+/// such connection. `main` calls this first; every builder of those connections calls it
+/// too, so library users (tests, benchmarks) are covered.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

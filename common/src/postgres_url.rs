@@ -212,6 +212,7 @@ impl PostgresTarget {
     /// with the TLS settings replaced by the parsed ones, so sqlx and the replication stream
     /// apply one rule.
     pub fn sqlx_options(&self) -> Result<PgConnectOptions, sqlx::Error> {
+        crate::install_crypto_provider();
         let mut options = PgConnectOptions::from_str(self.url.expose_secret())?
             .host(&self.host)
             .port(self.port)

@@ -41,13 +41,6 @@ fn read(field: &'static str, path: &PathBuf) -> Result<Vec<u8>, RedisSettingsErr
     })
 }
 
-/// Installs the process's rustls crypto provider (ring) once. The Redis client's rustls
-/// configuration takes the process default; without one installed it would panic on the
-/// first `rediss://` connection. Idempotent.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// Builds the client. Nothing connects here; a bad URL or an unreadable file is an error now.
 pub fn client(url: &SecretString, tls: &RedisTls) -> Result<redis::Client, RedisSettingsError> {
     let raw = url.expose_secret();
@@ -93,7 +86,7 @@ pub fn client(url: &SecretString, tls: &RedisTls) -> Result<redis::Client, Redis
         }
         return redis::Client::open(info).map_err(|e| RedisSettingsError::Url(e.to_string()));
     }
-    install_crypto_provider();
+    crate::install_crypto_provider();
     if root_cert.is_none() && client_tls.is_none() {
         return redis::Client::open(info).map_err(|e| RedisSettingsError::Url(e.to_string()));
     }

@@ -7,6 +7,7 @@ if pid_alive "$STATE/railhook.pid"; then
   log "railhook stopped"
 fi
 if pid_alive "$STATE/receiver.pid"; then kill "$(cat "$STATE/receiver.pid")" || true; fi
+"$ROOT/deploy/local/tls.sh" down
 "$ROOT/deploy/local/broker.sh" down
 "$ROOT/deploy/local/redis.sh" down
 "$ROOT/deploy/local/postgres.sh" down

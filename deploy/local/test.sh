@@ -3,6 +3,8 @@
 # (installing it on a new machine), then runs the whole workspace's tests against it.
 source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
+# The same dependencies reachable only over TLS (tests/connectivity.rs).
+"$ROOT/deploy/local/tls.sh" up
 ensure_standardwebhooks
 ensure_provider_signers
 ensure_browser

@@ -93,8 +93,27 @@ pub struct RelayConfig {
 
 impl RelayConfig {
     pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
+        let postgres = s.replication_postgres()?;
+        // pgwire-replication checks a verify-full certificate only against a host *name*:
+        // an IP address there is refused at every connect. Say so once, at start.
+        if postgres.ssl_mode == postgres_url::SslMode::VerifyFull
+            && postgres.host.parse::<std::net::IpAddr>().is_ok()
+        {
+            return Err(ConfigError::Invalid {
+                field: if s.replication_database_url.is_some() {
+                    "replication_database_url"
+                } else {
+                    "database_url"
+                },
+                problem: format!(
+                    "uses sslmode=verify-full with the IP address {}: the replication stream \
+                     verifies host names only; use the name in the server's certificate",
+                    postgres.host
+                ),
+            });
+        }
         Ok(Self {
-            postgres: s.replication_postgres()?,
+            postgres,
             kafka: s.kafka(),
             slot: s.slot.clone(),
             publication: s.publication.clone(),
@@ -287,7 +306,7 @@ impl Relay {
                     }
                     match &e {
                         RelayError::Kafka(_) | RelayError::Publish(_) => {
-                            self.deps.down("kafka", e.reason())
+                            self.deps.down_keep_reason("kafka", e.reason())
                         }
                         RelayError::Slot(SlotError::Postgres(_)) | RelayError::Stream(_) => {
                             self.deps.down(REPLICATION, e.reason())
@@ -674,6 +693,7 @@ impl Session {
 
 /// The replication stream's TLS, from the same parsed URL as the pools: one mode, one CA.
 fn replication_tls(pg: &PostgresTarget) -> TlsConfig {
+    railhook_common::install_crypto_provider();
     let mode = match pg.ssl_mode {
         postgres_url::SslMode::Disable => SslMode::Disable,
         postgres_url::SslMode::Prefer => SslMode::Prefer,

@@ -172,7 +172,7 @@ async fn wait_for_topics(
                 deps.up("kafka");
                 return true;
             }
-            Err(e) => deps.down("kafka", e.to_string()),
+            Err(e) => deps.down_keep_reason("kafka", e.to_string()),
         }
         tokio::select! {
             _ = &mut *shutdown => return false,
