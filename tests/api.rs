@@ -344,4 +344,19 @@ fn bad_configuration_stops_the_binary_with_a_message_naming_the_setting() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("kafka_sasl_password"), "{stderr}");
+    // The replication stream checks certificate names only: verify-full on an IP address
+    // is refused when the relay starts, not at every reconnect.
+    let ca = std::env::temp_dir().join("railhook-api-test-ca.pem");
+    std::fs::write(&ca, "not read before the check").expect("write");
+    let url = format!(
+        "postgres://u@127.0.0.1:1/y?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
+    let out = railhook(&["relay"], &[("DATABASE_URL", url.as_str())]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("database_url") && stderr.contains("verify-full"),
+        "{stderr}"
+    );
 }
