@@ -246,6 +246,16 @@ impl Process {
         seen
     }
 
+    /// `/metrics` on the API port.
+    async fn metrics_page(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.api))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     async fn wait_ready(&self, on_metrics_port: bool) -> Value {
         eventually("ready", WAIT, || async {
             let (status, body) = self.readyz(on_metrics_port).await?;
@@ -476,12 +486,7 @@ async fn postgres_away_at_start_is_waited_for_and_named_on_readyz() {
         .wait_down(false, "postgres", &["connection refused", "io:"])
         .await;
     assert!(!error.contains("hunter2"), "{error}");
-    let metrics = reqwest::get(format!("{}/metrics", ingest.api))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = ingest.metrics_page().await;
     assert!(
         metrics.contains("railhook_dependency_up{dependency=\"postgres\"} 0"),
         "{metrics}"
@@ -552,12 +557,7 @@ async fn a_slot_dropped_under_railhook_all_keeps_the_api_accepting_and_comes_bac
             "the API must keep accepting while the Slot is gone"
         );
     }
-    let metrics = reqwest::get(format!("{}/metrics", all.api))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = all.metrics_page().await;
     assert!(
         metrics.contains("railhook_relay_slot_unusable 1"),
         "{metrics}"
@@ -593,4 +593,49 @@ async fn a_slot_dropped_under_railhook_all_keeps_the_api_accepting_and_comes_bac
         all.log()
     );
     let _ = all.child.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambient_proxy_never_carries_a_delivery_past_the_ssrf_guard() {
+    // Through a proxy, the guarded resolver would see only the proxy's host (allowed here)
+    // and the proxy would fetch whatever the endpoint names. The "proxy" is a receiver that
+    // records what reaches it; the endpoint's host name resolves nowhere the guard allows.
+    let proxy = Receiver::start(vec![], Behaviour::Status(200)).await;
+    let proxy_addr = proxy.url.trim_end_matches("/hook").to_owned();
+    let db = fresh_database().await;
+    let env = base_env(&[
+        ("DATABASE_URL".into(), db),
+        ("REDIS_URL".into(), local_setting("REDIS_URL")),
+        ("KAFKA_BROKERS".into(), local_setting("KAFKA_BROKERS")),
+        ("RAILHOOK_RETRY_OUTGOING_MAX_ATTEMPTS".into(), "2".into()),
+        ("HTTP_PROXY".into(), proxy_addr.clone()),
+        ("HTTPS_PROXY".into(), proxy_addr.clone()),
+        ("ALL_PROXY".into(), proxy_addr),
+    ]);
+    let (ok, out) = run_once(&["migrate"], &env);
+    assert!(ok, "{out}");
+    let all = Process::start("all", &env);
+    all.wait_ready(false).await;
+    let key = project_with_endpoint(&all.api, "http://metadata.railhook-ssrf.invalid/latest").await;
+    assert_eq!(post_event(&all.api, &key, 1).await, StatusCode::CREATED);
+    // Both Attempts are made (and fail) within a few seconds; the proxy must see neither.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&env.iter().find(|(k, _)| k == "DATABASE_URL").expect("db").1)
+        .await
+        .expect("pool");
+    eventually("the Delivery's Attempts", WAIT, || async {
+        let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts")
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+        (attempts >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        proxy.count(),
+        0,
+        "a delivery went through the ambient proxy: {:?}",
+        proxy.requests().first().map(|r| r.headers.clone())
+    );
 }

@@ -177,6 +177,10 @@ pub struct Runner {
 impl Runner {
     pub fn new(allow: Allowlist) -> Result<Self, ClientError> {
         let client = reqwest::Client::builder()
+            // Never through an ambient proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY): through one,
+            // the guarded resolver would see only the proxy's host and the proxy would reach
+            // whatever address the endpoint's name has, private ones included.
+            .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .dns_resolver(std::sync::Arc::new(GuardedResolver {
                 allow: allow.clone(),
