@@ -88,14 +88,38 @@ fn no_redirects() -> reqwest::Client {
         .expect("client")
 }
 
-/// Signs in and returns the `name=value` of the session cookie and the full Set-Cookie.
-async fn sign_in(app: &TestApp, key: &str) -> (String, String) {
+/// The sign-in form as a browser gets it: the login cookie's `name=value` and the token in
+/// the form.
+async fn login_form(app: &TestApp) -> (String, String) {
     let r = no_redirects()
-        .post(format!("{}/dashboard/login", app.base))
-        .form(&[("api_key", key)])
+        .get(format!("{}/dashboard/login", app.base))
         .send()
         .await
-        .expect("login");
+        .expect("login form");
+    assert_eq!(r.status(), StatusCode::OK);
+    let set = r.headers()[SET_COOKIE].to_str().expect("cookie").to_owned();
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/dashboard"] {
+        assert!(set.contains(attr), "{attr} in {set}");
+    }
+    let pair = set.split(';').next().expect("pair").to_owned();
+    (pair, csrf_of(&r.text().await.expect("form")))
+}
+
+/// Posts the sign-in form with `key`, the login cookie and the form's token.
+async fn post_login(app: &TestApp, key: &str, cookie: &str, token: &str) -> reqwest::Response {
+    no_redirects()
+        .post(format!("{}/dashboard/login", app.base))
+        .header("cookie", cookie)
+        .form(&[("api_key", key), ("csrf", token)])
+        .send()
+        .await
+        .expect("login")
+}
+
+/// Signs in and returns the `name=value` of the session cookie and the full Set-Cookie.
+async fn sign_in(app: &TestApp, key: &str) -> (String, String) {
+    let (cookie, token) = login_form(app).await;
+    let r = post_login(app, key, &cookie, &token).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let set = r.headers()[SET_COOKIE].to_str().expect("cookie").to_owned();
     (set.split(';').next().expect("pair").to_owned(), set)
@@ -138,14 +162,32 @@ async fn sessions_are_scoped_to_one_project_and_actions_need_the_csrf_token() {
     let (status, _, headers) = page("", format!("{}/dashboard/deliveries", app.base)).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
     assert_eq!(headers[LOCATION], "/dashboard/login");
-    let r = no_redirects()
-        .post(format!("{}/dashboard/login", app.base))
-        .form(&[("api_key", "rh_not_a_key")])
-        .send()
-        .await
-        .expect("login");
+    let (login_cookie, token) = login_form(&app).await;
+    let r = post_login(&app, "rh_not_a_key", &login_cookie, &token).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    assert!(r.headers().get(SET_COOKIE).is_none());
+    let no_session = |r: &reqwest::Response| {
+        r.headers().get_all(SET_COOKIE).iter().all(|c| {
+            !c.to_str()
+                .unwrap_or_default()
+                .starts_with("railhook_session=")
+        })
+    };
+    assert!(no_session(&r));
+    // Login CSRF: a form posted from another site carries no login cookie (SameSite=Strict)
+    // or a token of its own; either way no session is made, even with a valid key.
+    for (cookie, form_token) in [
+        ("", token.as_str()),
+        (login_cookie.as_str(), ""),
+        (login_cookie.as_str(), "attacker-token"),
+    ] {
+        let r = post_login(&app, &key, cookie, form_token).await;
+        assert_eq!(
+            r.status(),
+            StatusCode::FORBIDDEN,
+            "cookie {cookie:?} token {form_token:?}"
+        );
+        assert!(no_session(&r), "a forged sign-in made a session");
+    }
 
     let (cookie, set_cookie) = sign_in(&app, &key).await;
     for attr in ["HttpOnly", "SameSite=Strict", "Path=/dashboard", "Secure"] {

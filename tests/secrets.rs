@@ -213,9 +213,25 @@ async fn no_secret_reaches_a_log_line_or_an_error_body() {
         .expect("incoming");
     assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
     errors.push(forged.text().await.expect("body"));
+    let form = client
+        .get(format!("{api}/dashboard/login"))
+        .send()
+        .await
+        .expect("login form");
+    let login_cookie = form.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .split(';')
+        .next()
+        .expect("pair")
+        .to_owned();
+    let form = form.text().await.expect("form");
+    let at = form.find("name=\"csrf\" value=\"").expect("csrf field") + 19;
+    let token = form[at..].split('"').next().expect("token").to_owned();
     let login = client
         .post(format!("{api}/dashboard/login"))
-        .form(&[("api_key", format!("{key}-typo"))])
+        .header("cookie", login_cookie)
+        .form(&[("api_key", format!("{key}-typo")), ("csrf", token)])
         .send()
         .await
         .expect("login");

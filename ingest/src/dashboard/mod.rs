@@ -33,6 +33,11 @@ use crate::problem::ApiError;
 use crate::state::AppState;
 
 const COOKIE: &str = "railhook_session";
+/// The sign-in form's CSRF token, before there is a session: the same random value in this
+/// cookie and in the form (double submit). A cross-site form cannot read the cookie nor, as
+/// the cookie is `SameSite=Strict`, send it, so it cannot sign a victim's browser into the
+/// attacker's project (login CSRF).
+const LOGIN_COOKIE: &str = "railhook_login";
 const CSS: &str = include_str!("style.css");
 
 pub fn router() -> Router<AppState> {
@@ -102,13 +107,17 @@ pub struct Session {
 }
 
 fn session_token(headers: &axum::http::HeaderMap) -> Option<String> {
+    cookie_value(headers, COOKIE)
+}
+
+fn cookie_value(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(Cookie::split_parse)
         .filter_map(Result::ok)
-        .find(|c| c.name() == COOKIE)
+        .find(|c| c.name() == name)
         .map(|c| c.value().to_owned())
 }
 
@@ -273,16 +282,30 @@ pub struct CsrfForm {
     pub csrf: String,
 }
 
-async fn login_form() -> Html<String> {
-    Html(login_page(None))
+async fn login_form(State(state): State<AppState>) -> Response {
+    login_response(&state, StatusCode::OK, None)
 }
 
-fn login_page(error: Option<&str>) -> String {
+/// The sign-in page with a fresh login token, in the form and in its cookie.
+fn login_response(state: &AppState, status: StatusCode, error: Option<&str>) -> Response {
+    let token = random_token();
+    let cookie = Cookie::build((LOGIN_COOKIE, token.clone()))
+        .path("/dashboard")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(state.dashboard.cookie_secure)
+        .max_age(cookie::time::Duration::hours(1))
+        .build();
+    with_cookie((status, Html(login_page(&token, error))), &cookie)
+}
+
+fn login_page(login_token: &str, error: Option<&str>) -> String {
     bare(
         "Sign in",
         html! {
             @if let Some(e) = error { p.error { (e) } }
             form.card method="post" action="/dashboard/login" {
+                input type="hidden" name="csrf" value=(login_token);
                 label for="api_key" { "Project API key" }
                 input id="api_key" type="password" name="api_key" autocomplete="off" required;
                 button type="submit" { "Sign in" }
@@ -295,9 +318,25 @@ fn login_page(error: Option<&str>) -> String {
 #[derive(Deserialize)]
 struct LoginForm {
     api_key: String,
+    /// Missing from a forged form: the check below then refuses it like a wrong token.
+    #[serde(default)]
+    csrf: String,
 }
 
-async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -> PageResult {
+async fn login(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> PageResult {
+    let expected = cookie_value(&headers, LOGIN_COOKIE).unwrap_or_default();
+    let same: bool = expected.as_bytes().ct_eq(form.csrf.as_bytes()).into();
+    if expected.is_empty() || !same {
+        return Ok(login_response(
+            &state,
+            StatusCode::FORBIDDEN,
+            Some("The sign-in form expired or did not come from this site; try again."),
+        ));
+    }
     let key = sqlx::query!(
         "SELECT id, project_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
         &hash_api_key(form.api_key.trim())
@@ -305,11 +344,11 @@ async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -> Pa
     .fetch_optional(&state.pool)
     .await?;
     let Some(key) = key else {
-        return Ok((
+        return Ok(login_response(
+            &state,
             StatusCode::UNAUTHORIZED,
-            Html(login_page(Some("That key is not valid (or was revoked)."))),
-        )
-            .into_response());
+            Some("That key is not valid (or was revoked)."),
+        ));
     };
     let token = random_token();
     let csrf = random_token();

@@ -678,12 +678,10 @@ pub async fn endpoint_action(
 #[derive(FromRow, Default)]
 struct SlotRow {
     active: bool,
-    active_pid: Option<i32>,
     wal_status: Option<String>,
     confirmed_flush_lsn: Option<String>,
     lag_bytes: Option<i64>,
     safe_wal_size: Option<i64>,
-    client_addr: Option<String>,
     heartbeat_age: Option<f64>,
     status_age: Option<f64>,
 }
@@ -698,12 +696,13 @@ fn bytes(n: i64) -> String {
 }
 
 pub async fn relay(State(state): State<AppState>, session: Session) -> PageResult {
-    // Operational state of the shared Slot: no project's data is in it.
+    // Operational state of the shared Slot: no project's data is in it. Tenants see its lag
+    // and state only; where the relay runs (the walsender's pid, the relay's address) is
+    // the operator's, read with `railhook slot status` or from Postgres itself.
     let slot: Option<SlotRow> = sqlx::query_as(
-        "SELECT s.active, s.active_pid, s.wal_status, s.confirmed_flush_lsn::text AS confirmed_flush_lsn,
+        "SELECT s.active, s.wal_status, s.confirmed_flush_lsn::text AS confirmed_flush_lsn,
                 pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
                 s.safe_wal_size,
-                (SELECT host(r.client_addr) FROM pg_stat_replication r WHERE r.pid = s.active_pid) AS client_addr,
                 (SELECT extract(epoch FROM now() - st.last_heartbeat_seen_at)::float8
                  FROM relay_status st WHERE st.slot = s.slot_name) AS heartbeat_age,
                 (SELECT extract(epoch FROM now() - st.updated_at)::float8
@@ -721,7 +720,6 @@ pub async fn relay(State(state): State<AppState>, session: Session) -> PageResul
                     div.tile { div.muted { "Slot" } div.v { code { (state.slot) } } }
                     div.tile { div.muted { "Relay" } div.v.status class=(if s.active { "healthy" } else { "disabled" }) {
                         @if s.active { "active" } @else { "no relay holds the slot" } }
-                        @if let Some(pid) = s.active_pid { div.muted { "walsender pid " (pid) @if let Some(a) = &s.client_addr { " · from " (a) } } }
                     }
                     div.tile { div.muted { "Lag (bytes)" } div.v #lag-bytes { (s.lag_bytes.map_or_else(|| "—".to_owned(), bytes)) } }
                     div.tile { div.muted { "Lag (seconds, from heartbeats)" } div.v #lag-seconds {
