@@ -5,7 +5,6 @@ mod support;
 use std::time::Duration;
 
 use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
-use railhook_common::retry::Ladder;
 use railhook_worker::attempt::{Outcome, Report};
 use railhook_worker::schedule::Decision;
 use railhook_worker::store;
@@ -177,8 +176,32 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
             == 0,
         "a fresh Claim is not swept"
     );
-    let _ = taken_back;
-    assert_eq!(Ladder::outgoing().max_attempts, 7);
+    // The Claim taken back is the live one: the swapped-in Claim it replaced is fenced out.
+    let swapped = one.expect("swapped");
+    assert!(
+        !store::finalise(
+            &app.pool,
+            &swapped,
+            &report(Outcome::Delivered),
+            &Decision::Succeeded,
+            &STREAK
+        )
+        .await
+        .expect("stale"),
+        "a swept Claim's token still finalised"
+    );
+    assert!(
+        store::finalise(
+            &app.pool,
+            &taken_back,
+            &report(Outcome::Delivered),
+            &Decision::Succeeded,
+            &STREAK
+        )
+        .await
+        .expect("live"),
+        "the Claim that took the row back could not finalise"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

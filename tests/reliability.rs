@@ -39,6 +39,18 @@ enum Scenario {
 }
 
 impl Scenario {
+    const ALL: [Scenario; 9] = [
+        Scenario::RelayKilledWithStandby,
+        Scenario::RelayKilledAlone,
+        Scenario::WorkerKilledMidAttempt,
+        Scenario::BrokerStopped,
+        Scenario::PostgresRestarted,
+        Scenario::PostgresFastRestart,
+        Scenario::WorkerPausedPastTheSweep,
+        Scenario::FlakyReceivers,
+        Scenario::ReceiversPartitioned,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             Scenario::RelayKilledWithStandby => "kill -9 the active relay (standby running)",
@@ -682,6 +694,15 @@ async fn check(scenarios: &[Scenario]) {
     // `RAILHOOK_RELIABILITY_ONLY=broker` runs only the scenarios whose name contains it
     // (for diagnosing one scenario with `RAILHOOK_RELIABILITY_LOGS`).
     let only = std::env::var("RAILHOOK_RELIABILITY_ONLY").unwrap_or_default();
+    // A filter that matches no scenario at all is a typo, not a pass: every test function
+    // would run nothing and report green.
+    assert!(
+        Scenario::ALL
+            .iter()
+            .any(|s| s.name().contains(only.as_str())),
+        "RAILHOOK_RELIABILITY_ONLY={only:?} matches no scenario; names: {:?}",
+        Scenario::ALL.map(Scenario::name)
+    );
     for &s in scenarios
         .iter()
         .filter(|s| s.name().contains(only.as_str()))

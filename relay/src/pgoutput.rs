@@ -216,6 +216,54 @@ mod tests {
         assert_eq!(row["reason"], &Column::Null);
     }
 
+    /// An insert whose two columns come as `kind` (and, for `t`/`b`, `value`).
+    fn insert_of(columns: &[(u8, &[u8])]) -> Vec<u8> {
+        let mut insert = vec![b'I'];
+        insert.extend(16384u32.to_be_bytes());
+        insert.push(b'N');
+        insert.extend(u16::try_from(columns.len()).expect("few").to_be_bytes());
+        for (kind, value) in columns {
+            insert.push(*kind);
+            if matches!(kind, b't' | b'b') {
+                insert.extend(u32::try_from(value.len()).expect("short").to_be_bytes());
+                insert.extend(*value);
+            }
+        }
+        insert
+    }
+
+    #[test]
+    fn unchanged_toast_and_binary_columns_decode_as_such() {
+        // 'u': a TOASTed value the server did not send (updates only, but the decoder must
+        // not misread what follows it); 'b': a value in binary format.
+        let bytes = insert_of(&[(b'u', b""), (b'b', &[0, 1, 0xff])]);
+        let PgOutput::Insert { tuple, .. } = decode(&bytes).expect("insert") else {
+            panic!("not an insert");
+        };
+        assert_eq!(
+            tuple,
+            vec![Column::Unchanged, Column::Binary(vec![0, 1, 0xff])]
+        );
+        // The column after a 'u' is read from the right offset.
+        let bytes = insert_of(&[(b'u', b""), (b't', b"7")]);
+        let PgOutput::Insert { tuple, .. } = decode(&bytes).expect("insert") else {
+            panic!("not an insert");
+        };
+        assert_eq!(tuple, vec![Column::Unchanged, Column::Text("7".into())]);
+        // A binary value is never taken for text: the Announcement needs text columns.
+        let rel = match decode(&relation_bytes()).expect("relation") {
+            PgOutput::Relation(r) => r,
+            other => panic!("{other:?}"),
+        };
+        let bytes = insert_of(&[(b'b', b"42"), (b'n', b"")]);
+        let PgOutput::Insert { tuple, .. } = decode(&bytes).expect("insert") else {
+            panic!("not an insert");
+        };
+        assert_eq!(named(&rel, &tuple)["id"], &Column::Binary(b"42".to_vec()));
+        // An unknown kind is an error, not a guess.
+        assert!(decode(&insert_of(&[(b'x', b"")])).is_err());
+    }
+
     #[test]
     fn short_messages_are_errors() {
         let full = relation_bytes();
