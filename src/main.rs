@@ -359,6 +359,11 @@ async fn slot(settings: &Settings, action: SlotAction) -> anyhow::Result<()> {
                 "slot {name}: {}",
                 if created { "created" } else { "already exists" }
             );
+            if created {
+                // Outbox rows written while no Slot existed were never announced.
+                let moved = slot::reannounce_missed(&mut client).await?;
+                println!("deliveries written without a slot, handed to the retry path: {moved}");
+            }
         }
         SlotAction::Drop => {
             let dropped = slot::drop(&mut client, name).await?;

@@ -346,6 +346,13 @@ impl Relay {
         let mut control = slot::connect(&self.config.postgres).await?;
         self.deps.up(REPLICATION);
         slot::ensure_usable(&mut control, &self.config.slot, &self.config.publication).await?;
+        if self.metrics.slot_unusable.get() == 1 {
+            // The Slot is back after being missing or lost: what was written meanwhile was
+            // never in any Slot. `railhook slot create` does the same; whichever runs first
+            // hands the rows over, the second finds nothing left to move.
+            let moved = slot::reannounce_missed(&mut control).await?;
+            tracing::info!(slot = %self.config.slot, deliveries = moved, "slot usable again; deliveries written without it handed to the retry path");
+        }
         self.metrics.slot_unusable.set(0);
         self.deps.up("slot");
         if !self.topic_ready.load(Ordering::Relaxed) {

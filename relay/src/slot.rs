@@ -121,6 +121,24 @@ pub async fn create(conn: &mut PgConnection, slot: &str) -> Result<bool, SlotErr
     Ok(true)
 }
 
+/// After a Slot was created again (it was dropped, or lost and recreated): every Delivery
+/// whose Outbox row is still in the table and that is still `PENDING` with nothing scheduled
+/// may have been written while no Slot existed, so its Announcement never left. Each is
+/// handed to the retry path now (the retry scheduler announces it within a second or so)
+/// instead of waiting an hour for the stranded-PENDING sweep. One whose Announcement did go
+/// out is at worst hinted twice, and the Claim absorbs the second (duplicate window 4).
+/// Returns how many were handed over.
+pub async fn reannounce_missed(conn: &mut PgConnection) -> Result<u64, SlotError> {
+    let moved = sqlx::query(
+        "UPDATE deliveries d SET next_retry_at = now(), updated_at = now()
+         WHERE d.status = 'PENDING' AND d.next_retry_at IS NULL
+           AND EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(moved.rows_affected())
+}
+
 /// Drops the Slot; returns whether one existed.
 pub async fn drop(conn: &mut PgConnection, slot: &str) -> Result<bool, SlotError> {
     if status(&mut *conn, slot).await?.is_none() {
