@@ -30,6 +30,9 @@ pub struct Settings {
     /// Redis, for the monthly quota and distributed limits. `rediss://` for TLS; a user and
     /// password in the URL are kept secret.
     pub redis_url: SecretString,
+    /// `REDIS_URL` names one node of a Redis Cluster (ElastiCache cluster mode, …); the
+    /// client discovers the others and follows their redirects.
+    pub redis_cluster: bool,
     /// A PEM file of CA certificates trusted for `rediss://` (default: the system's roots).
     #[serde(default)]
     pub redis_ca_file: Option<PathBuf>,
@@ -227,6 +230,7 @@ fn opt_secret<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SecretStr
 #[derive(Serialize)]
 struct Defaults {
     redis_url: &'static str,
+    redis_cluster: bool,
     kafka_brokers: &'static str,
     kafka_security_protocol: &'static str,
     http_addr: &'static str,
@@ -277,6 +281,7 @@ struct Defaults {
 
 const DEFAULTS: Defaults = Defaults {
     redis_url: "redis://127.0.0.1:6379",
+    redis_cluster: false,
     kafka_brokers: "127.0.0.1:9092",
     kafka_security_protocol: "PLAINTEXT",
     http_addr: "127.0.0.1:8080",
@@ -438,14 +443,15 @@ impl Settings {
     }
 
     /// The Redis client for `redis_url`, with the CA and client certificate settings.
-    pub fn redis_client(&self) -> Result<redis::Client, ConfigError> {
-        crate::redis_client::client(
+    pub fn redis_client(&self) -> Result<crate::redis_client::RedisClient, ConfigError> {
+        crate::redis_client::redis_client(
             &self.redis_url,
             &crate::redis_client::RedisTls {
                 ca_file: self.redis_ca_file.clone(),
                 client_cert_file: self.redis_client_cert_file.clone(),
                 client_key_file: self.redis_client_key_file.clone(),
             },
+            self.redis_cluster,
         )
         .map_err(|e| invalid("redis_url", e.to_string()))
     }

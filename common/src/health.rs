@@ -292,14 +292,9 @@ pub async fn wait_for_postgres(
 }
 
 /// Probes Redis with `PING` through `client` and records the outcome.
-pub async fn probe_redis(deps: &Dependencies, client: &redis::Client) {
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_response_timeout(Some(Duration::from_secs(5)));
+pub async fn probe_redis(deps: &Dependencies, client: &crate::redis_client::RedisClient) {
     let result = async {
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+        let mut conn = client.connect(Duration::from_secs(5)).await?;
         redis::cmd("PING").query_async::<String>(&mut conn).await
     }
     .await;

@@ -1,11 +1,90 @@
 //! The one way a Railhook process builds its Redis client: `redis://` in plaintext,
 //! `rediss://` over TLS (rustls) with the system's roots or a private CA, and optionally a
-//! client certificate. A user and password travel in the URL, which is a secret: it is never
-//! printed, and errors here name the setting, not the URL.
+//! client certificate; a single server or a Redis Cluster (`RAILHOOK_REDIS_CLUSTER`, the
+//! URL naming one seed node). A user and password travel in the URL, which is a secret: it
+//! is never printed, and errors here name the setting, not the URL.
+//!
+//! In a cluster, every key a script touches must hash to one slot, or Redis refuses the
+//! script with CROSSSLOT: callers put the shared part of their keys in a hash tag
+//! (`rh:ep:{ep_…}:rl`), see `worker/src/limits.rs`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 use secrecy::{ExposeSecret, SecretString};
+
+/// A Redis server or a Redis Cluster.
+#[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)] // one per process, built at start: its size is irrelevant
+pub enum RedisClient {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+/// A connection from [`RedisClient::connect`]; cheap to clone (both kinds multiplex).
+#[derive(Clone)]
+pub enum RedisConnection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_command(cmd),
+            RedisConnection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConnection::Single(c) => c.get_db(),
+            RedisConnection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl RedisClient {
+    /// Connects, with `timeout` bounding the connection and each response.
+    pub async fn connect(&self, timeout: Duration) -> redis::RedisResult<RedisConnection> {
+        match self {
+            RedisClient::Single(client) => {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout));
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map(RedisConnection::Single)
+            }
+            RedisClient::Cluster(client) => {
+                let connect = client.get_async_connection();
+                match tokio::time::timeout(timeout, connect).await {
+                    Ok(conn) => conn.map(RedisConnection::Cluster),
+                    Err(_) => Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "timed out connecting to the Redis cluster",
+                    ))),
+                }
+            }
+        }
+    }
+}
 
 /// Files for `rediss://`.
 #[derive(Debug, Clone, Default)]
@@ -41,7 +120,51 @@ fn read(field: &'static str, path: &PathBuf) -> Result<Vec<u8>, RedisSettingsErr
     })
 }
 
-/// Builds the client. Nothing connects here; a bad URL or an unreadable file is an error now.
+/// Builds the client for a single server or, with `cluster`, for a Redis Cluster that `url`
+/// names one node of. Nothing connects here.
+pub fn redis_client(
+    url: &SecretString,
+    tls: &RedisTls,
+    cluster: bool,
+) -> Result<RedisClient, RedisSettingsError> {
+    let single = client(url, tls)?;
+    if !cluster {
+        return Ok(RedisClient::Single(single));
+    }
+    let info = single.get_connection_info().clone();
+    let mut builder = redis::cluster::ClusterClientBuilder::new(vec![info])
+        .connection_timeout(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5));
+    if tls.ca_file.is_some() || tls.client_cert_file.is_some() {
+        builder = builder.certs(certificates(tls)?);
+    }
+    builder
+        .build()
+        .map(RedisClient::Cluster)
+        .map_err(|e| RedisSettingsError::Url(e.to_string()))
+}
+
+fn certificates(tls: &RedisTls) -> Result<redis::TlsCertificates, RedisSettingsError> {
+    let client_tls = match (&tls.client_cert_file, &tls.client_key_file) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("redis_client_cert_file", cert)?,
+            client_key: read("redis_client_key_file", key)?,
+        }),
+        _ => None,
+    };
+    let root_cert = tls
+        .ca_file
+        .as_ref()
+        .map(|p| read("redis_ca_file", p))
+        .transpose()?;
+    Ok(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
+/// Builds the single-server client. Nothing connects here; a bad URL or an unreadable file
+/// is an error now.
 pub fn client(url: &SecretString, tls: &RedisTls) -> Result<redis::Client, RedisSettingsError> {
     let raw = url.expose_secret();
     let secure = raw.starts_with("rediss://");

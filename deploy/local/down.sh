@@ -9,5 +9,6 @@ fi
 if pid_alive "$STATE/receiver.pid"; then kill "$(cat "$STATE/receiver.pid")" || true; fi
 "$ROOT/deploy/local/tls.sh" down
 "$ROOT/deploy/local/broker.sh" down
+"$ROOT/deploy/local/redis.sh" cluster-down
 "$ROOT/deploy/local/redis.sh" down
 "$ROOT/deploy/local/postgres.sh" down

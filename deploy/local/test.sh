@@ -5,6 +5,8 @@ source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
 # The same dependencies reachable only over TLS (tests/connectivity.rs).
 "$ROOT/deploy/local/tls.sh" up
+# A three-node Redis Cluster (tests/redis_cluster.rs).
+"$ROOT/deploy/local/redis.sh" cluster
 ensure_standardwebhooks
 ensure_provider_signers
 ensure_browser

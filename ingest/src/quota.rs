@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{Datelike, Utc};
+use railhook_common::redis_client::{RedisClient, RedisConnection};
 use redis::AsyncTypedCommands;
-use redis::aio::MultiplexedConnection;
 use tokio::sync::Mutex;
 
 use crate::metrics::IngestMetrics;
@@ -25,7 +25,7 @@ const RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct Quota {
-    client: redis::Client,
+    client: RedisClient,
     timeout: Duration,
     conn: Arc<Mutex<ConnState>>,
     metrics: IngestMetrics,
@@ -33,7 +33,7 @@ pub struct Quota {
 
 #[derive(Default)]
 struct ConnState {
-    conn: Option<MultiplexedConnection>,
+    conn: Option<RedisConnection>,
     last_failure: Option<Instant>,
 }
 
@@ -56,7 +56,7 @@ fn counter_key(organization_id: &str) -> String {
 impl Quota {
     /// Counters kept in Redis through `client` (built by `Settings::redis_client`: TLS and
     /// credentials come from there).
-    pub fn new(client: redis::Client, timeout: Duration, metrics: IngestMetrics) -> Self {
+    pub fn new(client: RedisClient, timeout: Duration, metrics: IngestMetrics) -> Self {
         Self {
             client,
             timeout,
@@ -65,7 +65,7 @@ impl Quota {
         }
     }
 
-    async fn connection(&self) -> Option<MultiplexedConnection> {
+    async fn connection(&self) -> Option<RedisConnection> {
         let mut state = self.conn.lock().await;
         if let Some(conn) = &state.conn {
             return Some(conn.clone());
@@ -76,14 +76,7 @@ impl Quota {
         {
             return None;
         }
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        match self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-        {
+        match self.client.connect(self.timeout).await {
             Ok(conn) => {
                 state.conn = Some(conn.clone());
                 Some(conn)

@@ -38,7 +38,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
+use railhook_common::redis_client::{RedisClient, RedisConnection};
 use tokio::sync::Mutex;
 
 const ADMIT: &str = r#"
@@ -250,7 +250,7 @@ const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 pub struct Limits {
-    client: redis::Client,
+    client: RedisClient,
     conn: Arc<Mutex<ConnState>>,
     admit: Arc<redis::Script>,
     record: Arc<redis::Script>,
@@ -259,17 +259,25 @@ pub struct Limits {
 
 #[derive(Default)]
 struct ConnState {
-    conn: Option<MultiplexedConnection>,
+    conn: Option<RedisConnection>,
     last_failure: Option<Instant>,
 }
 
+/// An endpoint's keys. The endpoint id is their hash tag (`{…}`): in a Redis Cluster every
+/// key of one script must hash to one slot, or the script is refused with CROSSSLOT (and the
+/// limits, failing open, would silently stop limiting).
 fn keys(endpoint_id: &str) -> [String; 4] {
     [
-        format!("rh:ep:{endpoint_id}:cb"),
-        format!("rh:ep:{endpoint_id}:rl"),
-        format!("rh:ep:{endpoint_id}:cc"),
-        format!("rh:ep:{endpoint_id}:th"),
+        format!("rh:ep:{{{endpoint_id}}}:cb"),
+        format!("rh:ep:{{{endpoint_id}}}:rl"),
+        format!("rh:ep:{{{endpoint_id}}}:cc"),
+        format!("rh:ep:{{{endpoint_id}}}:th"),
     ]
+}
+
+/// A Delivery's rate-slot reservation, in its endpoint's slot (see [`keys`]).
+fn reservation_key(endpoint_id: &str, delivery_id: &str) -> String {
+    format!("rh:ep:{{{endpoint_id}}}:rsv:{delivery_id}")
 }
 
 fn ms(d: Duration) -> u64 {
@@ -279,7 +287,7 @@ fn ms(d: Duration) -> u64 {
 impl Limits {
     /// Limits kept in Redis through `client` (built by `Settings::redis_client`: TLS and
     /// credentials come from there).
-    pub fn new(client: redis::Client, policy: BreakerPolicy) -> Result<Self, redis::RedisError> {
+    pub fn new(client: RedisClient, policy: BreakerPolicy) -> Result<Self, redis::RedisError> {
         Ok(Self {
             client,
             conn: Arc::new(Mutex::new(ConnState::default())),
@@ -289,7 +297,7 @@ impl Limits {
         })
     }
 
-    async fn connection(&self) -> Option<MultiplexedConnection> {
+    async fn connection(&self) -> Option<RedisConnection> {
         let mut state = self.conn.lock().await;
         if let Some(c) = &state.conn {
             return Some(c.clone());
@@ -300,13 +308,8 @@ impl Limits {
         {
             return None;
         }
-        let fresh = tokio::time::timeout(
-            REDIS_TIMEOUT,
-            self.client.get_multiplexed_async_connection(),
-        )
-        .await;
-        match fresh {
-            Ok(Ok(c)) => {
+        match self.client.connect(REDIS_TIMEOUT).await {
+            Ok(c) => {
                 state.conn = Some(c.clone());
                 Some(c)
             }
@@ -344,7 +347,7 @@ impl Limits {
             .key(rl)
             .key(cc)
             .key(th)
-            .key(format!("rh:rsv:{delivery_id}"))
+            .key(reservation_key(endpoint_id, delivery_id))
             .arg(rate)
             .arg(burst)
             .arg(max_conc)

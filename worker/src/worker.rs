@@ -72,7 +72,7 @@ pub struct WorkerConfig {
     pub stall_rejoin_after: Option<Duration>,
     pub allow_private_targets: String,
     pub message_timeout: Duration,
-    pub redis: redis::Client,
+    pub redis: railhook_common::redis_client::RedisClient,
     pub breaker: BreakerPolicy,
     pub ordering_gap_timeout: Duration,
     pub deferral_max: Duration,
