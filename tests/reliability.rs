@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::netns::FarHost;
+use support::pipeline::Pipeline;
 use support::receiver::{Behaviour, Receiver};
 use support::relay::PrivateBroker;
 use support::{ADMIN_TOKEN, free_port, fresh_database, local_setting};
@@ -227,6 +228,11 @@ const PARTITION: Duration = Duration::from_secs(20);
 const BROKER_DOWN: Duration = Duration::from_secs(60);
 
 fn restart_postgres(mode: &str) {
+    pg_ctl(mode, "restart");
+}
+
+/// `pg_ctl ACTION` on the local cluster, as its owner.
+fn pg_ctl(mode: &str, action: &str) {
     let data = local_setting("RAILHOOK_PG_DATA");
     let status = Command::new("runuser")
         .args(["-u", "postgres", "--"])
@@ -234,13 +240,62 @@ fn restart_postgres(mode: &str) {
             "{}/pg_ctl",
             std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned())
         ))
-        .args(["-D", &data, "-m", mode, "-w", "-t", "60", "restart"])
+        .args(["-D", &data, "-m", mode, "-w", "-t", "60", action])
         .args(["-l", &format!("{data}/../server.log")])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .expect("pg_ctl");
-    assert!(status.success(), "pg_ctl restart");
+    assert!(status.success(), "pg_ctl {action}");
+}
+
+/// Starts the local cluster again when dropped, so a failed assertion never leaves the
+/// other tests without Postgres.
+struct PostgresDown;
+
+impl PostgresDown {
+    fn stop() -> Self {
+        pg_ctl("fast", "stop");
+        PostgresDown
+    }
+}
+
+impl Drop for PostgresDown {
+    fn drop(&mut self) {
+        pg_ctl("fast", "start");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_finishes_while_postgres_is_down_keeps_its_row() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let p = Pipeline::start(|_| {}).await;
+    // The receiver answers 4 s after the request arrives; Postgres is down from just after
+    // it arrived until 35 s later, past the four tries the outcome's write used to get (each
+    // waits out the pool's 5 s acquire time-out: about 26 s in all).
+    let receiver = Receiver::start(vec![], Behaviour::Delay(Duration::from_secs(4), 200)).await;
+    let (_, _) = p.endpoint(&receiver.url, 30_000).await;
+    let (_, delivery) = p.send(serde_json::json!({"n": 1})).await;
+    support::eventually(
+        "the request at the receiver",
+        Duration::from_secs(60),
+        || async { (receiver.count() == 1).then_some(()) },
+    )
+    .await;
+    {
+        let _down = PostgresDown::stop();
+        tokio::time::sleep(Duration::from_secs(35)).await;
+    }
+    p.wait_status(&delivery, "SUCCEEDED", Duration::from_secs(60))
+        .await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE delivery_id = $1")
+        .bind(&delivery)
+        .fetch_one(&p.app.pool)
+        .await
+        .expect("attempts");
+    assert_eq!(rows, 1, "one request sent, one attempt row");
+    assert_eq!(receiver.count(), 1, "the request was not sent again");
+    p.stop().await;
 }
 
 async fn run(scenario: Scenario, events: usize) -> Row {

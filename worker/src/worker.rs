@@ -142,6 +142,9 @@ struct Shared {
     gap_timeout: Duration,
     deferral_max: Duration,
     streak: store::StreakPolicy,
+    /// How long an Attempt's outcome is retried while Postgres is away (the stranded
+    /// window: past it the Delivery is someone else's to resend anyway).
+    finalise_for: Duration,
 }
 
 /// Creates the worker's topics, waiting with a capped back-off while Kafka is away (the
@@ -206,6 +209,7 @@ pub async fn run(
         gap_timeout: config.ordering_gap_timeout,
         deferral_max: config.deferral_max,
         streak: config.streak,
+        finalise_for: config.stranded_after,
     };
     let permits = Arc::new(Semaphore::new(config.max_in_flight));
     let mut scheduler = tokio::time::interval(config.scheduler_interval);
@@ -802,20 +806,40 @@ fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &store::Target) -
     ladder
 }
 
+/// The longest pause between two tries of an outcome's write.
+const FINALISE_MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// Writes an Attempt's outcome behind the Fence, retrying while Postgres does not answer.
+///
+/// Invariant: one attempt row per request sent. A request that went out must leave its row
+/// even when Postgres restarts under it, so the write is retried (backing off to
+/// [`FINALISE_MAX_PAUSE`]) for as long as it could still matter: until it lands, is fenced
+/// out (recorded as a fenced Attempt), or `finalise_for` (the stranded window) has passed.
+/// Giving up after a few seconds, as this once did, lost the row of every request that
+/// finished during a Postgres restart. Each try is one transaction; a try whose commit
+/// succeeded but whose answer was lost with the connection is retried and then lands as a
+/// fenced Attempt (the Claim is gone): a second row for that one request, never a lost one.
 async fn finalise_with_retry(
     shared: &Shared,
     claimed: &Claimed,
     report: &crate::attempt::Report,
     decision: &Decision,
 ) -> Option<bool> {
-    for pause in [0u64, 200, 1_000, 5_000] {
-        tokio::time::sleep(Duration::from_millis(pause)).await;
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(200);
+    loop {
         match resolve(shared, claimed, Resolution::Outcome(report, decision)).await {
             Ok(wrote) => return Some(wrote),
-            Err(e) => tracing::warn!(error = %e, "finalise failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, delivery_id = %claimed.id, "finalise failed; retrying")
+            }
         }
+        if started.elapsed() >= shared.finalise_for {
+            return None;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(FINALISE_MAX_PAUSE);
     }
-    None
 }
 
 fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
