@@ -64,7 +64,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
     );
     // A stalls past the processing timeout; the sweep hands the row back; B claims it.
     assert_eq!(
-        store::sweep_processing(&app.pool, 0.0, 3600.0)
+        store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
             .await
             .expect("sweep"),
         1
@@ -145,7 +145,7 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
     // does not sweep it (that re-claimed rows in a loop under Kafka lag), the hint window
     // would.
     assert_eq!(
-        store::sweep_processing(&app.pool, 0.0, 3600.0)
+        store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
             .await
             .expect("sweep"),
         0
@@ -160,7 +160,7 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
     assert!(one.is_some() && two.is_none());
     // Once a consumer swapped the token in, it is a worker's Claim like any other.
     assert_eq!(
-        store::sweep_processing(&app.pool, 0.0, 3600.0)
+        store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
             .await
             .expect("sweep"),
         1
@@ -170,7 +170,7 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
         .expect("claim")
         .expect("the swept row is claimable again");
     assert!(
-        store::sweep_processing(&app.pool, 3600.0, 3600.0)
+        store::sweep_processing(&app.pool, 3600.0, 3600.0, 3600.0)
             .await
             .expect("sweep")
             == 0,
@@ -241,5 +241,55 @@ async fn duplicate_hints_in_kafka_deliver_once_across_two_workers() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(receiver.count(), 1, "a duplicate hint reached the receiver");
     assert!(p.worker_metrics.claim_misses.get() >= 5);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_round_whose_worker_died_before_publishing_is_recovered_in_minutes_not_an_hour() {
+    // A worker's retry scheduler took a due row and was killed before its hint was
+    // acknowledged: simulated by taking the row here, as `claim_due` does, and publishing
+    // nothing. The running worker's sweep must hand it back within the unpublished window
+    // (twice the 3 s message timeout here), not the stranded window (an hour).
+    let p = Pipeline::start(|s| {
+        s.kafka_message_timeout_ms = 3_000;
+        s.retry_scheduler_ms = 3_600_000;
+    })
+    .await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    let (_, delivery) = p.send(json!({"n": 1})).await;
+    p.wait_status(&delivery, "SUCCEEDED", Duration::from_secs(30))
+        .await;
+    sqlx::query(
+        "UPDATE deliveries SET status = 'PENDING', next_retry_at = now() - interval '1 second'
+         WHERE id = $1",
+    )
+    .bind(&delivery)
+    .execute(&p.app.pool)
+    .await
+    .expect("due again");
+    let taken = store::claim_due(&p.app.pool, 10).await.expect("claim_due");
+    assert_eq!(taken.len(), 1, "the killed scheduler's round");
+    // Nothing was published; the row is PROCESSING with a scheduler's token.
+    support::eventually(
+        "the row handed back by the sweep",
+        Duration::from_secs(30),
+        || async {
+            let status: String = sqlx::query_scalar("SELECT status FROM deliveries WHERE id = $1")
+                .bind(&delivery)
+                .fetch_one(&p.app.pool)
+                .await
+                .ok()?;
+            (status == "PENDING").then_some(())
+        },
+    )
+    .await;
+    assert!(
+        p.worker_metrics
+            .swept
+            .with_label_values(&["processing"])
+            .get()
+            >= 1
+    );
     p.stop().await;
 }

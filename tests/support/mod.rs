@@ -298,12 +298,25 @@ pub struct PrivateRedis {
 }
 
 /// A free TCP port on 127.0.0.1, chosen by the kernel.
+/// A free loopback port, never one this test process was handed before. The port is
+/// released before a child process binds it, so two calls could otherwise return the same
+/// port for two processes of one stack (the kernel reuses a released port at random): one
+/// would fail to bind, and a test waiting on the other's `/readyz` (the API and the metrics
+/// listeners both serve it) would talk to the wrong server.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 impl PrivateRedis {

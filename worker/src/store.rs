@@ -416,6 +416,26 @@ pub async fn claim_due(
         .collect())
 }
 
+/// After the retry scheduler's hints were acknowledged by Kafka: the rows are marked as
+/// published (`next_retry_at` cleared; it was the due time, which a row in flight no longer
+/// needs). A row the scheduler took but never got published (its worker was killed in the
+/// middle of a round) keeps its due time, and the processing sweep hands it back after a few
+/// minutes instead of the stranded window's hour. A row a consumer already swapped (another
+/// token) is left alone.
+pub async fn mark_published(pool: &PgPool, tokens: &[Uuid]) -> Result<u64, sqlx::Error> {
+    if tokens.is_empty() {
+        return Ok(0);
+    }
+    let marked = sqlx::query!(
+        "UPDATE deliveries SET next_retry_at = NULL
+         WHERE claim_token = ANY($1) AND status = 'PROCESSING' AND hinted_at IS NOT NULL",
+        tokens
+    )
+    .execute(pool)
+    .await?;
+    Ok(marked.rows_affected())
+}
+
 /// Hands a row back when the scheduler could not publish it (only then may it write again).
 pub async fn unclaim(pool: &PgPool, id: &str, token: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query!(
@@ -436,18 +456,24 @@ pub async fn sweep_processing(
     pool: &PgPool,
     older_than_secs: f64,
     hint_lost_after_secs: f64,
+    unpublished_after_secs: f64,
 ) -> Result<u64, sqlx::Error> {
     // A worker's Claim (hinted_at NULL) is stale after the processing timeout. A row whose
     // RetryHint is still queued (hinted_at set) is not held by anyone yet: only after the
-    // stranded window is its hint taken as lost.
+    // stranded window is its hint taken as lost. A row the scheduler took whose hint was
+    // never acknowledged (next_retry_at still set, see `mark_published`) is taken back after
+    // `unpublished_after_secs`, longer than a publish may take.
     let swept = sqlx::query!(
         "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, next_retry_at = now(),
                 hinted_at = NULL, updated_at = now(), version = version + 1
          WHERE status = 'PROCESSING'
            AND ((hinted_at IS NULL AND last_attempt_at < now() - make_interval(secs => $1))
-             OR hinted_at < now() - make_interval(secs => $2))",
+             OR hinted_at < now() - make_interval(secs => $2)
+             OR (next_retry_at IS NOT NULL
+                 AND hinted_at < now() - make_interval(secs => $3)))",
         older_than_secs,
-        hint_lost_after_secs
+        hint_lost_after_secs,
+        unpublished_after_secs
     )
     .execute(pool)
     .await?;

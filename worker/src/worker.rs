@@ -901,6 +901,7 @@ async fn schedule_retries(
         }
     };
     let mut due = due.into_iter();
+    let mut published = Vec::new();
     while let Some((delivery_id, endpoint_id, token)) = due.next() {
         let hint = RetryHint {
             delivery_id,
@@ -912,8 +913,12 @@ async fn schedule_retries(
             .key(&hint.endpoint_id)
             .payload(&payload);
         match producer.send(record, Duration::from_secs(5)).await {
-            Ok(_) => shared.metrics.retries_published.inc(),
+            Ok(_) => {
+                shared.metrics.retries_published.inc();
+                published.push(hint.token);
+            }
             Err((e, _)) => {
+                mark_published(shared, &published).await;
                 tracing::warn!(error = %e, "retry hint not published; handing the round's deliveries back");
                 let _ = store::unclaim(&shared.pool, &hint.delivery_id, hint.token).await;
                 for (id, _, token) in due {
@@ -923,7 +928,23 @@ async fn schedule_retries(
             }
         }
     }
+    mark_published(shared, &published).await;
     Ok(())
+}
+
+/// Best-effort: a row left unmarked is swept back after the unpublished window and hinted
+/// again, which the Claim absorbs.
+async fn mark_published(shared: &Shared, tokens: &[Uuid]) {
+    if let Err(e) = store::mark_published(&shared.pool, tokens).await {
+        tracing::warn!(error = %e, hints = tokens.len(), "published hints not marked; the sweep will hint them again");
+    }
+}
+
+/// How long a row the scheduler took may wait for its hint's acknowledgement before the
+/// sweep takes it back: twice the producer's whole retry budget for one message (4 min by
+/// default). Taking one back early costs only a second hint, which the Claim absorbs.
+fn unpublished_window(config: &WorkerConfig) -> Duration {
+    config.message_timeout * 2
 }
 
 async fn sweeps(shared: &Shared, config: &WorkerConfig) {
@@ -931,6 +952,7 @@ async fn sweeps(shared: &Shared, config: &WorkerConfig) {
         &shared.pool,
         config.processing_timeout.as_secs_f64(),
         config.stranded_after.as_secs_f64(),
+        unpublished_window(config).as_secs_f64(),
     )
     .await
     {
