@@ -293,3 +293,39 @@ async fn a_retry_round_whose_worker_died_before_publishing_is_recovered_in_minut
     );
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announcement_of_a_newer_version_is_claimed_not_dropped() {
+    // A rolling deploy: a newer relay writes version 2, with fields this worker does not
+    // know. The worker must still claim the Delivery it names (before: the message was
+    // counted as bad and its offset stored, so the Delivery waited an hour for the sweep).
+    let mut p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    let (endpoint, _) = p.endpoint(&receiver.url, 5_000).await;
+    p.stop_relay().await;
+    let (_, delivery) = p.send(json!({"n": 2})).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &p.settings.kafka_brokers)
+        .create()
+        .expect("producer");
+    let topic = railhook_common::kafka::deliveries_topic(&p.settings.topic_prefix);
+    let v2 = json!({
+        "v": 2,
+        "delivery_id": delivery,
+        "endpoint_id": endpoint,
+        "route": {"shard": 4, "reason": "CREATED"},
+    })
+    .to_string();
+    producer
+        .send(
+            FutureRecord::to(&topic).key(&endpoint).payload(&v2),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("produce");
+    p.wait_status(&delivery, "SUCCEEDED", Duration::from_secs(30))
+        .await;
+    assert_eq!(receiver.count(), 1);
+    assert_eq!(p.worker_metrics.bad_hints.get(), 0);
+    p.stop().await;
+}

@@ -5,10 +5,26 @@
 //! republishes after a crash, Kafka redelivers) therefore costs one failed Claim and nothing
 //! else. The Kafka key is the endpoint id, so all of an endpoint's work lands on one
 //! partition. The value is versioned JSON so old and new processes can overlap in a deploy.
+//!
+//! Versions and rolling deploys: this release writes version 1 and reads every version.
+//! Two fields are fixed for every version, now and later: `v` and `delivery_id`. Since the
+//! message is only a hint and the Claim reads everything else from the Delivery row, a
+//! reader that meets a version newer than its own claims the Delivery it names
+//! ([`Announcement::delivery_of_any_version`]) instead of dropping it: a deploy that
+//! changes the format loses nothing and waits for nothing, whichever worker reads the
+//! message. A change that would alter what `delivery_id` means is a new topic, not a new
+//! version.
 
 use serde::{Deserialize, Serialize};
 
 pub const ANNOUNCEMENT_VERSION: u8 = 1;
+
+/// What every version of an Announcement carries.
+#[derive(Deserialize)]
+struct AnyVersion {
+    v: u8,
+    delivery_id: String,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Announcement {
@@ -43,13 +59,23 @@ impl Announcement {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
+    /// The version and the Delivery of an Announcement of any version (see the module doc).
+    pub fn delivery_of_any_version(bytes: &[u8]) -> Result<(u8, String), AnnouncementError> {
+        let a: AnyVersion = serde_json::from_slice(bytes).map_err(AnnouncementError::Malformed)?;
+        Ok((a.v, a.delivery_id))
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<Self, AnnouncementError> {
-        let a: Announcement =
-            serde_json::from_slice(bytes).map_err(AnnouncementError::Malformed)?;
-        if a.v != ANNOUNCEMENT_VERSION {
-            return Err(AnnouncementError::UnknownVersion(a.v));
+        // The version first: a newer one may change any other field's shape.
+        #[derive(Deserialize)]
+        struct Version {
+            v: u8,
         }
-        Ok(a)
+        let Version { v } = serde_json::from_slice(bytes).map_err(AnnouncementError::Malformed)?;
+        if v != ANNOUNCEMENT_VERSION {
+            return Err(AnnouncementError::UnknownVersion(v));
+        }
+        serde_json::from_slice(bytes).map_err(AnnouncementError::Malformed)
     }
 }
 
@@ -76,5 +102,20 @@ mod tests {
             Err(AnnouncementError::UnknownVersion(9))
         ));
         assert!(Announcement::decode(b"{").is_err());
+    }
+
+    #[test]
+    fn a_newer_version_still_names_its_delivery() {
+        let newer =
+            br#"{"v": 2, "delivery_id": "dlv_9", "shard": 4, "reason": {"kind": "CREATED"}}"#;
+        assert!(matches!(
+            Announcement::decode(newer),
+            Err(AnnouncementError::UnknownVersion(2))
+        ));
+        assert_eq!(
+            Announcement::delivery_of_any_version(newer).expect("any version"),
+            (2, "dlv_9".to_owned())
+        );
+        assert!(Announcement::delivery_of_any_version(br#"{"v": 3}"#).is_err());
     }
 }

@@ -188,6 +188,14 @@ impl Pipeline {
         }
     }
 
+    /// Stops the relay (the first task started); workers keep running.
+    pub async fn stop_relay(&mut self) {
+        if !self.stops.is_empty() {
+            self.stops.remove(0);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
     pub async fn stop(mut self) {
         self.stops.clear();
         tokio::time::sleep(Duration::from_millis(200)).await;

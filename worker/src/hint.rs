@@ -1,5 +1,10 @@
 //! The retry hint: what the retry scheduler publishes for a due Delivery it claimed. It
 //! carries the scheduler's token, which the consumer swaps for its own (see `store::swap`).
+//!
+//! Versions, as for the Announcement: this release writes version 1 and reads every
+//! version; `v`, `delivery_id`, `endpoint_id` and `token` keep their meaning in every
+//! version, so a hint from a newer scheduler in a rolling deploy is swapped like any other
+//! (the swap needs the exact token, so nothing is guessed).
 
 use serde_json::json;
 use uuid::Uuid;
@@ -20,7 +25,7 @@ impl RetryHint {
 
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-        if v["v"] != 1 {
+        if v["v"].as_u64().is_none_or(|version| version < 1) {
             return None;
         }
         Some(Self {
@@ -42,8 +47,14 @@ mod tests {
             endpoint_id: "ep_1".into(),
             token: Uuid::new_v4(),
         };
-        assert_eq!(RetryHint::decode(&h.encode()), Some(h));
+        assert_eq!(RetryHint::decode(&h.encode()), Some(h.clone()));
         assert_eq!(RetryHint::decode(b"{\"v\":2}"), None);
+        let newer = format!(
+            r#"{{"v": 2, "delivery_id": "dlv_1", "endpoint_id": "ep_1", "token": "{}", "extra": [1]}}"#,
+            h.token
+        );
+        assert_eq!(RetryHint::decode(newer.as_bytes()), Some(h.clone()));
+        assert_eq!(RetryHint::decode(b"{\"v\":0,\"delivery_id\":\"d\"}"), None);
         assert_eq!(RetryHint::decode(b"nonsense"), None);
     }
 }

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use railhook_common::announcement::Announcement;
+use railhook_common::announcement::{Announcement, AnnouncementError};
 use railhook_common::config::{ConfigError, Settings};
 use railhook_common::health::{Backoff, Dependencies};
 use railhook_common::kafka::{self, KafkaConnection};
@@ -482,6 +482,18 @@ async fn on_batch(
         } else {
             match Announcement::decode(payload) {
                 Ok(a) => announced.push(a.delivery_id),
+                // A newer release's Announcement (a rolling deploy): it still names its
+                // Delivery, and the Claim reads the rest from the row, so it is claimed
+                // like any other rather than dropped (common/src/announcement.rs).
+                Err(AnnouncementError::UnknownVersion(_)) => {
+                    match Announcement::delivery_of_any_version(payload) {
+                        Ok((v, id)) => {
+                            tracing::info!(version = v, delivery_id = %id, "announcement of a newer version; claiming the delivery it names");
+                            announced.push(id);
+                        }
+                        Err(_) => shared.metrics.bad_hints.inc(),
+                    }
+                }
                 Err(_) => shared.metrics.bad_hints.inc(),
             }
         }
