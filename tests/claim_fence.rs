@@ -33,6 +33,17 @@ fn report(outcome: Outcome) -> Report {
     }
 }
 
+/// Claims one Delivery with the statement production runs (`claim_batch`, which the
+/// worker uses for every batch of Announcements).
+async fn claim_one(pool: &sqlx::PgPool, id: &str) -> Option<store::Claimed> {
+    store::claim_batch(pool, &[id.to_owned()])
+        .await
+        .expect("claim")
+        .into_iter()
+        .next()
+        .map(|(claimed, _)| claimed)
+}
+
 /// An app with one endpoint and one Event: returns the app and the Delivery's id.
 async fn one_pending_delivery() -> (support::TestApp, String) {
     let app = spawn_app().await;
@@ -52,16 +63,8 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
     let (app, id) = one_pending_delivery().await;
 
     // Worker A claims; a duplicate hint claims nothing.
-    let a = store::claim(&app.pool, &id, Uuid::new_v4())
-        .await
-        .expect("claim")
-        .expect("won");
-    assert!(
-        store::claim(&app.pool, &id, Uuid::new_v4())
-            .await
-            .expect("claim")
-            .is_none()
-    );
+    let a = claim_one(&app.pool, &id).await.expect("won");
+    assert!(claim_one(&app.pool, &id).await.is_none());
     // A stalls past the processing timeout; the sweep hands the row back; B claims it.
     assert_eq!(
         store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
@@ -69,10 +72,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
             .expect("sweep"),
         1
     );
-    let b = store::claim(&app.pool, &id, Uuid::new_v4())
-        .await
-        .expect("claim")
-        .expect("won");
+    let b = claim_one(&app.pool, &id).await.expect("won");
     // B finishes first: its outcome counts. A wakes: its outcome lands on nothing.
     assert!(
         store::finalise(
@@ -112,10 +112,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
 #[tokio::test]
 async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
     let (app, id) = one_pending_delivery().await;
-    let c = store::claim(&app.pool, &id, Uuid::new_v4())
-        .await
-        .expect("claim")
-        .expect("won");
+    let c = claim_one(&app.pool, &id).await.expect("won");
     let retry = Decision::RetryAfter(Duration::ZERO);
     assert!(
         store::finalise(
@@ -165,9 +162,8 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
             .expect("sweep"),
         1
     );
-    let taken_back = store::claim(&app.pool, &id, Uuid::new_v4())
+    let taken_back = claim_one(&app.pool, &id)
         .await
-        .expect("claim")
         .expect("the swept row is claimable again");
     assert!(
         store::sweep_processing(&app.pool, 3600.0, 3600.0, 3600.0)

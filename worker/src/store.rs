@@ -30,26 +30,6 @@ pub struct Claimed {
     pub deferral_count: i32,
 }
 
-/// The Claim (duplicate windows 4 and 5): one worker gets the row back; every other copy of
-/// the hint — a republished Outbox row, a rebalance replay — matches nothing.
-pub async fn claim(pool: &PgPool, id: &str, token: Uuid) -> Result<Option<Claimed>, sqlx::Error> {
-    sqlx::query_as!(
-        Claimed,
-        r#"UPDATE deliveries
-           SET status = 'PROCESSING', claim_token = $2, last_attempt_at = now(),
-               updated_at = now(), version = version + 1
-           WHERE id = $1 AND status = 'PENDING'
-             AND (next_retry_at IS NULL OR next_retry_at <= now())
-           RETURNING id, claim_token AS "token!", attempt_count, event_id, endpoint_id,
-                     direction, sequence_number, ladder_started_at,
-                     (ordered AND ordering_skipped_at IS NULL) AS "ordered!", deferral_count"#,
-        id,
-        token
-    )
-    .fetch_optional(pool)
-    .await
-}
-
 /// The retry path (duplicate window 5 on the retry topic): the scheduler claimed the row
 /// under its own token and published that token; the consumer takes the row over only while
 /// it still carries it, so a redelivered retry message claims nothing.
@@ -236,6 +216,8 @@ pub struct StreakPolicy {
     pub min_failures: u32,
 }
 
+/// The Claim (duplicate windows 4 and 5), the only one: one worker gets each row; every other
+/// copy of the hint — a republished Outbox row, a rebalance replay — matches nothing.
 /// Claims a batch of hinted Deliveries in one statement (one commit for the whole batch)
 /// and returns each won Claim with what its Attempt needs. A hint repeated in the batch, or
 /// for a row that is not due, simply returns nothing for it.
