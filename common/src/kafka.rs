@@ -455,8 +455,8 @@ mod tests {
         assert_eq!(k.property("sasl.mechanism"), None);
     }
 
-    // No local broker here speaks SASL (tansu 0.6.0 has no SASL listener), so the SASL
-    // settings are checked as librdkafka receives them: librdkafka itself accepts them
+    // No local broker here is set up for SASL (tansu 0.6.0's `--authentication` option is
+    // unexplored), so the SASL settings are checked as librdkafka receives them: librdkafka itself accepts them
     // (`create_native_config` inside `new`), and every client starts from them.
     #[test]
     fn sasl_scram_over_tls_reaches_every_client_config() {
