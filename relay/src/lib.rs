@@ -3,7 +3,10 @@
 //! Kafka acknowledged. See [`relay`] for the loop and its invariants, [`window`] for the
 //! confirmation rule, [`slot`] for the operator's view of the Slot.
 
+mod config;
+mod error;
 pub mod metrics;
+mod outbox;
 pub mod pgoutput;
 pub mod relay;
 pub mod slot;

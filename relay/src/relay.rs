@@ -38,24 +38,25 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use futures::channel::oneshot::Canceled;
 use futures::stream::FuturesUnordered;
-use pgwire_replication::{
-    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
-};
-use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
-use railhook_common::config::{ConfigError, Settings};
-use railhook_common::health::{self, Backoff, Dependencies};
-use railhook_common::kafka::KafkaConnection;
-use railhook_common::postgres_url::{self, PostgresTarget, RootCerts};
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use railhook_common::announcement::Announcement;
+use railhook_common::health::{Backoff, Dependencies};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgConnection;
 
 use crate::metrics::RelayMetrics;
-use crate::pgoutput::{self, Column, DecodeError, PgOutput, Relation};
+use crate::pgoutput::{self, PgOutput, Relation};
 use crate::slot::{self, SlotError};
 use crate::window::{Committed, Window};
 use railhook_common::kafka as producer;
+
+pub use crate::config::RelayConfig;
+use crate::config::replication_tls;
+pub use crate::error::RelayError;
+use crate::error::stream_error;
+use crate::outbox::announcement;
 
 /// How often a standby asks for the Slot again.
 const STANDBY_RETRY: Duration = Duration::from_millis(500);
@@ -72,64 +73,6 @@ const PRUNE_BATCH: i64 = 5_000;
 /// Seconds between the Unix epoch and Postgres' epoch (2000-01-01).
 const PG_EPOCH_OFFSET_SECS: i64 = 946_684_800;
 
-#[derive(Debug, Clone)]
-pub struct RelayConfig {
-    /// The replication stream's and the control connection's Postgres
-    /// (`RAILHOOK_REPLICATION_DATABASE_URL`, else `DATABASE_URL`).
-    pub postgres: PostgresTarget,
-    pub kafka: KafkaConnection,
-    pub slot: String,
-    pub publication: String,
-    pub topic: String,
-    pub partitions: i32,
-    pub replication_factor: i32,
-    pub message_timeout: Duration,
-    pub max_in_flight: usize,
-    pub max_in_flight_bytes: usize,
-    pub heartbeat_interval: Duration,
-    pub status_interval: Duration,
-    pub outbox_retention: Duration,
-}
-
-impl RelayConfig {
-    pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
-        let postgres = s.replication_postgres()?;
-        // pgwire-replication checks a verify-full certificate only against a host *name*:
-        // an IP address there is refused at every connect. Say so once, at start.
-        if postgres.ssl_mode == postgres_url::SslMode::VerifyFull
-            && postgres.host.parse::<std::net::IpAddr>().is_ok()
-        {
-            return Err(ConfigError::Invalid {
-                field: if s.replication_database_url.is_some() {
-                    "replication_database_url"
-                } else {
-                    "database_url"
-                },
-                problem: format!(
-                    "uses sslmode=verify-full with the IP address {}: the replication stream \
-                     verifies host names only; use the name in the server's certificate",
-                    postgres.host
-                ),
-            });
-        }
-        Ok(Self {
-            postgres,
-            kafka: s.kafka(),
-            slot: s.slot.clone(),
-            publication: s.publication.clone(),
-            topic: producer::deliveries_topic(&s.topic_prefix),
-            partitions: s.kafka_partitions,
-            replication_factor: s.kafka_replication_factor,
-            message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
-            max_in_flight: s.relay_max_in_flight,
-            max_in_flight_bytes: s.relay_max_in_flight_bytes,
-            heartbeat_interval: Duration::from_millis(s.relay_heartbeat_ms),
-            status_interval: Duration::from_millis(s.relay_status_ms),
-            outbox_retention: Duration::from_secs(s.outbox_retention_seconds),
-        })
-    }
-}
-
 /// Fault points for crash tests. Nothing in configuration can set them.
 #[derive(Debug, Default)]
 pub struct Faults {
@@ -138,86 +81,6 @@ pub struct Faults {
     pub crash_after_ack_before_confirm: AtomicBool,
     /// End the session abruptly when an Outbox row was read, before it is produced.
     pub crash_before_produce: AtomicBool,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    #[error(transparent)]
-    Slot(#[from] SlotError),
-    #[error("replication stream failed")]
-    Stream(#[source] PgWireError),
-    #[error("the slot is held by another relay")]
-    SlotBusy,
-    #[error("the replication stream ended")]
-    StreamEnded,
-    #[error("cannot decode the replication stream")]
-    Decode(#[from] DecodeError),
-    #[error("an outbox row lacks its {0} column")]
-    OutboxRow(&'static str),
-    #[error("an insert names relation {0}, which the stream never described")]
-    UnknownRelation(u32),
-    #[error("Kafka client")]
-    Kafka(#[from] KafkaError),
-    #[error("Kafka did not acknowledge an announcement")]
-    Publish(#[source] KafkaError),
-    #[error("injected crash: {0}")]
-    InjectedCrash(&'static str),
-}
-
-impl RelayError {
-    /// Configuration errors: no wait can fix them, so the relay stops and says why. Only a
-    /// certificate refused under the URL's `sslmode` (or TLS settings the driver cannot use)
-    /// is one; the relay never falls back to plaintext or to an unverified connection.
-    fn is_configuration(&self) -> bool {
-        match self {
-            RelayError::Slot(SlotError::Postgres(e)) => health::postgres_is_configuration(e),
-            RelayError::Stream(PgWireError::Tls(_)) => true,
-            _ => false,
-        }
-    }
-
-    /// The Slot cannot be streamed until an operator acts (create it, run the migration).
-    fn is_slot_unusable(&self) -> bool {
-        matches!(
-            self,
-            RelayError::Slot(
-                SlotError::Missing(_) | SlotError::Invalidated(_) | SlotError::NoPublication(_)
-            )
-        )
-    }
-
-    /// The stream holds something this relay cannot read. Retried (slowly) rather than
-    /// stopping: in `railhook all` the API and the worker keep serving meanwhile.
-    fn is_undecodable(&self) -> bool {
-        matches!(
-            self,
-            RelayError::Decode(_) | RelayError::OutboxRow(_) | RelayError::UnknownRelation(_)
-        )
-    }
-
-    /// A short reason for `/readyz`: no server text beyond the SQLSTATE.
-    fn reason(&self) -> String {
-        match self {
-            RelayError::Slot(SlotError::Postgres(e)) => health::postgres_reason(e),
-            RelayError::Stream(PgWireError::Server(msg)) => {
-                let code = msg
-                    .split(|c: char| !c.is_ascii_alphanumeric())
-                    .find(|w| w.len() == 5 && w.chars().any(|c| c.is_ascii_digit()))
-                    .unwrap_or("?");
-                format!("replication stream: server refused (SQLSTATE {code})")
-            }
-            RelayError::Stream(e) => format!("replication stream: {e}"),
-            other => other.to_string(),
-        }
-    }
-}
-
-/// SQLSTATE 55006 (object in use) on START_REPLICATION: another relay streams the Slot.
-fn stream_error(e: PgWireError) -> RelayError {
-    match &e {
-        PgWireError::Server(msg) if msg.contains("55006") => RelayError::SlotBusy,
-        _ => RelayError::Stream(e),
-    }
 }
 
 type Ack = (u64, usize, Result<OwnedDeliveryResult, Canceled>);
@@ -698,30 +561,6 @@ impl Session {
     }
 }
 
-/// The replication stream's TLS, from the same parsed URL as the pools: one mode, one CA.
-fn replication_tls(pg: &PostgresTarget) -> TlsConfig {
-    railhook_common::install_crypto_provider();
-    let mode = match pg.ssl_mode {
-        postgres_url::SslMode::Disable => SslMode::Disable,
-        postgres_url::SslMode::Prefer => SslMode::Prefer,
-        postgres_url::SslMode::Require => SslMode::Require,
-        postgres_url::SslMode::VerifyCa => SslMode::VerifyCa,
-        postgres_url::SslMode::VerifyFull => SslMode::VerifyFull,
-    };
-    let mut tls = TlsConfig {
-        mode,
-        ca_pem_path: match &pg.root_certs {
-            RootCerts::File(path) => Some(path.clone()),
-            RootCerts::System => None,
-        },
-        ..TlsConfig::default()
-    };
-    if let Some((cert, key)) = &pg.client_cert {
-        tls = tls.with_client_cert(cert, key);
-    }
-    tls
-}
-
 fn seconds_since_pg_micros(micros: i64) -> f64 {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -729,31 +568,4 @@ fn seconds_since_pg_micros(micros: i64) -> f64 {
         .unwrap_or(0);
     let then = micros + PG_EPOCH_OFFSET_SECS * 1_000_000;
     ((now - then) as f64 / 1e6).max(0.0)
-}
-
-fn text<'a>(row: &HashMap<&str, &'a Column>, column: &'static str) -> Result<&'a str, RelayError> {
-    match row.get(column) {
-        Some(Column::Text(v)) => Ok(v.as_str()),
-        _ => Err(RelayError::OutboxRow(column)),
-    }
-}
-
-/// The Announcement for one decoded Outbox row.
-fn announcement(
-    relation: &Relation,
-    tuple: &[Column],
-    commit_lsn: Lsn,
-) -> Result<Announcement, RelayError> {
-    let row = pgoutput::named(relation, tuple);
-    Ok(Announcement {
-        v: ANNOUNCEMENT_VERSION,
-        delivery_id: text(&row, "delivery_id")?.to_owned(),
-        endpoint_id: text(&row, "endpoint_id")?.to_owned(),
-        project_id: text(&row, "project_id")?.to_owned(),
-        reason: text(&row, "reason")?.to_owned(),
-        outbox_id: text(&row, "id")?
-            .parse()
-            .map_err(|_| RelayError::OutboxRow("id"))?,
-        commit_lsn: commit_lsn.to_pg_string(),
-    })
 }

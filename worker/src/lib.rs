@@ -4,15 +4,20 @@
 //! for the SQL that decides, [`schedule`] for the retry decision.
 
 pub mod attempt;
+mod config;
+mod consumer;
 pub mod group_watch;
 pub mod hint;
 pub mod limits;
 pub mod metrics;
 pub mod ordering;
+mod resolution;
 pub mod schedule;
+mod scheduler;
 pub mod ssrf;
 pub mod store;
 pub mod worker;
 
+pub use config::{WorkerConfig, WorkerError};
 pub use metrics::WorkerMetrics;
-pub use worker::{WorkerConfig, WorkerError, run};
+pub use worker::run;

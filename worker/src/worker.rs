@@ -25,126 +25,46 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use railhook_common::announcement::{Announcement, AnnouncementError};
-use railhook_common::config::{ConfigError, Settings};
 use railhook_common::health::{Backoff, Dependencies};
-use railhook_common::kafka::{self, KafkaConnection};
+use railhook_common::kafka::{self};
 use railhook_common::retry::Ladder;
 use railhook_common::signing::SigningKey;
-use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::Consumer;
 use rdkafka::message::{BorrowedMessage, Message};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientContext, Statistics};
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::attempt::{Attempt, ClientError, Outcome, Runner};
-use crate::group_watch::{Probe, Stalls};
+use crate::attempt::{Attempt, Outcome, Runner};
+use crate::config::{WorkerConfig, WorkerError};
+use crate::consumer::{AbortOnDrop, orphaned, subscribe, watch_group};
+use crate::group_watch::Probe;
 use crate::hint::RetryHint;
-use crate::limits::{
-    Admission, BreakerPolicy, BreakerState, EndpointLimits, Limits, Reason, Verdict, deferral_wait,
-    rate_hold,
-};
+use crate::limits::{Admission, BreakerState, EndpointLimits, Limits, Reason, Verdict, rate_hold};
 use crate::metrics::WorkerMetrics;
 use crate::ordering::{self, Gate};
+use crate::resolution::{defer, finalise_with_retry, give_up};
 use crate::schedule::{Decision, decide};
-use crate::ssrf::{Allowlist, BadCidr};
+use crate::scheduler::{schedule_retries, sweeps};
+use crate::ssrf::Allowlist;
 use crate::store::{self, Claimed};
-
-#[derive(Debug, Clone)]
-pub struct WorkerConfig {
-    pub kafka: KafkaConnection,
-    pub deliveries_topic: String,
-    pub retries_topic: String,
-    pub group: String,
-    pub partitions: i32,
-    pub replication_factor: i32,
-    pub max_in_flight: usize,
-    pub outgoing: Ladder,
-    pub incoming: Ladder,
-    pub scheduler_interval: Duration,
-    pub sweep_interval: Duration,
-    pub processing_timeout: Duration,
-    pub stranded_after: Duration,
-    /// See [`crate::group_watch`]; `None` turns the guard off.
-    pub stall_rejoin_after: Option<Duration>,
-    pub allow_private_targets: String,
-    pub message_timeout: Duration,
-    pub redis: railhook_common::redis_client::RedisClient,
-    pub breaker: BreakerPolicy,
-    pub ordering_gap_timeout: Duration,
-    pub deferral_max: Duration,
-    pub streak: store::StreakPolicy,
-}
-
-impl WorkerConfig {
-    pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
-        Ok(Self {
-            kafka: s.kafka(),
-            deliveries_topic: kafka::deliveries_topic(&s.topic_prefix),
-            retries_topic: kafka::retries_topic(&s.topic_prefix),
-            group: s.worker_group.clone(),
-            partitions: s.kafka_partitions,
-            replication_factor: s.kafka_replication_factor,
-            max_in_flight: s.worker_max_in_flight,
-            outgoing: s.outgoing_ladder(),
-            incoming: s.incoming_ladder(),
-            scheduler_interval: Duration::from_millis(s.retry_scheduler_ms),
-            sweep_interval: Duration::from_millis(s.sweep_ms),
-            processing_timeout: Duration::from_secs(s.processing_timeout_seconds),
-            stranded_after: Duration::from_secs(s.stranded_after_seconds),
-            stall_rejoin_after: (s.worker_stall_rejoin_seconds > 0)
-                .then(|| Duration::from_secs(s.worker_stall_rejoin_seconds)),
-            allow_private_targets: s.allow_private_targets.clone(),
-            message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
-            redis: s.redis_client()?,
-            breaker: BreakerPolicy {
-                consecutive_failures: s.breaker_consecutive_failures,
-                failure_rate: s.breaker_failure_rate,
-                min_requests: s.breaker_min_requests,
-                window: Duration::from_secs(s.breaker_window_seconds),
-                cooldown: Duration::from_secs(s.breaker_cooldown_seconds),
-                probe_lease: Duration::from_secs(60),
-            },
-            ordering_gap_timeout: Duration::from_secs(s.ordering_gap_timeout_seconds),
-            deferral_max: Duration::from_secs(s.deferral_max_seconds),
-            streak: store::StreakPolicy {
-                disable_after: Duration::from_secs(s.endpoint_disable_after_seconds),
-                min_failures: s.endpoint_disable_min_failures,
-            },
-        })
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    #[error("Kafka")]
-    Kafka(#[from] KafkaError),
-    #[error("RAILHOOK_ALLOW_PRIVATE_TARGETS")]
-    Allowlist(#[from] BadCidr),
-    #[error(transparent)]
-    Client(#[from] ClientError),
-    #[error("REDIS_URL")]
-    Redis(#[from] redis::RedisError),
-}
 
 /// Everything an Attempt task needs; cheap to clone.
 #[derive(Clone)]
-struct Shared {
-    pool: PgPool,
-    runner: Runner,
-    metrics: WorkerMetrics,
-    outgoing: Ladder,
-    incoming: Ladder,
-    limits: Limits,
-    gap_timeout: Duration,
-    deferral_max: Duration,
-    streak: store::StreakPolicy,
+pub(crate) struct Shared {
+    pub(crate) pool: PgPool,
+    pub(crate) runner: Runner,
+    pub(crate) metrics: WorkerMetrics,
+    pub(crate) outgoing: Ladder,
+    pub(crate) incoming: Ladder,
+    pub(crate) limits: Limits,
+    pub(crate) gap_timeout: Duration,
+    pub(crate) deferral_max: Duration,
+    pub(crate) streak: store::StreakPolicy,
     /// How long an Attempt's outcome is retried while Postgres is away (the stranded
     /// window: past it the Delivery is someone else's to resend anyway).
-    finalise_for: Duration,
+    pub(crate) finalise_for: Duration,
 }
 
 /// Creates the worker's topics, waiting with a capped back-off while Kafka is away (the
@@ -278,169 +198,6 @@ pub async fn run(
     }
 }
 
-/// Subscribes a new member of the workers' group.
-fn subscribe(
-    config: &WorkerConfig,
-    metrics: &WorkerMetrics,
-) -> Result<StreamConsumer<LagContext>, WorkerError> {
-    let lag = LagContext {
-        lag: metrics.consumer_lag.clone(),
-        deliveries_topic: config.deliveries_topic.clone(),
-        retries_topic: config.retries_topic.clone(),
-    };
-    let consumer: StreamConsumer<LagContext> = config
-        .kafka
-        .client_config()
-        .set("statistics.interval.ms", "5000")
-        .set("group.id", &config.group)
-        .set("enable.auto.commit", "true")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "10")
-        .set("auto.commit.interval.ms", "500")
-        // A worker killed with SIGKILL never says goodbye: the group notices through its
-        // missing heartbeats after the session timeout, and waits at most the rebalance
-        // timeout (max.poll.interval.ms) for members to rejoin. librdkafka's defaults (45 s,
-        // 300 s) left a partition unread for minutes after a worker was killed
-        // (docs/RELIABILITY.md); these bound it to seconds. 60 s between polls is still far
-        // more than a batch waits for permits (Attempts time out at 30 s by default).
-        .set("session.timeout.ms", "10000")
-        .set("heartbeat.interval.ms", "2000")
-        .set("max.poll.interval.ms", "60000")
-        // librdkafka prefetches up to 100,000 messages per partition by default. Under a
-        // backlog, a RetryHint fetched later then waits behind every Announcement fetched
-        // before it, and a partition the worker holds looks unread to the group watch for
-        // as long as that local queue takes to drain (seen: over 30 s at 10,000 Events).
-        // A short prefetch per partition keeps the partitions interleaved; one claim batch
-        // is 500 hints, so 1,000 per partition still keeps the worker fed.
-        .set("queued.min.messages", "1000")
-        .create_with_context(lag)?;
-    consumer.subscribe(&[&config.deliveries_topic, &config.retries_topic])?;
-    Ok(consumer)
-}
-
-/// Stalled partitions, as the group watch saw them at `at`.
-struct Stalled {
-    at: Instant,
-    partitions: Vec<(String, i32)>,
-}
-
-/// Aborts the task when dropped, so the watch ends with `run`.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Reads the group's positions every few seconds (off the async threads: the probe blocks)
-/// and reports the partitions that stalled.
-async fn watch_group(probe: Probe, after: Duration, tx: mpsc::Sender<Stalled>) {
-    let probe = Arc::new(probe);
-    let mut stalls = Stalls::new(after);
-    // A few seconds, jittered, so the workers of a group do not look (and rejoin) in step.
-    let every = (after / 6).max(Duration::from_secs(1));
-    loop {
-        let jitter = rand::random_range(0.75..1.25);
-        tokio::time::sleep(every.mul_f64(jitter)).await;
-        let p = probe.clone();
-        let read = tokio::task::spawn_blocking(move || p.positions(Duration::from_secs(5))).await;
-        let positions = match read {
-            Ok(Ok(positions)) => positions,
-            Ok(Err(e)) => {
-                // The broker is away: what happened meanwhile is unknown, so every clock
-                // starts again (a restarted broker is not a stall).
-                tracing::debug!(error = %e, "group positions not read");
-                stalls = Stalls::new(after);
-                continue;
-            }
-            Err(_) => return,
-        };
-        let partitions = stalls.observe(Instant::now(), &positions);
-        if !partitions.is_empty() {
-            // A full channel means the last report is still unread: this one can wait.
-            let _ = tx.try_send(Stalled {
-                at: Instant::now(),
-                partitions,
-            });
-        }
-    }
-}
-
-/// Whether `report` names a partition this member does not hold: then some other member
-/// holds it and does not read it, or nobody does, and a rejoin makes the coordinator assign
-/// every partition again. A stall of this member's own partitions is its own slowness (a
-/// full in-flight bound, Postgres away), which a rejoin would not cure. A report from before
-/// a long pause of this loop (Postgres away) is stale and ignored.
-fn orphaned(consumer: &StreamConsumer<LagContext>, report: Stalled) -> bool {
-    if report.at.elapsed() > Duration::from_secs(5) {
-        return false;
-    }
-    let Ok(mine) = consumer.assignment() else {
-        return false;
-    };
-    let elements = mine.elements();
-    let held: Vec<(&str, i32)> = elements
-        .iter()
-        .map(|e| (e.topic(), e.partition()))
-        .collect();
-    let orphans: Vec<String> = report
-        .partitions
-        .iter()
-        .filter(|(t, p)| !held.contains(&(t.as_str(), *p)))
-        .map(|(t, p)| format!("{t}/{p}"))
-        .collect();
-    if orphans.is_empty() {
-        return false;
-    }
-    tracing::warn!(
-        partitions = %orphans.join(","),
-        "partitions this worker does not hold have not been read; rejoining the consumer group so they are assigned again"
-    );
-    true
-}
-
-/// Reads the consumer's lag per partition out of librdkafka's periodic statistics into
-/// `railhook_worker_consumer_lag`. Each worker reports the partitions assigned to it; the
-/// group's lag is the sum over workers.
-struct LagContext {
-    lag: prometheus::IntGaugeVec,
-    deliveries_topic: String,
-    retries_topic: String,
-}
-
-impl ClientContext for LagContext {
-    fn stats(&self, statistics: Statistics) {
-        // Only the partitions this worker holds now: after a rebalance, a partition it lost
-        // would otherwise keep its last value forever and hide who holds the lag.
-        self.lag.reset();
-        for (name, topic) in statistics.topics {
-            let label = if name == self.deliveries_topic {
-                "deliveries"
-            } else if name == self.retries_topic {
-                "retries"
-            } else {
-                continue;
-            };
-            for (partition, p) in topic.partitions {
-                // -1 is librdkafka's "unassigned" pseudo-partition; a lag of -1 is unknown.
-                // Only partitions this consumer is fetching: librdkafka keeps reporting one
-                // it lost in a rebalance, with its last lag, as fetch state "none".
-                if partition < 0 || !p.desired || p.fetch_state == "none" {
-                    continue;
-                }
-                let gauge = self
-                    .lag
-                    .with_label_values(&[label, partition.to_string().as_str()]);
-                gauge.set(p.consumer_lag.max(0));
-            }
-        }
-    }
-}
-
-impl ConsumerContext for LagContext {}
-
 /// Most hints claimed in one statement.
 const CLAIM_BATCH: usize = 256;
 
@@ -543,78 +300,6 @@ async fn on_batch(
             }
             .instrument(span),
         );
-    }
-}
-
-/// Ends a claimed Delivery as FAILED without sending anything; counted only if it wrote.
-async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) {
-    if let Ok(true) = resolve(shared, claimed, Resolution::Unsent(reason)).await {
-        shared.metrics.failed_messages.inc();
-    }
-}
-
-/// A write that ends a claimed Delivery's turn.
-enum Resolution<'a> {
-    /// The Attempt's outcome, through `store::finalise`.
-    Outcome(&'a crate::attempt::Report, &'a Decision),
-    /// FAILED without an Attempt.
-    Unsent(&'a str),
-}
-
-async fn write_resolution(
-    db: impl sqlx::PgExecutor<'_>,
-    shared: &Shared,
-    claimed: &Claimed,
-    what: &Resolution<'_>,
-) -> sqlx::Result<bool> {
-    match what {
-        Resolution::Outcome(report, decision) => {
-            store::finalise(db, claimed, report, decision, &shared.streak).await
-        }
-        Resolution::Unsent(reason) => store::fail_unsent(db, claimed, reason).await,
-    }
-}
-
-/// Writes a Resolution behind the Fence. For an ordered Delivery that resolves (SUCCEEDED
-/// or FAILED, not a retry), the write runs under the endpoint's ordering lock and, if it
-/// landed, releases the next parked Delivery in the same transaction (see `ordering`).
-async fn resolve(shared: &Shared, claimed: &Claimed, what: Resolution<'_>) -> sqlx::Result<bool> {
-    let resolves = !matches!(what, Resolution::Outcome(_, Decision::RetryAfter(_)));
-    if !(claimed.ordered && resolves) {
-        return write_resolution(&shared.pool, shared, claimed, &what).await;
-    }
-    let mut tx = ordering::begin_resolve(&shared.pool, &claimed.endpoint_id).await?;
-    let wrote = write_resolution(&mut *tx, shared, claimed, &what).await?;
-    let mut released = false;
-    if wrote && let Some(seq) = claimed.sequence_number {
-        released = ordering::release_next(&mut tx, &claimed.endpoint_id, seq).await?;
-    }
-    tx.commit().await?;
-    if released {
-        shared.metrics.ordering_released.inc();
-    }
-    Ok(wrote)
-}
-
-/// A Deferral: the Claim goes back, no Attempt is spent.
-async fn defer(shared: &Shared, claimed: &Claimed, reason: Reason, asked: Duration) {
-    let wait = deferral_wait(
-        reason,
-        asked,
-        claimed.deferral_count,
-        shared.deferral_max,
-        rand::random::<f64>(),
-    );
-    match store::defer(&shared.pool, claimed, wait).await {
-        Ok(true) => shared
-            .metrics
-            .deferrals
-            .with_label_values(&[reason.as_str()])
-            .inc(),
-        Ok(false) => shared.metrics.fence_rejections.inc(),
-        Err(e) => {
-            tracing::warn!(error = %e, delivery_id = %claimed.id, "deferral not written; the sweep will hand the delivery back")
-        }
     }
 }
 
@@ -818,42 +503,6 @@ fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &store::Target) -
     ladder
 }
 
-/// The longest pause between two tries of an outcome's write.
-const FINALISE_MAX_PAUSE: Duration = Duration::from_secs(5);
-
-/// Writes an Attempt's outcome behind the Fence, retrying while Postgres does not answer.
-///
-/// Invariant: one attempt row per request sent. A request that went out must leave its row
-/// even when Postgres restarts under it, so the write is retried (backing off to
-/// [`FINALISE_MAX_PAUSE`]) for as long as it could still matter: until it lands, is fenced
-/// out (recorded as a fenced Attempt), or `finalise_for` (the stranded window) has passed.
-/// Giving up after a few seconds, as this once did, lost the row of every request that
-/// finished during a Postgres restart. Each try is one transaction; a try whose commit
-/// succeeded but whose answer was lost with the connection is retried and then lands as a
-/// fenced Attempt (the Claim is gone): a second row for that one request, never a lost one.
-async fn finalise_with_retry(
-    shared: &Shared,
-    claimed: &Claimed,
-    report: &crate::attempt::Report,
-    decision: &Decision,
-) -> Option<bool> {
-    let started = Instant::now();
-    let mut pause = Duration::from_millis(200);
-    loop {
-        match resolve(shared, claimed, Resolution::Outcome(report, decision)).await {
-            Ok(wrote) => return Some(wrote),
-            Err(e) => {
-                tracing::warn!(error = %e, delivery_id = %claimed.id, "finalise failed; retrying")
-            }
-        }
-        if started.elapsed() >= shared.finalise_for {
-            return None;
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(FINALISE_MAX_PAUSE);
-    }
-}
-
 fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
     let mut keys = vec![SigningKey::parse(&target.secret).ok()?];
     if let Some(prev) = &target.previous_secret {
@@ -893,112 +542,4 @@ fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
         sequence_number: claimed.sequence_number,
         content_type,
     })
-}
-
-/// The retry scheduler: claims due rows and publishes a hint for each. Once a hint is
-/// acknowledged by Kafka the scheduler never writes that row again (the consumer owns it);
-/// only a failed publish hands the row back. The first failed publish ends the round and
-/// hands back the rest too: the broker is away, and trying each hint would hold the loop for
-/// a message timeout apiece.
-async fn schedule_retries(
-    shared: &Shared,
-    config: &WorkerConfig,
-    producer: &FutureProducer,
-) -> Result<(), KafkaError> {
-    let due = match store::claim_due(&shared.pool, 500).await {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::warn!(error = %e, "retry scheduler could not read due deliveries");
-            return Ok(());
-        }
-    };
-    let mut due = due.into_iter();
-    let mut published = Vec::new();
-    while let Some((delivery_id, endpoint_id, token)) = due.next() {
-        let hint = RetryHint {
-            delivery_id,
-            endpoint_id,
-            token,
-        };
-        let payload = hint.encode();
-        let record = FutureRecord::to(&config.retries_topic)
-            .key(&hint.endpoint_id)
-            .payload(&payload);
-        match producer.send(record, Duration::from_secs(5)).await {
-            Ok(_) => {
-                shared.metrics.retries_published.inc();
-                published.push(hint.token);
-            }
-            Err((e, _)) => {
-                mark_published(shared, &published).await;
-                tracing::warn!(error = %e, "retry hint not published; handing the round's deliveries back");
-                let _ = store::unclaim(&shared.pool, &hint.delivery_id, hint.token).await;
-                for (id, _, token) in due {
-                    let _ = store::unclaim(&shared.pool, &id, token).await;
-                }
-                return Err(e);
-            }
-        }
-    }
-    mark_published(shared, &published).await;
-    Ok(())
-}
-
-/// Best-effort: a row left unmarked is swept back after the unpublished window and hinted
-/// again, which the Claim absorbs.
-async fn mark_published(shared: &Shared, tokens: &[Uuid]) {
-    if let Err(e) = store::mark_published(&shared.pool, tokens).await {
-        tracing::warn!(error = %e, hints = tokens.len(), "published hints not marked; the sweep will hint them again");
-    }
-}
-
-/// How long a row the scheduler took may wait for its hint's acknowledgement before the
-/// sweep takes it back: twice the producer's whole retry budget for one message (4 min by
-/// default). Taking one back early costs only a second hint, which the Claim absorbs.
-fn unpublished_window(config: &WorkerConfig) -> Duration {
-    config.message_timeout * 2
-}
-
-async fn sweeps(shared: &Shared, config: &WorkerConfig) {
-    match store::sweep_processing(
-        &shared.pool,
-        config.processing_timeout.as_secs_f64(),
-        config.stranded_after.as_secs_f64(),
-        unpublished_window(config).as_secs_f64(),
-    )
-    .await
-    {
-        Ok(n) => shared
-            .metrics
-            .swept
-            .with_label_values(&["processing"])
-            .inc_by(n),
-        Err(e) => tracing::warn!(error = %e, "processing sweep failed"),
-    }
-    match store::sweep_stranded(&shared.pool, config.stranded_after.as_secs_f64()).await {
-        Ok(n) => shared
-            .metrics
-            .swept
-            .with_label_values(&["stranded"])
-            .inc_by(n),
-        Err(e) => tracing::warn!(error = %e, "stranded sweep failed"),
-    }
-    if let Ok((scheduled, due)) = store::retry_backlog(&shared.pool).await {
-        let backlog = &shared.metrics.retry_backlog;
-        backlog.with_label_values(&["scheduled"]).set(scheduled);
-        backlog.with_label_values(&["due"]).set(due);
-    }
-    if let Ok(counts) = store::breaker_counts(&shared.pool).await {
-        for state in crate::metrics::BREAKER_STATES {
-            let n = counts
-                .iter()
-                .find(|(s, _)| s == state)
-                .map_or(0, |(_, n)| *n);
-            shared
-                .metrics
-                .endpoint_breakers
-                .with_label_values(&[state])
-                .set(n);
-        }
-    }
 }

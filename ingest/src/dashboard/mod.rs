@@ -10,7 +10,9 @@
 //! time) on top of the SameSite cookie; a POST without it changes nothing. Every response
 //! carries a strict Content-Security-Policy (no scripts at all) and `Cache-Control: no-store`.
 
+mod endpoint_pages;
 mod pages;
+mod relay_page;
 
 use axum::Router;
 use axum::extract::{Form, FromRequestParts, Request, State};
@@ -63,12 +65,12 @@ pub fn router() -> Router<AppState> {
             get(pages::replays).post(pages::start_replay),
         )
         .route("/dashboard/replays/{id}", get(pages::replay))
-        .route("/dashboard/endpoints", get(pages::endpoints))
+        .route("/dashboard/endpoints", get(endpoint_pages::endpoints))
         .route(
             "/dashboard/endpoints/{id}/{action}",
-            post(pages::endpoint_action),
+            post(endpoint_pages::endpoint_action),
         )
-        .route("/dashboard/relay", get(pages::relay))
+        .route("/dashboard/relay", get(relay_page::relay))
         .layer(middleware::from_fn(harden))
 }
 

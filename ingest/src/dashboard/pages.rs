@@ -13,9 +13,9 @@ use sqlx::FromRow;
 use super::{CsrfForm, PageError, PageResult, Session, layout, layout_with};
 use crate::pagination::PageRequest;
 use crate::problem::ApiError;
+use crate::routes::deliveries;
 use crate::routes::failed::{FailedFilter, list_failed, retry_matching};
 use crate::routes::replays::{self, NewReplay, Started};
-use crate::routes::{deliveries, endpoints};
 use crate::state::AppState;
 
 const PAGE: i64 = 50;
@@ -77,11 +77,11 @@ fn parse_code(v: &Option<String>) -> Result<Option<i32>, ApiError> {
         .transpose()
 }
 
-fn when(t: DateTime<Utc>) -> String {
+pub(super) fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S").to_string()
 }
 
-fn when_opt(t: Option<DateTime<Utc>>) -> String {
+pub(super) fn when_opt(t: Option<DateTime<Utc>>) -> String {
     t.map_or_else(|| "—".to_owned(), when)
 }
 
@@ -582,157 +582,4 @@ pub async fn replay(
         running.then_some(1),
         body,
     ))
-}
-
-// ---------------------------------------------------------------------------------------
-// Endpoints
-
-#[derive(FromRow)]
-struct EndpointRow {
-    id: String,
-    url: String,
-    enabled: bool,
-    disabled_reason: Option<String>,
-    breaker_state: String,
-    consecutive_failures: i32,
-    failing_since: Option<DateTime<Utc>>,
-    source_id: Option<String>,
-}
-
-pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageResult {
-    let rows: Vec<EndpointRow> = sqlx::query_as(
-        "SELECT id, url, enabled, disabled_reason, breaker_state, consecutive_failures,
-                failing_since, source_id
-         FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL ORDER BY id",
-    )
-    .bind(session.project.id.as_str())
-    .fetch_all(&state.pool)
-    .await?;
-    let now = Utc::now();
-    let body = html! {
-        table #endpoints {
-            thead { tr { th { "Endpoint" } th { "State" } th { "Breaker" } th { "Failure streak" } th { "Action" } } }
-            tbody {
-                @for e in &rows {
-                    @let (health, disable_at) = endpoints::streak_state(e.enabled, e.failing_since, &state.streak, now);
-                    tr {
-                        td { (e.url) br; code.muted { (e.id) } @if e.source_id.is_some() { " " span.muted { "destination" } } }
-                        td {
-                            span.status class=(health) { (health) }
-                            @if let Some(r) = &e.disabled_reason { br; span.muted { (r) } }
-                            @if health == "warning" { @if let Some(at) = disable_at { br; span.warning { "will be disabled at " (when(at)) " unless an Attempt succeeds" } } }
-                        }
-                        td.status class=(e.breaker_state) { (e.breaker_state) }
-                        td { @if e.consecutive_failures > 0 { (e.consecutive_failures) " failed since " (when_opt(e.failing_since)) } @else { "—" } }
-                        td {
-                            @if e.enabled {
-                                form.inline method="post" action={ "/dashboard/endpoints/" (e.id) "/disable" } {
-                                    input type="hidden" name="csrf" value=(session.csrf);
-                                    input name="reason" placeholder="reason (optional)";
-                                    button.secondary type="submit" { "Disable" }
-                                }
-                            } @else {
-                                form.inline method="post" action={ "/dashboard/endpoints/" (e.id) "/enable" } {
-                                    input type="hidden" name="csrf" value=(session.csrf);
-                                    button type="submit" { "Enable" }
-                                }
-                            }
-                        }
-                    }
-                }
-                @if rows.is_empty() { tr { td colspan="5" .muted { "No endpoints yet." } } }
-            }
-        }
-    };
-    Ok(layout(&session, "endpoints", "Endpoints", body))
-}
-
-#[derive(Deserialize)]
-pub struct EndpointForm {
-    csrf: String,
-    reason: Option<String>,
-}
-
-pub async fn endpoint_action(
-    State(state): State<AppState>,
-    session: Session,
-    Path((id, action)): Path<(String, String)>,
-    Form(form): Form<EndpointForm>,
-) -> PageResult {
-    session.check(&form.csrf)?;
-    let id = EndpointId::parse(&id).map_err(|_| ApiError::NotFound("endpoint"))?;
-    let _updated = match action.as_str() {
-        "enable" => endpoints::set_enabled(&state, &session.project, &id, true, None).await?,
-        "disable" => {
-            let reason = endpoints::disabled_by_a_person(form.reason.as_deref())?;
-            endpoints::set_enabled(&state, &session.project, &id, false, Some(reason)).await?
-        }
-        _ => return Err(ApiError::NotFound("route").into()),
-    };
-    Ok(Redirect::to("/dashboard/endpoints").into_response())
-}
-
-// ---------------------------------------------------------------------------------------
-// Relay
-
-#[derive(FromRow, Default)]
-struct SlotRow {
-    active: bool,
-    wal_status: Option<String>,
-    confirmed_flush_lsn: Option<String>,
-    lag_bytes: Option<i64>,
-    safe_wal_size: Option<i64>,
-    heartbeat_age: Option<f64>,
-    status_age: Option<f64>,
-}
-
-fn bytes(n: i64) -> String {
-    match n {
-        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30)),
-        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20)),
-        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
-        n => format!("{n} B"),
-    }
-}
-
-pub async fn relay(State(state): State<AppState>, session: Session) -> PageResult {
-    // Operational state of the shared Slot: no project's data is in it. Tenants see its lag
-    // and state only; where the relay runs (the walsender's pid, the relay's address) is
-    // the operator's, read with `railhook slot status` or from Postgres itself.
-    let slot: Option<SlotRow> = sqlx::query_as(
-        "SELECT s.active, s.wal_status, s.confirmed_flush_lsn::text AS confirmed_flush_lsn,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
-                s.safe_wal_size,
-                (SELECT extract(epoch FROM now() - st.last_heartbeat_seen_at)::float8
-                 FROM relay_status st WHERE st.slot = s.slot_name) AS heartbeat_age,
-                (SELECT extract(epoch FROM now() - st.updated_at)::float8
-                 FROM relay_status st WHERE st.slot = s.slot_name) AS status_age
-         FROM pg_replication_slots s WHERE s.slot_name = $1",
-    )
-    .bind(&state.slot)
-    .fetch_optional(&state.pool)
-    .await?;
-    let body = html! {
-        @match &slot {
-            None => p.error #slot-missing { "The Slot " code { (state.slot) } " does not exist. Run " code { "railhook slot create" } " (see docs/OPERATIONS.md)." },
-            Some(s) => {
-                div.grid #relay {
-                    div.tile { div.muted { "Slot" } div.v { code { (state.slot) } } }
-                    div.tile { div.muted { "Relay" } div.v.status class=(if s.active { "healthy" } else { "disabled" }) {
-                        @if s.active { "active" } @else { "no relay holds the slot" } }
-                    }
-                    div.tile { div.muted { "Lag (bytes)" } div.v #lag-bytes { (s.lag_bytes.map_or_else(|| "—".to_owned(), bytes)) } }
-                    div.tile { div.muted { "Lag (seconds, from heartbeats)" } div.v #lag-seconds {
-                        (s.heartbeat_age.map_or_else(|| "—".to_owned(), |a| format!("≤ {a:.1} s"))) } }
-                    div.tile { div.muted { "wal_status" } div.v.status class=[s.wal_status.as_deref()] { (s.wal_status.as_deref().unwrap_or("—")) } }
-                    div.tile { div.muted { "Confirmed LSN" } div.v { code { (s.confirmed_flush_lsn.as_deref().unwrap_or("—")) } } }
-                    div.tile { div.muted { "WAL left before invalidation" } div.v { (s.safe_wal_size.map_or_else(|| "unlimited".to_owned(), bytes)) } }
-                    div.tile { div.muted { "Relay status written" } div.v { (s.status_age.map_or_else(|| "never".to_owned(), |a| format!("{a:.0} s ago"))) } }
-                }
-                p.muted { "A standby relay holds no connection while it waits, so Postgres cannot list it; "
-                    code { "railhook_relay_active" } " in Prometheus shows every relay as active (1) or standby (0)." }
-            }
-        }
-    };
-    Ok(layout(&session, "relay", "Relay", body))
 }

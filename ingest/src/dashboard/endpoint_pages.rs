@@ -1,0 +1,104 @@
+//! The endpoints page: each endpoint's state, breaker and failure streak, and the disable
+//! and enable actions.
+
+use axum::extract::{Form, Path, State};
+use axum::response::{IntoResponse, Redirect};
+use chrono::{DateTime, Utc};
+use maud::html;
+use railhook_common::ids::EndpointId;
+use serde::Deserialize;
+use sqlx::FromRow;
+
+use super::pages::{when, when_opt};
+use super::{PageResult, Session, layout};
+use crate::problem::ApiError;
+use crate::routes::endpoints;
+use crate::state::AppState;
+
+// ---------------------------------------------------------------------------------------
+// Endpoints
+
+#[derive(FromRow)]
+struct EndpointRow {
+    id: String,
+    url: String,
+    enabled: bool,
+    disabled_reason: Option<String>,
+    breaker_state: String,
+    consecutive_failures: i32,
+    failing_since: Option<DateTime<Utc>>,
+    source_id: Option<String>,
+}
+
+pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageResult {
+    let rows: Vec<EndpointRow> = sqlx::query_as(
+        "SELECT id, url, enabled, disabled_reason, breaker_state, consecutive_failures,
+                failing_since, source_id
+         FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL ORDER BY id",
+    )
+    .bind(session.project.id.as_str())
+    .fetch_all(&state.pool)
+    .await?;
+    let now = Utc::now();
+    let body = html! {
+        table #endpoints {
+            thead { tr { th { "Endpoint" } th { "State" } th { "Breaker" } th { "Failure streak" } th { "Action" } } }
+            tbody {
+                @for e in &rows {
+                    @let (health, disable_at) = endpoints::streak_state(e.enabled, e.failing_since, &state.streak, now);
+                    tr {
+                        td { (e.url) br; code.muted { (e.id) } @if e.source_id.is_some() { " " span.muted { "destination" } } }
+                        td {
+                            span.status class=(health) { (health) }
+                            @if let Some(r) = &e.disabled_reason { br; span.muted { (r) } }
+                            @if health == "warning" { @if let Some(at) = disable_at { br; span.warning { "will be disabled at " (when(at)) " unless an Attempt succeeds" } } }
+                        }
+                        td.status class=(e.breaker_state) { (e.breaker_state) }
+                        td { @if e.consecutive_failures > 0 { (e.consecutive_failures) " failed since " (when_opt(e.failing_since)) } @else { "—" } }
+                        td {
+                            @if e.enabled {
+                                form.inline method="post" action={ "/dashboard/endpoints/" (e.id) "/disable" } {
+                                    input type="hidden" name="csrf" value=(session.csrf);
+                                    input name="reason" placeholder="reason (optional)";
+                                    button.secondary type="submit" { "Disable" }
+                                }
+                            } @else {
+                                form.inline method="post" action={ "/dashboard/endpoints/" (e.id) "/enable" } {
+                                    input type="hidden" name="csrf" value=(session.csrf);
+                                    button type="submit" { "Enable" }
+                                }
+                            }
+                        }
+                    }
+                }
+                @if rows.is_empty() { tr { td colspan="5" .muted { "No endpoints yet." } } }
+            }
+        }
+    };
+    Ok(layout(&session, "endpoints", "Endpoints", body))
+}
+
+#[derive(Deserialize)]
+pub struct EndpointForm {
+    csrf: String,
+    reason: Option<String>,
+}
+
+pub async fn endpoint_action(
+    State(state): State<AppState>,
+    session: Session,
+    Path((id, action)): Path<(String, String)>,
+    Form(form): Form<EndpointForm>,
+) -> PageResult {
+    session.check(&form.csrf)?;
+    let id = EndpointId::parse(&id).map_err(|_| ApiError::NotFound("endpoint"))?;
+    let _updated = match action.as_str() {
+        "enable" => endpoints::set_enabled(&state, &session.project, &id, true, None).await?,
+        "disable" => {
+            let reason = endpoints::disabled_by_a_person(form.reason.as_deref())?;
+            endpoints::set_enabled(&state, &session.project, &id, false, Some(reason)).await?
+        }
+        _ => return Err(ApiError::NotFound("route").into()),
+    };
+    Ok(Redirect::to("/dashboard/endpoints").into_response())
+}

@@ -1,0 +1,37 @@
+//! An Outbox row as the relay reads it from the stream, turned into the Announcement it
+//! publishes.
+
+use std::collections::HashMap;
+
+use pgwire_replication::Lsn;
+use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
+
+use crate::error::RelayError;
+use crate::pgoutput::{self, Column, Relation};
+
+fn text<'a>(row: &HashMap<&str, &'a Column>, column: &'static str) -> Result<&'a str, RelayError> {
+    match row.get(column) {
+        Some(Column::Text(v)) => Ok(v.as_str()),
+        _ => Err(RelayError::OutboxRow(column)),
+    }
+}
+
+/// The Announcement for one decoded Outbox row.
+pub(crate) fn announcement(
+    relation: &Relation,
+    tuple: &[Column],
+    commit_lsn: Lsn,
+) -> Result<Announcement, RelayError> {
+    let row = pgoutput::named(relation, tuple);
+    Ok(Announcement {
+        v: ANNOUNCEMENT_VERSION,
+        delivery_id: text(&row, "delivery_id")?.to_owned(),
+        endpoint_id: text(&row, "endpoint_id")?.to_owned(),
+        project_id: text(&row, "project_id")?.to_owned(),
+        reason: text(&row, "reason")?.to_owned(),
+        outbox_id: text(&row, "id")?
+            .parse()
+            .map_err(|_| RelayError::OutboxRow("id"))?,
+        commit_lsn: commit_lsn.to_pg_string(),
+    })
+}

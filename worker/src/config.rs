@@ -1,0 +1,90 @@
+//! The worker's settings, read from `Settings`, and the errors that stop it.
+
+use std::time::Duration;
+
+use railhook_common::config::{ConfigError, Settings};
+use railhook_common::kafka::{self, KafkaConnection};
+use railhook_common::retry::Ladder;
+use rdkafka::error::KafkaError;
+
+use crate::attempt::ClientError;
+use crate::limits::BreakerPolicy;
+use crate::ssrf::BadCidr;
+use crate::store::{self};
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub kafka: KafkaConnection,
+    pub deliveries_topic: String,
+    pub retries_topic: String,
+    pub group: String,
+    pub partitions: i32,
+    pub replication_factor: i32,
+    pub max_in_flight: usize,
+    pub outgoing: Ladder,
+    pub incoming: Ladder,
+    pub scheduler_interval: Duration,
+    pub sweep_interval: Duration,
+    pub processing_timeout: Duration,
+    pub stranded_after: Duration,
+    /// See [`crate::group_watch`]; `None` turns the guard off.
+    pub stall_rejoin_after: Option<Duration>,
+    pub allow_private_targets: String,
+    pub message_timeout: Duration,
+    pub redis: railhook_common::redis_client::RedisClient,
+    pub breaker: BreakerPolicy,
+    pub ordering_gap_timeout: Duration,
+    pub deferral_max: Duration,
+    pub streak: store::StreakPolicy,
+}
+
+impl WorkerConfig {
+    pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
+        Ok(Self {
+            kafka: s.kafka(),
+            deliveries_topic: kafka::deliveries_topic(&s.topic_prefix),
+            retries_topic: kafka::retries_topic(&s.topic_prefix),
+            group: s.worker_group.clone(),
+            partitions: s.kafka_partitions,
+            replication_factor: s.kafka_replication_factor,
+            max_in_flight: s.worker_max_in_flight,
+            outgoing: s.outgoing_ladder(),
+            incoming: s.incoming_ladder(),
+            scheduler_interval: Duration::from_millis(s.retry_scheduler_ms),
+            sweep_interval: Duration::from_millis(s.sweep_ms),
+            processing_timeout: Duration::from_secs(s.processing_timeout_seconds),
+            stranded_after: Duration::from_secs(s.stranded_after_seconds),
+            stall_rejoin_after: (s.worker_stall_rejoin_seconds > 0)
+                .then(|| Duration::from_secs(s.worker_stall_rejoin_seconds)),
+            allow_private_targets: s.allow_private_targets.clone(),
+            message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
+            redis: s.redis_client()?,
+            breaker: BreakerPolicy {
+                consecutive_failures: s.breaker_consecutive_failures,
+                failure_rate: s.breaker_failure_rate,
+                min_requests: s.breaker_min_requests,
+                window: Duration::from_secs(s.breaker_window_seconds),
+                cooldown: Duration::from_secs(s.breaker_cooldown_seconds),
+                probe_lease: Duration::from_secs(60),
+            },
+            ordering_gap_timeout: Duration::from_secs(s.ordering_gap_timeout_seconds),
+            deferral_max: Duration::from_secs(s.deferral_max_seconds),
+            streak: store::StreakPolicy {
+                disable_after: Duration::from_secs(s.endpoint_disable_after_seconds),
+                min_failures: s.endpoint_disable_min_failures,
+            },
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("Kafka")]
+    Kafka(#[from] KafkaError),
+    #[error("RAILHOOK_ALLOW_PRIVATE_TARGETS")]
+    Allowlist(#[from] BadCidr),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("REDIS_URL")]
+    Redis(#[from] redis::RedisError),
+}

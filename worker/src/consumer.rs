@@ -1,0 +1,176 @@
+//! The Kafka side of the worker loop: subscribing a member of the workers' group, its lag
+//! statistics, and the group watch's reports (see `group_watch`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::{ClientContext, Statistics};
+use tokio::sync::mpsc;
+
+use crate::config::{WorkerConfig, WorkerError};
+use crate::group_watch::{Probe, Stalls};
+use crate::metrics::WorkerMetrics;
+
+/// Subscribes a new member of the workers' group.
+pub(crate) fn subscribe(
+    config: &WorkerConfig,
+    metrics: &WorkerMetrics,
+) -> Result<StreamConsumer<LagContext>, WorkerError> {
+    let lag = LagContext {
+        lag: metrics.consumer_lag.clone(),
+        deliveries_topic: config.deliveries_topic.clone(),
+        retries_topic: config.retries_topic.clone(),
+    };
+    let consumer: StreamConsumer<LagContext> = config
+        .kafka
+        .client_config()
+        .set("statistics.interval.ms", "5000")
+        .set("group.id", &config.group)
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", "10")
+        .set("auto.commit.interval.ms", "500")
+        // A worker killed with SIGKILL never says goodbye: the group notices through its
+        // missing heartbeats after the session timeout, and waits at most the rebalance
+        // timeout (max.poll.interval.ms) for members to rejoin. librdkafka's defaults (45 s,
+        // 300 s) left a partition unread for minutes after a worker was killed
+        // (docs/RELIABILITY.md); these bound it to seconds. 60 s between polls is still far
+        // more than a batch waits for permits (Attempts time out at 30 s by default).
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "2000")
+        .set("max.poll.interval.ms", "60000")
+        // librdkafka prefetches up to 100,000 messages per partition by default. Under a
+        // backlog, a RetryHint fetched later then waits behind every Announcement fetched
+        // before it, and a partition the worker holds looks unread to the group watch for
+        // as long as that local queue takes to drain (seen: over 30 s at 10,000 Events).
+        // A short prefetch per partition keeps the partitions interleaved; one claim batch
+        // is 500 hints, so 1,000 per partition still keeps the worker fed.
+        .set("queued.min.messages", "1000")
+        .create_with_context(lag)?;
+    consumer.subscribe(&[&config.deliveries_topic, &config.retries_topic])?;
+    Ok(consumer)
+}
+
+/// Stalled partitions, as the group watch saw them at `at`.
+pub(crate) struct Stalled {
+    at: Instant,
+    partitions: Vec<(String, i32)>,
+}
+
+/// Aborts the task when dropped, so the watch ends with `run`.
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads the group's positions every few seconds (off the async threads: the probe blocks)
+/// and reports the partitions that stalled.
+pub(crate) async fn watch_group(probe: Probe, after: Duration, tx: mpsc::Sender<Stalled>) {
+    let probe = Arc::new(probe);
+    let mut stalls = Stalls::new(after);
+    // A few seconds, jittered, so the workers of a group do not look (and rejoin) in step.
+    let every = (after / 6).max(Duration::from_secs(1));
+    loop {
+        let jitter = rand::random_range(0.75..1.25);
+        tokio::time::sleep(every.mul_f64(jitter)).await;
+        let p = probe.clone();
+        let read = tokio::task::spawn_blocking(move || p.positions(Duration::from_secs(5))).await;
+        let positions = match read {
+            Ok(Ok(positions)) => positions,
+            Ok(Err(e)) => {
+                // The broker is away: what happened meanwhile is unknown, so every clock
+                // starts again (a restarted broker is not a stall).
+                tracing::debug!(error = %e, "group positions not read");
+                stalls = Stalls::new(after);
+                continue;
+            }
+            Err(_) => return,
+        };
+        let partitions = stalls.observe(Instant::now(), &positions);
+        if !partitions.is_empty() {
+            // A full channel means the last report is still unread: this one can wait.
+            let _ = tx.try_send(Stalled {
+                at: Instant::now(),
+                partitions,
+            });
+        }
+    }
+}
+
+/// Whether `report` names a partition this member does not hold: then some other member
+/// holds it and does not read it, or nobody does, and a rejoin makes the coordinator assign
+/// every partition again. A stall of this member's own partitions is its own slowness (a
+/// full in-flight bound, Postgres away), which a rejoin would not cure. A report from before
+/// a long pause of this loop (Postgres away) is stale and ignored.
+pub(crate) fn orphaned(consumer: &StreamConsumer<LagContext>, report: Stalled) -> bool {
+    if report.at.elapsed() > Duration::from_secs(5) {
+        return false;
+    }
+    let Ok(mine) = consumer.assignment() else {
+        return false;
+    };
+    let elements = mine.elements();
+    let held: Vec<(&str, i32)> = elements
+        .iter()
+        .map(|e| (e.topic(), e.partition()))
+        .collect();
+    let orphans: Vec<String> = report
+        .partitions
+        .iter()
+        .filter(|(t, p)| !held.contains(&(t.as_str(), *p)))
+        .map(|(t, p)| format!("{t}/{p}"))
+        .collect();
+    if orphans.is_empty() {
+        return false;
+    }
+    tracing::warn!(
+        partitions = %orphans.join(","),
+        "partitions this worker does not hold have not been read; rejoining the consumer group so they are assigned again"
+    );
+    true
+}
+
+/// Reads the consumer's lag per partition out of librdkafka's periodic statistics into
+/// `railhook_worker_consumer_lag`. Each worker reports the partitions assigned to it; the
+/// group's lag is the sum over workers.
+pub(crate) struct LagContext {
+    lag: prometheus::IntGaugeVec,
+    deliveries_topic: String,
+    retries_topic: String,
+}
+
+impl ClientContext for LagContext {
+    fn stats(&self, statistics: Statistics) {
+        // Only the partitions this worker holds now: after a rebalance, a partition it lost
+        // would otherwise keep its last value forever and hide who holds the lag.
+        self.lag.reset();
+        for (name, topic) in statistics.topics {
+            let label = if name == self.deliveries_topic {
+                "deliveries"
+            } else if name == self.retries_topic {
+                "retries"
+            } else {
+                continue;
+            };
+            for (partition, p) in topic.partitions {
+                // -1 is librdkafka's "unassigned" pseudo-partition; a lag of -1 is unknown.
+                // Only partitions this consumer is fetching: librdkafka keeps reporting one
+                // it lost in a rebalance, with its last lag, as fetch state "none".
+                if partition < 0 || !p.desired || p.fetch_state == "none" {
+                    continue;
+                }
+                let gauge = self
+                    .lag
+                    .with_label_values(&[label, partition.to_string().as_str()]);
+                gauge.set(p.consumer_lag.max(0));
+            }
+        }
+    }
+}
+
+impl ConsumerContext for LagContext {}

@@ -1,0 +1,123 @@
+//! How a claimed Delivery's turn ends: the outcome or a give-up written behind the Fence
+//! (under the ordering lock for an ordered Delivery), retried while Postgres is away, or a
+//! Deferral that hands the Claim back.
+
+use std::time::{Duration, Instant};
+
+use crate::limits::{Reason, deferral_wait};
+use crate::ordering::{self};
+use crate::schedule::Decision;
+use crate::store::{self, Claimed};
+use crate::worker::Shared;
+
+/// Ends a claimed Delivery as FAILED without sending anything; counted only if it wrote.
+pub(crate) async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) {
+    if let Ok(true) = resolve(shared, claimed, Resolution::Unsent(reason)).await {
+        shared.metrics.failed_messages.inc();
+    }
+}
+
+/// A write that ends a claimed Delivery's turn.
+pub(crate) enum Resolution<'a> {
+    /// The Attempt's outcome, through `store::finalise`.
+    Outcome(&'a crate::attempt::Report, &'a Decision),
+    /// FAILED without an Attempt.
+    Unsent(&'a str),
+}
+
+pub(crate) async fn write_resolution(
+    db: impl sqlx::PgExecutor<'_>,
+    shared: &Shared,
+    claimed: &Claimed,
+    what: &Resolution<'_>,
+) -> sqlx::Result<bool> {
+    match what {
+        Resolution::Outcome(report, decision) => {
+            store::finalise(db, claimed, report, decision, &shared.streak).await
+        }
+        Resolution::Unsent(reason) => store::fail_unsent(db, claimed, reason).await,
+    }
+}
+
+/// Writes a Resolution behind the Fence. For an ordered Delivery that resolves (SUCCEEDED
+/// or FAILED, not a retry), the write runs under the endpoint's ordering lock and, if it
+/// landed, releases the next parked Delivery in the same transaction (see `ordering`).
+pub(crate) async fn resolve(
+    shared: &Shared,
+    claimed: &Claimed,
+    what: Resolution<'_>,
+) -> sqlx::Result<bool> {
+    let resolves = !matches!(what, Resolution::Outcome(_, Decision::RetryAfter(_)));
+    if !(claimed.ordered && resolves) {
+        return write_resolution(&shared.pool, shared, claimed, &what).await;
+    }
+    let mut tx = ordering::begin_resolve(&shared.pool, &claimed.endpoint_id).await?;
+    let wrote = write_resolution(&mut *tx, shared, claimed, &what).await?;
+    let mut released = false;
+    if wrote && let Some(seq) = claimed.sequence_number {
+        released = ordering::release_next(&mut tx, &claimed.endpoint_id, seq).await?;
+    }
+    tx.commit().await?;
+    if released {
+        shared.metrics.ordering_released.inc();
+    }
+    Ok(wrote)
+}
+
+/// A Deferral: the Claim goes back, no Attempt is spent.
+pub(crate) async fn defer(shared: &Shared, claimed: &Claimed, reason: Reason, asked: Duration) {
+    let wait = deferral_wait(
+        reason,
+        asked,
+        claimed.deferral_count,
+        shared.deferral_max,
+        rand::random::<f64>(),
+    );
+    match store::defer(&shared.pool, claimed, wait).await {
+        Ok(true) => shared
+            .metrics
+            .deferrals
+            .with_label_values(&[reason.as_str()])
+            .inc(),
+        Ok(false) => shared.metrics.fence_rejections.inc(),
+        Err(e) => {
+            tracing::warn!(error = %e, delivery_id = %claimed.id, "deferral not written; the sweep will hand the delivery back")
+        }
+    }
+}
+
+/// The longest pause between two tries of an outcome's write.
+pub(crate) const FINALISE_MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// Writes an Attempt's outcome behind the Fence, retrying while Postgres does not answer.
+///
+/// Invariant: one attempt row per request sent. A request that went out must leave its row
+/// even when Postgres restarts under it, so the write is retried (backing off to
+/// [`FINALISE_MAX_PAUSE`]) for as long as it could still matter: until it lands, is fenced
+/// out (recorded as a fenced Attempt), or `finalise_for` (the stranded window) has passed.
+/// Giving up after a few seconds, as this once did, lost the row of every request that
+/// finished during a Postgres restart. Each try is one transaction; a try whose commit
+/// succeeded but whose answer was lost with the connection is retried and then lands as a
+/// fenced Attempt (the Claim is gone): a second row for that one request, never a lost one.
+pub(crate) async fn finalise_with_retry(
+    shared: &Shared,
+    claimed: &Claimed,
+    report: &crate::attempt::Report,
+    decision: &Decision,
+) -> Option<bool> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match resolve(shared, claimed, Resolution::Outcome(report, decision)).await {
+            Ok(wrote) => return Some(wrote),
+            Err(e) => {
+                tracing::warn!(error = %e, delivery_id = %claimed.id, "finalise failed; retrying")
+            }
+        }
+        if started.elapsed() >= shared.finalise_for {
+            return None;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(FINALISE_MAX_PAUSE);
+    }
+}
