@@ -161,17 +161,14 @@ impl Dependencies {
     /// Marks it down, keeping the reason already recorded if it was down: for a caller whose
     /// own error is vaguer than a probe's (a time-out where the probe saw the TLS verdict).
     pub fn down_keep_reason(&self, name: &'static str, reason: impl Into<String>) {
-        if self.is_up(name)
-            || self
-                .lock()
-                .get(name)
-                .is_some_and(|s| s.last_error.is_none())
-        {
+        let known = self.lock().get(name).is_some_and(|s| {
+            !s.up
+                && s.last_error
+                    .as_deref()
+                    .is_some_and(|e| e != "not checked yet")
+        });
+        if !known {
             self.down(name, reason);
-        } else if let Some(s) = self.lock().get_mut(name)
-            && s.last_error.as_deref() == Some("not checked yet")
-        {
-            s.last_error = Some(reason.into());
         }
     }
 

@@ -144,36 +144,8 @@ pub fn redis_client(
         .map_err(|e| RedisSettingsError::Url(e.to_string()))
 }
 
+/// The TLS files, read now. A client certificate comes with its key or not at all.
 fn certificates(tls: &RedisTls) -> Result<redis::TlsCertificates, RedisSettingsError> {
-    let client_tls = match (&tls.client_cert_file, &tls.client_key_file) {
-        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-            client_cert: read("redis_client_cert_file", cert)?,
-            client_key: read("redis_client_key_file", key)?,
-        }),
-        _ => None,
-    };
-    let root_cert = tls
-        .ca_file
-        .as_ref()
-        .map(|p| read("redis_ca_file", p))
-        .transpose()?;
-    Ok(redis::TlsCertificates {
-        client_tls,
-        root_cert,
-    })
-}
-
-/// Builds the single-server client. Nothing connects here; a bad URL or an unreadable file
-/// is an error now.
-pub fn client(url: &SecretString, tls: &RedisTls) -> Result<redis::Client, RedisSettingsError> {
-    let raw = url.expose_secret();
-    let secure = raw.starts_with("rediss://");
-    if !(secure || raw.starts_with("redis://")) {
-        return Err(RedisSettingsError::Scheme);
-    }
-    // The redis crate's parse errors do not include the URL's text, but its kind is enough.
-    let info = redis::IntoConnectionInfo::into_connection_info(raw)
-        .map_err(|e| RedisSettingsError::Url(e.to_string()))?;
     let client_tls = match (&tls.client_cert_file, &tls.client_key_file) {
         (None, None) => None,
         (Some(_), None) => {
@@ -198,11 +170,29 @@ pub fn client(url: &SecretString, tls: &RedisTls) -> Result<redis::Client, Redis
         .as_ref()
         .map(|p| read("redis_ca_file", p))
         .transpose()?;
+    Ok(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
+/// Builds the single-server client. Nothing connects here; a bad URL or an unreadable file
+/// is an error now.
+pub fn client(url: &SecretString, tls: &RedisTls) -> Result<redis::Client, RedisSettingsError> {
+    let raw = url.expose_secret();
+    let secure = raw.starts_with("rediss://");
+    if !(secure || raw.starts_with("redis://")) {
+        return Err(RedisSettingsError::Scheme);
+    }
+    // The redis crate's parse errors do not include the URL's text, but its kind is enough.
+    let info = redis::IntoConnectionInfo::into_connection_info(raw)
+        .map_err(|e| RedisSettingsError::Url(e.to_string()))?;
+    let certs = certificates(tls)?;
     if !secure {
-        if root_cert.is_some() {
+        if certs.root_cert.is_some() {
             return Err(RedisSettingsError::TlsFileWithoutTls("redis_ca_file"));
         }
-        if client_tls.is_some() {
+        if certs.client_tls.is_some() {
             return Err(RedisSettingsError::TlsFileWithoutTls(
                 "redis_client_cert_file",
             ));
@@ -210,17 +200,10 @@ pub fn client(url: &SecretString, tls: &RedisTls) -> Result<redis::Client, Redis
         return redis::Client::open(info).map_err(|e| RedisSettingsError::Url(e.to_string()));
     }
     crate::install_crypto_provider();
-    if root_cert.is_none() && client_tls.is_none() {
+    if certs.root_cert.is_none() && certs.client_tls.is_none() {
         return redis::Client::open(info).map_err(|e| RedisSettingsError::Url(e.to_string()));
     }
-    redis::Client::build_with_tls(
-        info,
-        redis::TlsCertificates {
-            client_tls,
-            root_cert,
-        },
-    )
-    .map_err(|e| RedisSettingsError::Url(e.to_string()))
+    redis::Client::build_with_tls(info, certs).map_err(|e| RedisSettingsError::Url(e.to_string()))
 }
 
 #[cfg(test)]
