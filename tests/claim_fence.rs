@@ -14,7 +14,6 @@ use serde_json::json;
 use support::pipeline::Pipeline;
 use support::receiver::{Behaviour, Receiver};
 use support::spawn_app;
-use uuid::Uuid;
 
 const STREAK: store::StreakPolicy = store::StreakPolicy {
     disable_after: Duration::from_secs(5 * 24 * 3600),
@@ -56,6 +55,38 @@ async fn one_pending_delivery() -> (support::TestApp, String) {
         .expect("id")
         .to_owned();
     (app, id)
+}
+
+#[tokio::test]
+async fn a_claim_the_sweep_took_back_cannot_be_restamped() {
+    // Review #19 item 1: a Claim that waited (gate, limits) is re-stamped through the Fence
+    // right before its request; once the sweep took the row back the re-stamp fails and
+    // the request is not sent.
+    let (app, id) = one_pending_delivery().await;
+    let a = claim_one(&app.pool, &id).await.expect("won");
+    assert!(store::restamp(&app.pool, &a).await.expect("restamp"));
+    let stamp = || {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+            "SELECT last_attempt_at FROM deliveries WHERE id = $1",
+        )
+        .bind(&id)
+        .fetch_one(&app.pool)
+    };
+    let before = stamp().await.expect("stamp");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(store::restamp(&app.pool, &a).await.expect("restamp"));
+    let after = stamp().await.expect("stamp");
+    assert!(after > before, "the re-stamp moved the stamp");
+    assert_eq!(
+        store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
+            .await
+            .expect("sweep"),
+        1
+    );
+    assert!(!store::restamp(&app.pool, &a).await.expect("restamp"));
+    let b = claim_one(&app.pool, &id).await.expect("won again");
+    assert!(!store::restamp(&app.pool, &a).await.expect("restamp"));
+    assert!(store::restamp(&app.pool, &b).await.expect("restamp"));
 }
 
 #[tokio::test]
@@ -147,14 +178,15 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
             .expect("sweep"),
         0
     );
-    // The hint is delivered twice: only the first swap wins.
-    let one = store::swap(&app.pool, &id, scheduler_token, Uuid::new_v4())
+    // The hint is delivered twice, in one batch and again later: only one swap wins.
+    let hint = (id.clone(), scheduler_token);
+    let one = store::swap_batch(&app.pool, &[hint.clone(), hint.clone()])
         .await
         .expect("swap");
-    let two = store::swap(&app.pool, &id, scheduler_token, Uuid::new_v4())
+    let two = store::swap_batch(&app.pool, std::slice::from_ref(&hint))
         .await
         .expect("swap");
-    assert!(one.is_some() && two.is_none());
+    assert_eq!((one.len(), two.len()), (1, 0));
     // Once a consumer swapped the token in, it is a worker's Claim like any other.
     assert_eq!(
         store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
@@ -173,7 +205,7 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
         "a fresh Claim is not swept"
     );
     // The Claim taken back is the live one: the swapped-in Claim it replaced is fenced out.
-    let swapped = one.expect("swapped");
+    let (swapped, _) = one.into_iter().next().expect("swapped");
     assert!(
         !store::finalise(
             &app.pool,

@@ -325,6 +325,8 @@ async fn run(scenario: Scenario, events: usize) -> Row {
             "RAILHOOK_PROCESSING_TIMEOUT_SECONDS",
             PROCESSING_TIMEOUT_SECONDS.to_owned(),
         ),
+        // The processing timeout must exceed the largest endpoint timeout by 5 s.
+        ("RAILHOOK_ENDPOINT_TIMEOUT_MAX_MS", "5000".to_owned()),
         ("RAILHOOK_STRANDED_AFTER_SECONDS", "120".to_owned()),
         ("RAILHOOK_DB_MAX_CONNECTIONS", "10".to_owned()),
         // The flaky receivers fail about half their requests on purpose; a breaker opening on

@@ -355,3 +355,159 @@ async fn redirects_are_not_followed() {
     assert_eq!(inner.count(), 0, "the redirect was followed");
     p.stop().await;
 }
+
+/// How long a test watches for requests that should not come: two of the slow receiver's
+/// answers, so a send still queued behind the in-flight ones would have arrived.
+const QUIET_WINDOW: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_endpoint_with_a_backlog_gets_each_delivery_once_and_keeps_the_group() {
+    // Review #19 items 1 and 2. Two permits, a receiver that answers 2xx after 2 s, twenty
+    // Deliveries: ten waves, twenty seconds of backlog. The old worker claimed all twenty at
+    // once and waited for permits on the consumer's loop: Claims older than the 9 s window
+    // (the least the 3 s endpoint timeout allows) were swept and sent again by the
+    // retry path while their first copies still waited
+    // (the same webhook-id twice), and the loop stopped polling for longer than the 10 s
+    // max.poll.interval (an eviction and a rebalance).
+    let p = Pipeline::start(|s| {
+        s.worker_max_in_flight = 2;
+        s.processing_timeout_seconds = 9;
+        s.endpoint_timeout_max_ms = 3_000;
+        s.worker_max_poll_interval_ms = 10_000;
+    })
+    .await;
+    let receiver = Receiver::start(vec![], Behaviour::Delay(Duration::from_secs(2), 200)).await;
+    p.endpoint(&receiver.url, 3_000).await;
+    let mut deliveries = Vec::new();
+    for n in 0..20 {
+        deliveries.push(p.send(json!({"n": n})).await.1);
+    }
+    for d in &deliveries {
+        p.wait_status(d, "SUCCEEDED", Duration::from_secs(180))
+            .await;
+    }
+    // Named observation window: a copy still queued behind the last wave would arrive now.
+    let settled = receiver.count();
+    tokio::time::sleep(QUIET_WINDOW).await;
+    let mut ids: Vec<String> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.headers["webhook-id"].clone())
+        .collect();
+    let received = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        (received, ids.len(), settled),
+        (20, 20, 20),
+        "every webhook-id exactly once"
+    );
+    let rebalances = |kind: &str| p.worker_metrics.rebalances.with_label_values(&[kind]).get();
+    assert_eq!(
+        (rebalances("assign"), rebalances("revoke")),
+        (1, 0),
+        "the slow endpoint cost the worker its place in the group"
+    );
+    assert_eq!(p.worker_metrics.fence_rejections.get(), 0);
+    p.stop().await;
+}
+
+/// Posts `n` Events one after another and returns each one's latency, POST to arrival.
+async fn fresh_latencies(p: &Pipeline, receiver: &Receiver, n: usize) -> Vec<Duration> {
+    let mut sent = Vec::new();
+    for i in 0..n {
+        let at = Instant::now();
+        let (_, delivery) = p.send(json!({"fresh": i})).await;
+        sent.push((delivery, at));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    support::eventually("the fresh deliveries", Duration::from_secs(120), || async {
+        let arrived = receiver.requests();
+        sent.iter()
+            .map(|(id, at)| {
+                arrived
+                    .iter()
+                    .find(|r| r.headers["webhook-id"] == *id)
+                    .map(|r| r.at - *at)
+            })
+            .collect::<Option<Vec<_>>>()
+    })
+    .await
+}
+
+fn p99(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[(v.len() * 99).div_ceil(100) - 1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_due_retries_does_not_hold_up_fresh_deliveries() {
+    // Review #19 item 2: 5,000 Deliveries fall due for a retry at once. The old worker
+    // published their RetryHints one acknowledgement at a time on the consumer's loop and
+    // let them take the permits fresh Deliveries needed.
+    const STORM: i64 = 5_000;
+    let p = Pipeline::start(|_| {}).await;
+    let fresh = Receiver::start(vec![], Behaviour::Status(204)).await;
+    let storm = Receiver::start(vec![], Behaviour::Status(204)).await;
+    p.endpoint(&fresh.url, 5_000).await;
+    // The storm's endpoint subscribes to nothing: only the rows made below go there.
+    let r = p
+        .app
+        .call(
+            reqwest::Method::POST,
+            "/v1/endpoints",
+            Some(&p.key),
+            Some(json!({"url": storm.url, "timeout_ms": 5_000})),
+        )
+        .await;
+    let storm_ep = r.body["id"].as_str().expect("id").to_owned();
+    // The first Delivery waits for the worker to join its group; that is not the baseline.
+    let (_, first) = p.send(json!({"warm": true})).await;
+    p.wait_status(&first, "SUCCEEDED", WAIT).await;
+    let baseline = p99(fresh_latencies(&p, &fresh, 100).await);
+
+    // Deliveries that failed once and all fall due together, as after an endpoint outage.
+    sqlx::query(
+        "WITH ev AS (
+             INSERT INTO events (id, project_id, event_type, payload)
+             SELECT 'evt_storm' || g, e.project_id, 'storm.due', '{}'
+             FROM generate_series(1, $2) g, endpoints e WHERE e.id = $1
+             RETURNING id, project_id)
+         INSERT INTO deliveries (id, project_id, event_id, endpoint_id, attempt_count,
+                                 next_retry_at, last_attempt_at)
+         SELECT 'dlv_storm' || substr(id, 10), project_id, id, $1, 1,
+                now() + interval '1 second', now()
+         FROM ev",
+    )
+    .bind(&storm_ep)
+    .bind(STORM)
+    .execute(&p.app.pool)
+    .await
+    .expect("storm rows");
+    support::eventually("the storm to start", Duration::from_secs(60), || async {
+        (storm.count() > 0).then_some(())
+    })
+    .await;
+    let before = storm.count();
+    let during = p99(fresh_latencies(&p, &fresh, 100).await);
+    let after = storm.count();
+    println!(
+        "fresh p99: {} ms alone, {} ms during the storm ({} storm requests meanwhile, {before} before)",
+        baseline.as_millis(),
+        during.as_millis(),
+        after - before
+    );
+    assert!(
+        (after as i64) < STORM,
+        "the storm ended before the fresh Events were measured; it proves nothing"
+    );
+    assert!(
+        during <= baseline + Duration::from_secs(1),
+        "fresh p99 {during:?} during the storm, {baseline:?} without"
+    );
+    support::eventually("every storm delivery", Duration::from_secs(300), || async {
+        (storm.count() as i64 >= STORM).then_some(())
+    })
+    .await;
+    p.stop().await;
+}

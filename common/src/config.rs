@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use figment::Figment;
 
@@ -131,13 +132,22 @@ pub struct Settings {
     /// How often the sweeps run.
     pub sweep_ms: u64,
     /// PROCESSING longer than this goes back to PENDING (the stalled worker is fenced out).
+    /// Must exceed `endpoint_timeout_max_ms` by [`PROCESSING_MARGIN`]: a request in flight
+    /// is never swept (see `processing_timeout_problem`).
     pub processing_timeout_seconds: u64,
+    /// The largest `timeout_ms` an endpoint may have (the API refuses more; the worker caps
+    /// older endpoints at it).
+    pub endpoint_timeout_max_ms: u64,
     /// PENDING with nothing scheduled for longer than this goes to the retry path.
     pub stranded_after_seconds: u64,
     /// A worker leaves and rejoins its consumer group when a partition it does not hold has
     /// had messages waiting and an unmoving committed offset for this long (0: never). The
     /// guard against a broker that keeps a dead member's partitions assigned (group_watch.rs).
     pub worker_stall_rejoin_seconds: u64,
+    /// librdkafka's `max.poll.interval.ms` for the workers' consumer (at least the 10 s
+    /// session timeout). The loop never waits on an Attempt, so only a wedged worker
+    /// exceeds it.
+    pub worker_max_poll_interval_ms: u64,
     /// How long a parked ordered Delivery waits for a stuck predecessor (from its first
     /// park) before it goes without it. Also read as `ORDERING_GAP_TIMEOUT_SECONDS`.
     pub ordering_gap_timeout_seconds: u64,
@@ -228,8 +238,10 @@ struct Defaults {
     retry_scheduler_ms: u64,
     sweep_ms: u64,
     processing_timeout_seconds: u64,
+    endpoint_timeout_max_ms: u64,
     stranded_after_seconds: u64,
     worker_stall_rejoin_seconds: u64,
+    worker_max_poll_interval_ms: u64,
     ordering_gap_timeout_seconds: u64,
     breaker_consecutive_failures: u32,
     breaker_failure_rate: f64,
@@ -243,6 +255,10 @@ struct Defaults {
     dashboard_cookie_secure: bool,
     dashboard_session_seconds: u64,
 }
+
+/// What the processing timeout keeps beyond the largest endpoint timeout: the moments between
+/// a Claim's stamp and its request's start, and the finalise after the response.
+pub const PROCESSING_MARGIN: Duration = Duration::from_secs(5);
 
 const DEFAULTS: Defaults = Defaults {
     redis_url: "redis://127.0.0.1:6379",
@@ -278,9 +294,11 @@ const DEFAULTS: Defaults = Defaults {
     retry_incoming_max_attempts: 5,
     retry_scheduler_ms: 1_000,
     sweep_ms: 30_000,
-    processing_timeout_seconds: 300,
+    processing_timeout_seconds: 360,
+    endpoint_timeout_max_ms: 300_000,
     stranded_after_seconds: 3_600,
     worker_stall_rejoin_seconds: 30,
+    worker_max_poll_interval_ms: 60_000,
     ordering_gap_timeout_seconds: 60,
     breaker_consecutive_failures: 5,
     breaker_failure_rate: 0.5,
@@ -383,6 +401,28 @@ impl Settings {
         l
     }
 
+    /// Why the processing timeout is unsafe, if it is. The sweep takes back a Claim older
+    /// than the processing timeout; the worker stamps a Claim right before its request
+    /// starts (or re-stamps it through the Fence), so a request that runs its full endpoint
+    /// timeout and the finalise after it must end inside the window, with
+    /// [`PROCESSING_MARGIN`] to spare. A window no larger than that lets the sweep hand a
+    /// Delivery to a second worker while the first one's request is still in flight: the
+    /// same `webhook-id` goes out twice.
+    pub fn processing_timeout_problem(&self) -> Option<String> {
+        if !(1_000..=3_600_000).contains(&self.endpoint_timeout_max_ms) {
+            return Some("endpoint_timeout_max_ms must be between 1000 and 3600000".into());
+        }
+        let needed = Duration::from_millis(self.endpoint_timeout_max_ms) + PROCESSING_MARGIN;
+        (Duration::from_secs(self.processing_timeout_seconds) <= needed).then(|| {
+            format!(
+                "must be larger than endpoint_timeout_max_ms ({} ms) plus {} s, i.e. at least {} s",
+                self.endpoint_timeout_max_ms,
+                PROCESSING_MARGIN.as_secs(),
+                needed.as_secs() + 1
+            )
+        })
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         self.postgres()?;
         self.replication_postgres()?;
@@ -456,6 +496,15 @@ impl Settings {
             return Err(invalid(
                 "retry_outgoing_max_attempts",
                 "attempt counts must be at least 1",
+            ));
+        }
+        if let Some(problem) = self.processing_timeout_problem() {
+            return Err(invalid("processing_timeout_seconds", problem));
+        }
+        if !(10_000..=3_600_000).contains(&self.worker_max_poll_interval_ms) {
+            return Err(invalid(
+                "worker_max_poll_interval_ms",
+                "must be between 10000 (the session timeout) and 3600000",
             ));
         }
         if self.worker_max_in_flight == 0 {
@@ -556,6 +605,29 @@ mod tests {
             let err = with(&pairs).expect_err(field).to_string();
             assert!(err.contains(field), "{err}");
         }
+    }
+
+    #[test]
+    fn a_processing_timeout_within_the_largest_endpoint_timeout_is_refused() {
+        // Review #19 item 1: at 300 s against 300 s endpoints the sweep could take back a
+        // Claim whose request was still in flight.
+        let load = |processing: u64, max: u64| {
+            Settings::from_figment(
+                Settings::defaults()
+                    .merge(("database_url", "postgres://localhost/x"))
+                    .merge(("processing_timeout_seconds", processing))
+                    .merge(("endpoint_timeout_max_ms", max)),
+            )
+        };
+        for (processing, max) in [(300, 300_000), (305, 300_000), (7, 2_000)] {
+            let err = load(processing, max).expect_err("refused").to_string();
+            assert!(err.contains("processing_timeout_seconds"), "{err}");
+        }
+        for (processing, max) in [(306, 300_000), (8, 2_000)] {
+            load(processing, max).expect("accepted");
+        }
+        let err = load(360, 10).expect_err("too small").to_string();
+        assert!(err.contains("endpoint_timeout_max_ms"), "{err}");
     }
 
     #[test]

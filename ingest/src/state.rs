@@ -54,6 +54,9 @@ pub struct Limits {
     pub secret_rotation_overlap: Duration,
     /// A connection that has not sent its request headers by then is closed.
     pub header_read_timeout: Duration,
+    /// The largest endpoint `timeout_ms` (`endpoint_timeout_max_ms`): the processing timeout
+    /// is checked against it, so the API may not accept more.
+    pub endpoint_timeout_max_ms: i32,
 }
 
 impl Limits {
@@ -101,6 +104,8 @@ impl AppState {
                     settings.secret_rotation_overlap_seconds,
                 ),
                 header_read_timeout: Duration::from_secs(settings.http_header_timeout_seconds),
+                endpoint_timeout_max_ms: i32::try_from(settings.endpoint_timeout_max_ms)
+                    .unwrap_or(i32::MAX),
             },
             admin_token: settings.admin_token.clone(),
             faults: Arc::new(Faults::default()),

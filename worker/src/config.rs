@@ -26,6 +26,10 @@ pub struct WorkerConfig {
     pub scheduler_interval: Duration,
     pub sweep_interval: Duration,
     pub processing_timeout: Duration,
+    pub endpoint_timeout_max: Duration,
+    /// librdkafka's `max.poll.interval.ms`: a member that does not poll for this long is
+    /// taken out of the group.
+    pub max_poll_interval: Duration,
     pub stranded_after: Duration,
     /// See [`crate::group_watch`]; `None` turns the guard off.
     pub stall_rejoin_after: Option<Duration>,
@@ -40,6 +44,13 @@ pub struct WorkerConfig {
 
 impl WorkerConfig {
     pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
+        // Settings::load checks this too; settings built in code reach here unchecked.
+        if let Some(problem) = s.processing_timeout_problem() {
+            return Err(ConfigError::Invalid {
+                field: "processing_timeout_seconds",
+                problem,
+            });
+        }
         Ok(Self {
             kafka: s.kafka(),
             deliveries_topic: kafka::deliveries_topic(&s.topic_prefix),
@@ -53,6 +64,8 @@ impl WorkerConfig {
             scheduler_interval: Duration::from_millis(s.retry_scheduler_ms),
             sweep_interval: Duration::from_millis(s.sweep_ms),
             processing_timeout: Duration::from_secs(s.processing_timeout_seconds),
+            endpoint_timeout_max: Duration::from_millis(s.endpoint_timeout_max_ms),
+            max_poll_interval: Duration::from_millis(s.worker_max_poll_interval_ms),
             stranded_after: Duration::from_secs(s.stranded_after_seconds),
             stall_rejoin_after: (s.worker_stall_rejoin_seconds > 0)
                 .then(|| Duration::from_secs(s.worker_stall_rejoin_seconds)),

@@ -4,21 +4,26 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::TopicPartitionList;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
 
 use crate::config::{WorkerConfig, WorkerError};
 use crate::group_watch::{Probe, Stalls};
+use crate::lanes::Pauses;
 use crate::metrics::WorkerMetrics;
 
 /// Subscribes a new member of the workers' group.
 pub(crate) fn subscribe(
     config: &WorkerConfig,
     metrics: &WorkerMetrics,
+    pauses: Arc<Pauses>,
 ) -> Result<StreamConsumer<LagContext>, WorkerError> {
     let lag = LagContext {
         lag: metrics.consumer_lag.clone(),
+        rebalances: metrics.rebalances.clone(),
+        pauses,
         deliveries_topic: config.deliveries_topic.clone(),
         retries_topic: config.retries_topic.clone(),
     };
@@ -36,11 +41,15 @@ pub(crate) fn subscribe(
         // missing heartbeats after the session timeout, and waits at most the rebalance
         // timeout (max.poll.interval.ms) for members to rejoin. librdkafka's defaults (45 s,
         // 300 s) left a partition unread for minutes after a worker was killed
-        // (docs/RELIABILITY.md); these bound it to seconds. 60 s between polls is still far
-        // more than a batch waits for permits (Attempts time out at 30 s by default).
+        // (docs/RELIABILITY.md); these bound it to seconds. The loop never waits on an
+        // Attempt (it claims only what it can start, lanes.rs), so 60 s between polls is
+        // only ever exceeded by a wedged process.
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "2000")
-        .set("max.poll.interval.ms", "60000")
+        .set(
+            "max.poll.interval.ms",
+            config.max_poll_interval.as_millis().to_string(),
+        )
         // librdkafka prefetches up to 100,000 messages per partition by default. Under a
         // backlog, a RetryHint fetched later then waits behind every Announcement fetched
         // before it, and a partition the worker holds looks unread to the group watch for
@@ -48,6 +57,14 @@ pub(crate) fn subscribe(
         // A short prefetch per partition keeps the partitions interleaved; one claim batch
         // is 500 hints, so 1,000 per partition still keeps the worker fed.
         .set("queued.min.messages", "1000")
+        // librdkafka compares a partition's queue with queued.min.messages, but every
+        // partition's queue is forwarded into the one consumer queue, so it is the total
+        // that counts: a backlog of RetryHints stops the fetching of fresh Announcements
+        // too, for fetch.queue.backoff.ms (1 s by default). Seen: fresh Deliveries arriving
+        // in bursts a second apart during a storm of retries. The retry lane pauses its
+        // topic (which drops what was prefetched of it), so the queue empties within
+        // milliseconds; a short backoff lets the fresh partitions fetch again at once.
+        .set("fetch.queue.backoff.ms", "20")
         .create_with_context(lag)?;
     consumer.subscribe(&[&config.deliveries_topic, &config.retries_topic])?;
     Ok(consumer)
@@ -140,6 +157,8 @@ pub(crate) fn orphaned(consumer: &StreamConsumer<LagContext>, report: Stalled) -
 /// group's lag is the sum over workers.
 pub(crate) struct LagContext {
     lag: prometheus::IntGaugeVec,
+    rebalances: prometheus::IntCounterVec,
+    pauses: Arc<Pauses>,
     deliveries_topic: String,
     retries_topic: String,
 }
@@ -173,4 +192,31 @@ impl ClientContext for LagContext {
     }
 }
 
-impl ConsumerContext for LagContext {}
+impl ConsumerContext for LagContext {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let kind = match rebalance {
+            Rebalance::Assign(assigned) => {
+                // A lane paused before the rebalance stays paused on what is assigned now.
+                let mut paused = TopicPartitionList::new();
+                for e in assigned.elements() {
+                    if self.pauses.is_paused(e.topic()) {
+                        paused.add_partition(e.topic(), e.partition());
+                    }
+                }
+                if paused.count() > 0
+                    && let Err(e) = consumer.pause(&paused)
+                {
+                    tracing::warn!(error = %e, "assigned partitions of a paused lane not paused");
+                }
+                "assign"
+            }
+            Rebalance::Revoke(_) => "revoke",
+            Rebalance::Error(e) => {
+                tracing::warn!(error = %e, "consumer group rebalance failed");
+                "error"
+            }
+        };
+        tracing::info!(kind, "consumer group rebalance");
+        self.rebalances.with_label_values(&[kind]).inc();
+    }
+}

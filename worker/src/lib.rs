@@ -8,6 +8,7 @@ mod config;
 mod consumer;
 pub mod group_watch;
 pub mod hint;
+mod lanes;
 pub mod limits;
 pub mod metrics;
 pub mod ordering;

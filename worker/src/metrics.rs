@@ -21,6 +21,13 @@ pub const LIMITS_UNAVAILABLE_TOTAL: &str = "railhook_worker_limits_unavailable_t
 pub const RETRY_BACKLOG: &str = "railhook_worker_retry_backlog";
 pub const CONSUMER_LAG: &str = "railhook_worker_consumer_lag";
 pub const GROUP_REJOINS_TOTAL: &str = "railhook_worker_group_rejoins_total";
+pub const REBALANCES_TOTAL: &str = "railhook_worker_rebalances_total";
+pub const HINTS_WAITING: &str = "railhook_worker_hints_waiting";
+
+/// `kind` label values of [`REBALANCES_TOTAL`].
+pub const REBALANCE_KINDS: [&str; 3] = ["assign", "revoke", "error"];
+/// `lane` label values of [`HINTS_WAITING`] (see `lanes.rs`).
+pub const LANES: [&str; 2] = ["fresh", "retry"];
 
 /// `reason` label values of [`DEFERRALS_TOTAL`] (see `limits::Reason`).
 pub const DEFERRAL_REASONS: [&str; 5] = ["breaker", "throttled", "concurrency", "rate", "ordering"];
@@ -59,6 +66,13 @@ pub struct WorkerMetrics {
     /// Times this worker left and rejoined its consumer group because a partition it does
     /// not hold stood still with messages waiting (group_watch.rs).
     pub group_rejoins: IntCounter,
+    /// Consumer-group rebalances this member went through, by `kind`: one assign at start
+    /// is normal; more mean members came and went, or this one was evicted (it stopped
+    /// polling for longer than `max.poll.interval.ms`).
+    pub rebalances: IntCounterVec,
+    /// Hints read from Kafka and not yet claimed, per `lane`: they wait for a free in-flight
+    /// permit, and the lane's topic is paused while too many wait.
+    pub hints_waiting: IntGaugeVec,
 }
 
 use railhook_common::metrics_http::register as reg;
@@ -189,8 +203,36 @@ impl WorkerMetrics {
                 GROUP_REJOINS_TOTAL,
                 "Consumer-group rejoins forced by partitions left unread (a broker that kept a dead member's partitions assigned).",
             ),
+            rebalances: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        REBALANCES_TOTAL,
+                        "Consumer-group rebalances this worker went through, by kind.",
+                    ),
+                    &["kind"],
+                )
+                .expect("valid metric"),
+            ),
+            hints_waiting: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        HINTS_WAITING,
+                        "Hints read and not yet claimed, waiting for an in-flight permit, by lane.",
+                    ),
+                    &["lane"],
+                )
+                .expect("valid metric"),
+            ),
             registry: r,
         };
+        for kind in REBALANCE_KINDS {
+            m.rebalances.with_label_values(&[kind]);
+        }
+        for lane in LANES {
+            m.hints_waiting.with_label_values(&[lane]);
+        }
         for state in ["scheduled", "due"] {
             m.retry_backlog.with_label_values(&[state]);
         }

@@ -1,8 +1,11 @@
-//! The retry scheduler and the sweeps: what runs on the worker loop's timers.
+//! The retry scheduler and the sweeps. Each runs in its own task on its own timer, never on
+//! the consumer's loop: a round that waits on Kafka acks or on a slow scan cannot hold the
+//! polling past `max.poll.interval.ms` (review #19 item 2).
 
 use std::time::Duration;
 
-use rdkafka::error::KafkaError;
+use futures::future::join_all;
+use railhook_common::kafka;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use uuid::Uuid;
 
@@ -11,53 +14,137 @@ use crate::hint::RetryHint;
 use crate::store::{self};
 use crate::worker::Shared;
 
-/// The retry scheduler: claims due rows and publishes a hint for each. Once a hint is
-/// acknowledged by Kafka the scheduler never writes that row again (the consumer owns it);
-/// only a failed publish hands the row back. The first failed publish ends the round and
-/// hands back the rest too: the broker is away, and trying each hint would hold the loop for
-/// a message timeout apiece.
+/// Most due rows one round takes.
+const ROUND: i64 = 500;
+
+/// Runs the retry scheduler every `scheduler_interval` until dropped (its task is aborted
+/// with the worker). A round that could not publish everything gets a new producer.
+pub(crate) async fn run_scheduler(shared: Shared, config: WorkerConfig) {
+    let new_producer = || kafka::producer(&config.kafka, config.message_timeout, 10_000);
+    let mut producer = match new_producer() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(error = %e, "retry producer not created; retries are not scheduled");
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(config.scheduler_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // A full round is followed at once by the next: a backlog of due retries drains at
+        // the broker's pace, not one round per interval.
+        loop {
+            match schedule_retries(&shared, &config, &producer).await {
+                Round::Full => continue,
+                Round::Partial => break,
+                Round::PublishFailed => {
+                    // A new producer id rather than librdkafka's epoch bump after the
+                    // timeout, which tansu 0.6.0 cannot handle (relay.rs, `session`).
+                    match new_producer() {
+                        Ok(p) => producer = p,
+                        Err(e) => tracing::warn!(error = %e, "retry producer not recreated"),
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Runs the sweeps every `sweep_interval` until dropped.
+pub(crate) async fn run_sweeps(shared: Shared, config: WorkerConfig) {
+    let mut tick = tokio::time::interval(config.sweep_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        sweeps(&shared, &config).await;
+    }
+}
+
+/// How a scheduler round ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Round {
+    /// Took a whole batch: more may be due.
+    Full,
+    /// Took less than a batch (or could not read): wait for the next tick.
+    Partial,
+    /// Some hints were not acknowledged; their rows were handed back.
+    PublishFailed,
+}
+
+/// One round of the retry scheduler: claims due rows and publishes a hint for each, all
+/// queued at once and their acknowledgements awaited together. Once a hint is acknowledged
+/// by Kafka the scheduler never writes that row again (the consumer owns it); only a row
+/// whose hint failed is handed back.
 pub(crate) async fn schedule_retries(
     shared: &Shared,
     config: &WorkerConfig,
     producer: &FutureProducer,
-) -> Result<(), KafkaError> {
-    let due = match store::claim_due(&shared.pool, 500).await {
+) -> Round {
+    let due = match store::claim_due(&shared.pool, ROUND).await {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %e, "retry scheduler could not read due deliveries");
-            return Ok(());
+            return Round::Partial;
         }
     };
-    let mut due = due.into_iter();
-    let mut published = Vec::new();
-    while let Some((delivery_id, endpoint_id, token)) = due.next() {
-        let hint = RetryHint {
+    let full = due.len() as i64 == ROUND;
+    let hints: Vec<RetryHint> = due
+        .into_iter()
+        .map(|(delivery_id, endpoint_id, token)| RetryHint {
             delivery_id,
             endpoint_id,
             token,
-        };
+        })
+        .collect();
+    let sends = hints.iter().map(|hint| {
         let payload = hint.encode();
         let record = FutureRecord::to(&config.retries_topic)
             .key(&hint.endpoint_id)
             .payload(&payload);
-        match producer.send(record, Duration::from_secs(5)).await {
-            Ok(_) => {
-                shared.metrics.retries_published.inc();
-                published.push(hint.token);
+        let queued = producer.send_result(record).map_err(|(e, _)| e);
+        async move {
+            match queued {
+                Ok(ack) => match ack.await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err((e, _))) => Err(e.to_string()),
+                    Err(_) => Err("producer dropped".to_owned()),
+                },
+                Err(e) => Err(e.to_string()),
             }
-            Err((e, _)) => {
-                mark_published(shared, &published).await;
-                tracing::warn!(error = %e, "retry hint not published; handing the round's deliveries back");
-                let _ = store::unclaim(&shared.pool, &hint.delivery_id, hint.token).await;
-                for (id, _, token) in due {
-                    let _ = store::unclaim(&shared.pool, &id, token).await;
-                }
-                return Err(e);
+        }
+    });
+    let results = join_all(sends).await;
+    let mut published = Vec::new();
+    let mut failed = Vec::new();
+    let mut first_error = None;
+    for (hint, result) in hints.iter().zip(results) {
+        match result {
+            Ok(()) => published.push(hint.token),
+            Err(e) => {
+                first_error.get_or_insert(e);
+                failed.push((hint.delivery_id.clone(), hint.token));
             }
         }
     }
+    shared
+        .metrics
+        .retries_published
+        .inc_by(published.len() as u64);
     mark_published(shared, &published).await;
-    Ok(())
+    if let Some(error) = first_error {
+        tracing::warn!(
+            error,
+            failed = failed.len(),
+            "retry hints not published; handing their deliveries back"
+        );
+        if let Err(e) = store::unclaim(&shared.pool, &failed).await {
+            tracing::warn!(error = %e, "unpublished deliveries not handed back; the sweep will");
+        }
+        return Round::PublishFailed;
+    }
+    if full { Round::Full } else { Round::Partial }
 }
 
 /// Best-effort: a row left unmarked is swept back after the unpublished window and hinted

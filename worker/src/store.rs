@@ -30,32 +30,6 @@ pub struct Claimed {
     pub deferral_count: i32,
 }
 
-/// The retry path (duplicate window 5 on the retry topic): the scheduler claimed the row
-/// under its own token and published that token; the consumer takes the row over only while
-/// it still carries it, so a redelivered retry message claims nothing.
-pub async fn swap(
-    pool: &PgPool,
-    id: &str,
-    scheduler_token: Uuid,
-    token: Uuid,
-) -> Result<Option<Claimed>, sqlx::Error> {
-    sqlx::query_as!(
-        Claimed,
-        r#"UPDATE deliveries
-           SET claim_token = $3, last_attempt_at = now(), hinted_at = NULL, updated_at = now(),
-               version = version + 1
-           WHERE id = $1 AND status = 'PROCESSING' AND claim_token = $2
-           RETURNING id, claim_token AS "token!", attempt_count, event_id, endpoint_id,
-                     direction, sequence_number, ladder_started_at,
-                     (ordered AND ordering_skipped_at IS NULL) AS "ordered!", deferral_count"#,
-        id,
-        scheduler_token,
-        token
-    )
-    .fetch_optional(pool)
-    .await
-}
-
 /// Where and what to send for a claimed Delivery.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -78,25 +52,6 @@ pub struct Target {
     /// Incoming webhooks: the provider's body as it came, and the headers to pass on.
     pub raw_body: Option<Vec<u8>>,
     pub forward_headers: Option<serde_json::Value>,
-}
-
-pub async fn target(pool: &PgPool, claimed: &Claimed) -> Result<Option<Target>, sqlx::Error> {
-    sqlx::query_as!(
-        Target,
-        r#"SELECT e.url, e.secret,
-                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
-                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
-                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
-                  v.created_at AS event_created_at,
-                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
-                  v.raw_body, v.forward_headers
-           FROM endpoints e, events v
-           WHERE e.id = $1 AND v.id = $2"#,
-        claimed.endpoint_id,
-        claimed.event_id
-    )
-    .fetch_optional(pool)
-    .await
 }
 
 fn outcome_name(o: &Outcome) -> &'static str {
@@ -216,17 +171,88 @@ pub struct StreakPolicy {
     pub min_failures: u32,
 }
 
+/// One row of [`claim_batch`] or [`swap_batch`]: the Claim and what its Attempt needs.
+struct ClaimRow {
+    id: String,
+    token: Uuid,
+    attempt_count: i32,
+    event_id: String,
+    endpoint_id: String,
+    direction: String,
+    sequence_number: Option<i64>,
+    ladder_started_at: DateTime<Utc>,
+    ordered: bool,
+    deferral_count: i32,
+    rate_limit_per_second: Option<i32>,
+    rate_limit_burst: Option<i32>,
+    max_concurrency: Option<i32>,
+    url: String,
+    secret: String,
+    previous_secret: Option<String>,
+    headers: serde_json::Value,
+    timeout_ms: i32,
+    enabled: bool,
+    event_type: String,
+    payload: String,
+    retry_delays: Option<String>,
+    max_attempts: Option<i32>,
+    event_created_at: DateTime<Utc>,
+    raw_body: Option<Vec<u8>>,
+    forward_headers: Option<serde_json::Value>,
+}
+
+impl ClaimRow {
+    fn split(self) -> (Claimed, Target) {
+        let claimed = Claimed {
+            id: self.id,
+            token: self.token,
+            attempt_count: self.attempt_count,
+            event_id: self.event_id,
+            endpoint_id: self.endpoint_id,
+            direction: self.direction,
+            sequence_number: self.sequence_number,
+            ladder_started_at: self.ladder_started_at,
+            ordered: self.ordered,
+            deferral_count: self.deferral_count,
+        };
+        let target = Target {
+            url: self.url,
+            secret: self.secret,
+            previous_secret: self.previous_secret,
+            headers: self.headers,
+            timeout_ms: self.timeout_ms,
+            enabled: self.enabled,
+            event_type: self.event_type,
+            payload: self.payload,
+            retry_delays: self.retry_delays,
+            max_attempts: self.max_attempts,
+            event_created_at: self.event_created_at,
+            rate_limit_per_second: self.rate_limit_per_second,
+            rate_limit_burst: self.rate_limit_burst,
+            max_concurrency: self.max_concurrency,
+            raw_body: self.raw_body,
+            forward_headers: self.forward_headers,
+        };
+        (claimed, target)
+    }
+}
+
 /// The Claim (duplicate windows 4 and 5), the only one: one worker gets each row; every other
 /// copy of the hint — a republished Outbox row, a rebalance replay — matches nothing.
 /// Claims a batch of hinted Deliveries in one statement (one commit for the whole batch)
 /// and returns each won Claim with what its Attempt needs. A hint repeated in the batch, or
 /// for a row that is not due, simply returns nothing for it.
+///
+/// The stamp (`last_attempt_at`) starts the processing window: the worker claims only what
+/// it can start at once (a free in-flight permit per hint), so the window is not spent
+/// waiting in a queue.
 pub async fn claim_batch(
     pool: &PgPool,
     ids: &[String],
 ) -> Result<Vec<(Claimed, Target)>, sqlx::Error> {
     let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
-    let rows = sqlx::query!(
+    let rows = sqlx::query_as!(
+        ClaimRow,
         r#"WITH want AS (
                SELECT * FROM unnest($1::text[], $2::uuid[]) AS w(id, token)
            ), claimed AS (
@@ -259,42 +285,72 @@ pub async fn claim_batch(
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| {
-            let claimed = Claimed {
-                id: r.id,
-                token: r.token,
-                attempt_count: r.attempt_count,
-                event_id: r.event_id,
-                endpoint_id: r.endpoint_id,
-                direction: r.direction,
-                sequence_number: r.sequence_number,
-                ladder_started_at: r.ladder_started_at,
-                ordered: r.ordered,
-                deferral_count: r.deferral_count,
-            };
-            let target = Target {
-                url: r.url,
-                secret: r.secret,
-                previous_secret: r.previous_secret,
-                headers: r.headers,
-                timeout_ms: r.timeout_ms,
-                enabled: r.enabled,
-                event_type: r.event_type,
-                payload: r.payload,
-                retry_delays: r.retry_delays,
-                max_attempts: r.max_attempts,
-                event_created_at: r.event_created_at,
-                rate_limit_per_second: r.rate_limit_per_second,
-                rate_limit_burst: r.rate_limit_burst,
-                max_concurrency: r.max_concurrency,
-                raw_body: r.raw_body,
-                forward_headers: r.forward_headers,
-            };
-            (claimed, target)
-        })
-        .collect())
+    Ok(rows.into_iter().map(ClaimRow::split).collect())
+}
+
+/// The retry path (duplicate window 5 on the retry topic): the scheduler claimed each row
+/// under its own token and published that token; the consumer takes a row over only while
+/// it still carries that token, so a redelivered RetryHint claims nothing. A batch of hints
+/// is swapped in one statement (one commit), like [`claim_batch`], and the swap restamps
+/// the Claim: its processing window starts now.
+pub async fn swap_batch(
+    pool: &PgPool,
+    hints: &[(String, Uuid)],
+) -> Result<Vec<(Claimed, Target)>, sqlx::Error> {
+    let ids: Vec<&str> = hints.iter().map(|(id, _)| id.as_str()).collect();
+    let scheduler_tokens: Vec<Uuid> = hints.iter().map(|(_, t)| *t).collect();
+    let tokens: Vec<Uuid> = hints.iter().map(|_| Uuid::new_v4()).collect();
+    let rows = sqlx::query_as!(
+        ClaimRow,
+        r#"WITH want AS (
+               SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[]) AS w(id, held, token)
+           ), claimed AS (
+               UPDATE deliveries d
+               SET claim_token = w.token, last_attempt_at = now(), hinted_at = NULL,
+                   updated_at = now(), version = d.version + 1
+               FROM want w
+               WHERE d.id = w.id AND d.status = 'PROCESSING' AND d.claim_token = w.held
+               RETURNING d.id, d.claim_token, d.attempt_count, d.event_id, d.endpoint_id,
+                         d.direction, d.sequence_number, d.ladder_started_at,
+                         (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
+           )
+           SELECT c.id AS "id!", c.claim_token AS "token!", c.attempt_count AS "attempt_count!",
+                  c.event_id AS "event_id!", c.endpoint_id AS "endpoint_id!",
+                  c.direction AS "direction!", c.sequence_number,
+                  c.ladder_started_at AS "ladder_started_at!",
+                  c.ordered AS "ordered!", c.deferral_count AS "deferral_count!",
+                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
+                  e.url, e.secret,
+                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
+                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
+                  v.created_at AS event_created_at, v.raw_body, v.forward_headers
+           FROM claimed c
+           JOIN endpoints e ON e.id = c.endpoint_id
+           JOIN events v ON v.id = c.event_id"#,
+        &ids as &[&str],
+        &scheduler_tokens,
+        &tokens
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(ClaimRow::split).collect())
+}
+
+/// Re-stamps a Claim through the Fence right before its request starts, when it waited
+/// long enough (an ordering gate, a rate hold) that the rest of its processing window might
+/// not cover the request. `false`: the sweep took the row back meanwhile (or another worker
+/// owns it now), and the request must not be sent.
+pub async fn restamp(pool: &PgPool, claimed: &Claimed) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query!(
+        "UPDATE deliveries SET last_attempt_at = now()
+         WHERE id = $1 AND claim_token = $2 AND status = 'PROCESSING' AND hinted_at IS NULL",
+        claimed.id,
+        claimed.token
+    )
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Ends a claimed Delivery without an Attempt (its endpoint was disabled or deleted).
@@ -418,14 +474,21 @@ pub async fn mark_published(pool: &PgPool, tokens: &[Uuid]) -> Result<u64, sqlx:
     Ok(marked.rows_affected())
 }
 
-/// Hands a row back when the scheduler could not publish it (only then may it write again).
-pub async fn unclaim(pool: &PgPool, id: &str, token: Uuid) -> Result<(), sqlx::Error> {
+/// Hands rows back when the scheduler could not publish their hints (only then may it
+/// write them again): (delivery id, scheduler token) pairs, in one statement.
+pub async fn unclaim(pool: &PgPool, rows: &[(String, Uuid)]) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
+    let tokens: Vec<Uuid> = rows.iter().map(|(_, t)| *t).collect();
     sqlx::query!(
-        "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, hinted_at = NULL,
+        "UPDATE deliveries d SET status = 'PENDING', claim_token = NULL, hinted_at = NULL,
                 updated_at = now()
-         WHERE id = $1 AND claim_token = $2",
-        id,
-        token
+         FROM unnest($1::text[], $2::uuid[]) AS w(id, token)
+         WHERE d.id = w.id AND d.claim_token = w.token",
+        &ids as &[&str],
+        &tokens
     )
     .execute(pool)
     .await?;

@@ -1,38 +1,42 @@
 //! The worker loop: consume hints, Claim, run the Attempt off the consumer's path, finalise
-//! behind the Fence; plus the retry scheduler and the sweeps.
+//! behind the Fence. The retry scheduler and the sweeps run in their own tasks.
 //!
 //! ```text
-//!  deliveries topic ─Announcement─▶ claim(id) ──┐
-//!  retries topic   ─RetryHint────▶ swap(token) ─┤  store offset (after the claim committed
-//!                                               │  or matched nothing)
-//!                                               ▼
-//!                        spawn: target → Attempt Runner (HTTP only) → decide → finalise
-//!  every retry_scheduler_ms: claim_due (SKIP LOCKED) → publish RetryHint (ack) → never write
-//!                                                     └ publish failed → unclaim
-//!  every sweep_ms: PROCESSING too long → PENDING; PENDING unscheduled too long → retry path
+//!  deliveries topic ─Announcement─▶ fresh lane ─(permit)─▶ claim_batch ──┐ store offsets
+//!  retries topic   ─RetryHint────▶ retry lane ─(permit)─▶ swap_batch ───┤ (after the
+//!                                                                       │  statement)
+//!                                                                       ▼
+//!        spawn: gate, limits → re-stamp if the Claim aged → Attempt Runner → decide → finalise
+//!  scheduler task, every retry_scheduler_ms: claim_due (SKIP LOCKED) → publish RetryHints,
+//!                 acks awaited together → mark published │ failed → unclaim
+//!  sweeps task, every sweep_ms: PROCESSING too long → PENDING; PENDING unscheduled too long
+//!                 → retry path
 //!  group watch: a partition this worker does not hold stood still with messages waiting
 //!               for worker_stall_rejoin_seconds → leave and rejoin the group (group_watch.rs)
 //! ```
 //!
+//! The loop never waits on an Attempt or on the scheduler: it claims only what it has free
+//! permits for and pauses a lane's topic while hints wait (lanes.rs), so it polls Kafka
+//! well within `max.poll.interval.ms` however slow the endpoints are.
+//!
 //! Offsets: a message's offset is stored only after its Claim's transaction committed or
 //! matched nothing, so a crash before that redelivers the hint and a crash after it leaves a
-//! claimed row that the processing sweep hands back. Claims run in message order on one
-//! task; Attempts run concurrently, at most `max_in_flight` at a time.
+//! claimed row that the processing sweep hands back.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use railhook_common::announcement::{Announcement, AnnouncementError};
+use railhook_common::config::PROCESSING_MARGIN;
 use railhook_common::health::{Backoff, Dependencies};
 use railhook_common::kafka::{self};
 use railhook_common::retry::Ladder;
 use railhook_common::signing::SigningKey;
 use rdkafka::consumer::Consumer;
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::Message;
 use sqlx::PgPool;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -40,13 +44,13 @@ use crate::attempt::{Attempt, Outcome, Runner};
 use crate::config::{WorkerConfig, WorkerError};
 use crate::consumer::{AbortOnDrop, orphaned, subscribe, watch_group};
 use crate::group_watch::Probe;
-use crate::hint::RetryHint;
+use crate::lanes::{Ask, CLAIM_BATCH, Lane, Pauses, Taken};
 use crate::limits::{Admission, BreakerState, EndpointLimits, Limits, Reason, Verdict, rate_hold};
 use crate::metrics::WorkerMetrics;
 use crate::ordering::{self, Gate};
 use crate::resolution::{defer, finalise_with_retry, give_up};
 use crate::schedule::{Decision, decide};
-use crate::scheduler::{schedule_retries, sweeps};
+use crate::scheduler::{run_scheduler, run_sweeps};
 use crate::ssrf::Allowlist;
 use crate::store::{self, Claimed};
 
@@ -65,6 +69,10 @@ pub(crate) struct Shared {
     /// How long an Attempt's outcome is retried while Postgres is away (the stranded
     /// window: past it the Delivery is someone else's to resend anyway).
     pub(crate) finalise_for: Duration,
+    /// The sweep's window: a Claim older than this may be handed to another worker.
+    pub(crate) processing_timeout: Duration,
+    /// No request runs longer than this, whatever an older endpoint row says.
+    pub(crate) endpoint_timeout_max: Duration,
 }
 
 /// Creates the worker's topics, waiting with a capped back-off while Kafka is away (the
@@ -118,7 +126,6 @@ pub async fn run(
     if !wait_for_topics(&config, &deps, &mut shutdown).await {
         return Ok(());
     }
-    let mut producer = kafka::producer(&config.kafka, config.message_timeout, 10_000)?;
     let shared = Shared {
         pool,
         runner: Runner::new(Allowlist::parse(&config.allow_private_targets)?)?,
@@ -130,10 +137,13 @@ pub async fn run(
         deferral_max: config.deferral_max,
         streak: config.streak,
         finalise_for: config.stranded_after,
+        processing_timeout: config.processing_timeout,
+        endpoint_timeout_max: config.endpoint_timeout_max,
     };
-    let permits = Arc::new(Semaphore::new(config.max_in_flight));
-    let mut scheduler = tokio::time::interval(config.scheduler_interval);
-    let mut sweep = tokio::time::interval(config.sweep_interval);
+    // The scheduler and the sweeps run in their own tasks, never on the consumer's loop.
+    let _scheduler = AbortOnDrop(tokio::spawn(run_scheduler(shared.clone(), config.clone())));
+    let _sweeps = AbortOnDrop(tokio::spawn(run_sweeps(shared.clone(), config.clone())));
+    let pauses = Arc::new(Pauses::new(&config.deliveries_topic, &config.retries_topic));
     let (stalled_tx, mut stalled) = mpsc::channel(1);
     let _watch = match config.stall_rejoin_after {
         Some(after) => {
@@ -154,37 +164,58 @@ pub async fn run(
     // One pass per group membership: a rejoin (see `group_watch`) drops the consumer, which
     // commits the stored offsets and leaves the group, and subscribes a new one.
     loop {
-        let consumer = subscribe(&config, &shared.metrics)?;
-        // Whatever the consumer has ready, up to a batch: claimed in one statement, so one
-        // commit (one WAL flush) serves the whole batch.
+        let consumer = subscribe(&config, &shared.metrics, pauses.clone())?;
+        // A new membership starts with empty, unpaused lanes: what the last one read and
+        // did not claim is read again from the committed offsets.
+        let mut fresh = Lane::new(
+            "fresh",
+            &config.deliveries_topic,
+            config.max_in_flight,
+            pauses.clone(),
+        );
+        let mut retry = Lane::new(
+            "retry",
+            &config.retries_topic,
+            config.max_in_flight.div_ceil(2),
+            pauses.clone(),
+        );
+        // Whatever the consumer has ready, up to a batch.
         let mut hints = consumer.stream().ready_chunks(CLAIM_BATCH);
         loop {
+            // Claim what can start now, fresh first; store offsets once the Claims committed.
+            for lane in [&mut fresh, &mut retry] {
+                while let Some(Taken {
+                    asks,
+                    permits,
+                    offsets,
+                }) = lane.take()
+                {
+                    start(&shared, lane.name, asks, permits).await;
+                    for (partition, offset) in offsets {
+                        if let Err(e) = consumer.store_offset(&lane.topic, partition, offset) {
+                            tracing::warn!(error = %e, "offset not stored");
+                        }
+                    }
+                }
+                lane.throttle(&consumer, &shared.metrics);
+            }
+            let fresh_free = fresh.permits.clone();
+            let retry_free = retry.permits.clone();
             tokio::select! {
                 _ = &mut shutdown => return Ok(()),
                 batch = hints.next() => {
                     let Some(batch) = batch else { return Ok(()) };
-                    let messages: Vec<BorrowedMessage<'_>> = batch
-                        .into_iter()
-                        .filter_map(|m| m.map_err(|e| tracing::warn!(error = %e, "consumer error")).ok())
-                        .collect();
-                    on_batch(&shared, &config, &permits, &messages).await;
-                    for m in &messages {
-                        if let Err(e) = consumer.store_offset_from_message(m) {
-                            tracing::warn!(error = %e, "offset not stored");
+                    for m in batch {
+                        match m {
+                            Ok(m) if m.topic() == config.retries_topic => retry.push(&m, &shared.metrics),
+                            Ok(m) => fresh.push(&m, &shared.metrics),
+                            Err(e) => tracing::warn!(error = %e, "consumer error"),
                         }
                     }
                 },
-                _ = scheduler.tick() => {
-                    if schedule_retries(&shared, &config, &producer).await.is_err() {
-                        // A new producer id rather than librdkafka's epoch bump after the
-                        // timeout, which tansu 0.6.0 cannot handle (relay.rs, `session`).
-                        match kafka::producer(&config.kafka, config.message_timeout, 10_000) {
-                            Ok(p) => producer = p,
-                            Err(e) => tracing::warn!(error = %e, "retry producer not recreated"),
-                        }
-                    }
-                }
-                _ = sweep.tick() => sweeps(&shared, &config).await,
+                // A permit came free: the next pass claims for the lane that waits on it.
+                _ = fresh_free.acquire(), if fresh.has_waiting() => {}
+                _ = retry_free.acquire(), if retry.has_waiting() => {}
                 Some(report) = stalled.recv() => {
                     let settled = rejoined.is_none_or(|at| at.elapsed() >= settle);
                     if settled && orphaned(&consumer, report) {
@@ -197,9 +228,6 @@ pub async fn run(
         }
     }
 }
-
-/// Most hints claimed in one statement.
-const CLAIM_BATCH: usize = 256;
 
 /// Retries `op` while Postgres is away, so no offset moves past an unanswered hint.
 async fn until_ok<T, F, Fut>(what: &str, mut op: F) -> T
@@ -218,69 +246,47 @@ where
     }
 }
 
-/// Claims what a batch of hints names and hands each won Claim to an Attempt task. Returns
-/// once every Claim's statement committed (or matched nothing): only then are the batch's
-/// offsets stored.
-async fn on_batch(
+/// Claims (fresh lane) or swaps (retry lane) what a lane took, in one statement, and starts
+/// an Attempt task for each won Claim with one of the permits taken for it. Returns once the
+/// statement committed (or matched nothing): only then are the hints' offsets stored.
+async fn start(
     shared: &Shared,
-    config: &WorkerConfig,
-    permits: &Arc<Semaphore>,
-    messages: &[BorrowedMessage<'_>],
+    lane: &str,
+    asks: Vec<Ask>,
+    mut permits: Vec<OwnedSemaphorePermit>,
 ) {
-    let mut announced = Vec::new();
-    let mut retries = Vec::new();
-    for m in messages {
-        let payload = m.payload().unwrap_or_default();
-        if m.topic() == config.retries_topic {
-            match RetryHint::decode(payload) {
-                Some(h) => retries.push(h),
-                None => shared.metrics.bad_hints.inc(),
-            }
-        } else {
-            match Announcement::decode(payload) {
-                Ok(a) => announced.push(a.delivery_id),
-                // A newer release's Announcement (a rolling deploy): it still names its
-                // Delivery, and the Claim reads the rest from the row, so it is claimed
-                // like any other rather than dropped (common/src/announcement.rs).
-                Err(AnnouncementError::UnknownVersion(_)) => {
-                    match Announcement::delivery_of_any_version(payload) {
-                        Ok((v, id)) => {
-                            tracing::info!(version = v, delivery_id = %id, "announcement of a newer version; claiming the delivery it names");
-                            announced.push(id);
-                        }
-                        Err(_) => shared.metrics.bad_hints.inc(),
-                    }
-                }
-                Err(_) => shared.metrics.bad_hints.inc(),
-            }
-        }
+    if asks.is_empty() {
+        return;
     }
-    let mut won = Vec::new();
-    if !announced.is_empty() {
-        won = until_ok("claim", || store::claim_batch(&shared.pool, &announced)).await;
-        let misses = announced.len().saturating_sub(won.len());
-        shared.metrics.claim_misses.inc_by(misses as u64);
-    }
-    for h in retries {
-        let token = Uuid::new_v4();
-        let swapped = until_ok("swap", || {
-            store::swap(&shared.pool, &h.delivery_id, h.token, token)
-        })
-        .await;
-        let Some(claimed) = swapped else {
-            shared.metrics.claim_misses.inc();
-            continue;
-        };
-        match until_ok("target", || store::target(&shared.pool, &claimed)).await {
-            Some(target) => won.push((claimed, target)),
-            None => {
-                tracing::warn!(delivery_id = %claimed.id, "claimed delivery has no endpoint or event")
-            }
-        }
-    }
+    // Before the statement: the Claim's stamp is no earlier than this, so the age measured
+    // from here is never less than the Claim's own (see `deliver`).
+    let stamped = Instant::now();
+    let won = if lane == "retry" {
+        let hints: Vec<(String, Uuid)> = asks
+            .iter()
+            .filter_map(|a| match a {
+                Ask::Swap(id, token) => Some((id.clone(), *token)),
+                _ => None,
+            })
+            .collect();
+        until_ok("swap", || store::swap_batch(&shared.pool, &hints)).await
+    } else {
+        let ids: Vec<String> = asks
+            .iter()
+            .filter_map(|a| match a {
+                Ask::Claim(id) => Some(id.clone()),
+                _ => None,
+            })
+            .collect();
+        until_ok("claim", || store::claim_batch(&shared.pool, &ids)).await
+    };
+    let misses = asks.len().saturating_sub(won.len());
+    shared.metrics.claim_misses.inc_by(misses as u64);
     for (claimed, target) in won {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
+        let Some(permit) = permits.pop() else {
+            // More rows than hints cannot happen (one row per id); never send unpermitted.
+            tracing::error!(delivery_id = %claimed.id, "claimed without a permit; the sweep will hand it back");
+            continue;
         };
         let shared = shared.clone();
         // One span per Attempt, with the ids as fields (never as metric labels): every log
@@ -295,7 +301,7 @@ async fn on_batch(
         );
         tokio::spawn(
             async move {
-                deliver(&shared, claimed, target).await;
+                deliver(&shared, claimed, target, stamped).await;
                 drop(permit);
             }
             .instrument(span),
@@ -418,18 +424,55 @@ fn breaker_verdict(report: &crate::attempt::Report, max: Duration) -> (Verdict, 
     }
 }
 
+/// Whether a Claim stamped `age` ago must be re-stamped before a request of up to `timeout`
+/// starts: the request and its finalise must end inside the sweep's window, with
+/// [`PROCESSING_MARGIN`] to spare (common/src/config.rs, `processing_timeout_problem`).
+pub(crate) fn needs_restamp(age: Duration, timeout: Duration, window: Duration) -> bool {
+    age + timeout + PROCESSING_MARGIN >= window
+}
+
 /// One claimed Delivery: gate and limits (or a Deferral), Attempt, decision, finalise.
-async fn deliver(shared: &Shared, mut claimed: Claimed, target: store::Target) {
+/// `stamped`: no later than the Claim's stamp in Postgres.
+async fn deliver(shared: &Shared, mut claimed: Claimed, target: store::Target, stamped: Instant) {
     if !target.enabled {
         return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
     }
     let Some(mut attempt) = build_attempt(&claimed, &target) else {
         return give_up(shared, &claimed, "the endpoint's URL or secret is invalid").await;
     };
+    attempt.timeout = attempt.timeout.min(shared.endpoint_timeout_max);
     let Some(lease) = admit(shared, &mut claimed, &target).await else {
         return;
     };
     attempt.sequence_number = claimed.sequence_number;
+    // Invariant: a Claim is never older than its sweep window allows when its request
+    // starts (review #19 item 1). The gate and the limits may have held it; then it is
+    // re-stamped through the Fence, and a Claim the sweep already took back is not sent.
+    if needs_restamp(
+        stamped.elapsed(),
+        attempt.timeout,
+        shared.processing_timeout,
+    ) {
+        let kept = store::restamp(&shared.pool, &claimed).await;
+        if !matches!(kept, Ok(true)) {
+            if let Err(e) = &kept {
+                tracing::warn!(error = %e, "claim not re-stamped; not sending, the sweep will hand it back");
+            } else {
+                shared.metrics.fence_rejections.inc();
+                tracing::info!("claim lost before its request started; not sending");
+            }
+            shared
+                .limits
+                .record(
+                    &claimed.endpoint_id,
+                    lease.as_deref(),
+                    Verdict::Neutral,
+                    None,
+                )
+                .await;
+            return;
+        }
+    }
     let report = shared.runner.run(&attempt).await;
     let (verdict, throttle) = breaker_verdict(&report, shared.deferral_max);
     if let Some(state) = shared

@@ -91,13 +91,14 @@ fn parse_id(raw: &str) -> ApiResult<EndpointId> {
     EndpointId::parse(raw).map_err(|_| ApiError::NotFound("endpoint"))
 }
 
-fn check_timeout(ms: i32) -> ApiResult<()> {
-    if (1_000..=300_000).contains(&ms) {
+fn check_timeout(state: &AppState, ms: i32) -> ApiResult<()> {
+    let max = state.limits.endpoint_timeout_max_ms;
+    if (1_000..=max).contains(&ms) {
         Ok(())
     } else {
         Err(ApiError::validation(
             "timeout_ms",
-            "timeout_ms must be between 1000 and 300000",
+            format!("timeout_ms must be between 1000 and {max}"),
         ))
     }
 }
@@ -193,8 +194,11 @@ pub(crate) async fn insert(
 ) -> ApiResult<CreatedEndpoint> {
     let url = validate_url(&body.url)?;
     check_description(&body.description)?;
-    let timeout_ms = body.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
-    check_timeout(timeout_ms)?;
+    // The default, unless the deployment caps endpoints below it.
+    let timeout_ms = body
+        .timeout_ms
+        .unwrap_or(DEFAULT_TIMEOUT_MS.min(state.limits.endpoint_timeout_max_ms));
+    check_timeout(state, timeout_ms)?;
     check_positive("rate_limit_per_second", body.rate_limit_per_second)?;
     check_positive("rate_limit_burst", body.rate_limit_burst)?;
     check_positive("max_concurrency", body.max_concurrency)?;
@@ -360,7 +364,7 @@ pub async fn update(
         check_description(d)?;
     }
     if let Some(ms) = body.timeout_ms {
-        check_timeout(ms)?;
+        check_timeout(&state, ms)?;
     }
     check_positive(
         "rate_limit_per_second",

@@ -1,0 +1,307 @@
+//! The consumer's two lanes: fresh Announcements and RetryHints. Each lane queues the hints
+//! it has read, claims only as many as it has free in-flight permits (so a Claim starts its
+//! request at once, and never spends its processing window in a queue), and pauses its
+//! topic while too many hints wait, so the consumer keeps polling (and keeps its place in
+//! the group) however slow the endpoints are.
+//!
+//! ```text
+//!  stream ──▶ fresh lane: [hint hint hint …] ──(free permit)──▶ claim_batch ─▶ Attempt task
+//!        └──▶ retry lane: [hint hint …]      ──(free permit)──▶ swap_batch  ─▶ Attempt task
+//!   waiting ≥ PAUSE_AT: pause the lane's topic (polling goes on; librdkafka drops what it
+//!   prefetched and fetches it again after the resume, from the position the loop read to)
+//! ```
+//!
+//! Each lane has its own permits, so a storm of due retries cannot take the permits fresh
+//! Deliveries need (review #19 item 2): fresh Attempts get `max_in_flight`, retries half as
+//! many more.
+//!
+//! Offsets: a hint's offset is stored only after its Claim's statement committed or matched
+//! nothing, and a lane takes hints from its front, so per partition the stored offset only
+//! ever passes hints that were claimed (a lane holds one topic, and a partition's hints
+//! arrive in order).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use railhook_common::announcement::{Announcement, AnnouncementError};
+use rdkafka::Message;
+use rdkafka::TopicPartitionList;
+use rdkafka::consumer::Consumer;
+use rdkafka::message::BorrowedMessage;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use uuid::Uuid;
+
+use crate::hint::RetryHint;
+use crate::metrics::WorkerMetrics;
+
+/// Most hints claimed in one statement.
+pub(crate) const CLAIM_BATCH: usize = 256;
+/// A lane with this many hints waiting pauses its topic.
+const PAUSE_AT: usize = CLAIM_BATCH;
+/// A paused lane resumes when fewer than this wait: the next fetch arrives before the
+/// permits run dry.
+const RESUME_BELOW: usize = CLAIM_BATCH / 2;
+
+/// What a hint asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// An Announcement: claim this Delivery.
+    Claim(String),
+    /// A RetryHint: swap the scheduler's token for ours.
+    Swap(String, Uuid),
+    /// Undecodable: skipped (its offset is stored in turn).
+    Bad,
+}
+
+/// One hint waiting in a lane.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiting {
+    pub partition: i32,
+    pub offset: i64,
+    pub ask: Ask,
+}
+
+/// Which lanes are paused, shared with the consumer's context so a rebalance keeps a paused
+/// lane paused on the partitions it assigns.
+#[derive(Debug, Default)]
+pub(crate) struct Pauses {
+    deliveries_topic: String,
+    retries_topic: String,
+    fresh: AtomicBool,
+    retry: AtomicBool,
+}
+
+impl Pauses {
+    pub(crate) fn new(deliveries_topic: &str, retries_topic: &str) -> Self {
+        Self {
+            deliveries_topic: deliveries_topic.to_owned(),
+            retries_topic: retries_topic.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn is_paused(&self, topic: &str) -> bool {
+        if topic == self.deliveries_topic {
+            self.fresh.load(Ordering::Relaxed)
+        } else if topic == self.retries_topic {
+            self.retry.load(Ordering::Relaxed)
+        } else {
+            false
+        }
+    }
+}
+
+/// The hints a lane took, with a permit for each that needs one.
+pub(crate) struct Taken {
+    pub asks: Vec<Ask>,
+    pub permits: Vec<OwnedSemaphorePermit>,
+    /// (partition, offset) of every hint taken, in order: stored once the Claim committed.
+    pub offsets: Vec<(i32, i64)>,
+}
+
+pub(crate) struct Lane {
+    pub name: &'static str,
+    pub topic: String,
+    pub permits: Arc<Semaphore>,
+    waiting: VecDeque<Waiting>,
+    paused: bool,
+    pauses: Arc<Pauses>,
+}
+
+impl Lane {
+    pub(crate) fn new(
+        name: &'static str,
+        topic: &str,
+        permits: usize,
+        pauses: Arc<Pauses>,
+    ) -> Self {
+        Self {
+            name,
+            topic: topic.to_owned(),
+            permits: Arc::new(Semaphore::new(permits)),
+            waiting: VecDeque::new(),
+            paused: false,
+            pauses,
+        }
+    }
+
+    pub(crate) fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Queues a hint read from this lane's topic.
+    pub(crate) fn push(&mut self, m: &BorrowedMessage<'_>, metrics: &WorkerMetrics) {
+        let ask = decode(self.name, m.payload().unwrap_or_default());
+        if ask == Ask::Bad {
+            metrics.bad_hints.inc();
+        }
+        self.waiting.push_back(Waiting {
+            partition: m.partition(),
+            offset: m.offset(),
+            ask,
+        });
+    }
+
+    /// Takes hints from the front while there are permits for them, at most a claim batch.
+    pub(crate) fn take(&mut self) -> Option<Taken> {
+        let mut taken = Taken {
+            asks: Vec::new(),
+            permits: Vec::new(),
+            offsets: Vec::new(),
+        };
+        while taken.offsets.len() < CLAIM_BATCH {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            if front.ask != Ask::Bad {
+                let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+                    break;
+                };
+                taken.permits.push(permit);
+            }
+            let w = self.waiting.pop_front().expect("front exists");
+            taken.offsets.push((w.partition, w.offset));
+            if w.ask != Ask::Bad {
+                taken.asks.push(w.ask);
+            }
+        }
+        (!taken.offsets.is_empty()).then_some(taken)
+    }
+
+    /// Pauses the lane's topic while too many hints wait, resumes it when few do. Polling
+    /// goes on either way: a paused partition simply returns nothing.
+    pub(crate) fn throttle<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
+        &mut self,
+        consumer: &C,
+        metrics: &WorkerMetrics,
+    ) {
+        metrics
+            .hints_waiting
+            .with_label_values(&[self.name])
+            .set(self.waiting.len() as i64);
+        let pause = if !self.paused && self.waiting.len() >= PAUSE_AT {
+            true
+        } else if self.paused && self.waiting.len() < RESUME_BELOW {
+            false
+        } else {
+            return;
+        };
+        self.paused = pause;
+        let flag = if self.name == "fresh" {
+            &self.pauses.fresh
+        } else {
+            &self.pauses.retry
+        };
+        // Set before the call, so a rebalance in between pauses what it assigns.
+        flag.store(pause, Ordering::Relaxed);
+        let mut mine = TopicPartitionList::new();
+        if let Ok(assigned) = consumer.assignment() {
+            for e in assigned.elements() {
+                if e.topic() == self.topic {
+                    mine.add_partition(e.topic(), e.partition());
+                }
+            }
+        }
+        let result = if pause {
+            consumer.pause(&mine)
+        } else {
+            consumer.resume(&mine)
+        };
+        tracing::debug!(
+            lane = self.name,
+            pause,
+            waiting = self.waiting.len(),
+            "lane throttled"
+        );
+        if let Err(e) = result {
+            tracing::warn!(error = %e, lane = self.name, pause, "lane's partitions not paused or resumed");
+        }
+    }
+}
+
+/// Reads a hint of either lane. A newer release's Announcement (a rolling deploy) still
+/// names its Delivery, and the Claim reads the rest from the row, so it is claimed like any
+/// other rather than dropped (common/src/announcement.rs).
+fn decode(lane: &str, payload: &[u8]) -> Ask {
+    if lane == "retry" {
+        return match RetryHint::decode(payload) {
+            Some(h) => Ask::Swap(h.delivery_id, h.token),
+            None => Ask::Bad,
+        };
+    }
+    match Announcement::decode(payload) {
+        Ok(a) => Ask::Claim(a.delivery_id),
+        Err(AnnouncementError::UnknownVersion(_)) => {
+            match Announcement::delivery_of_any_version(payload) {
+                Ok((v, id)) => {
+                    tracing::info!(version = v, delivery_id = %id, "announcement of a newer version; claiming the delivery it names");
+                    Ask::Claim(id)
+                }
+                Err(_) => Ask::Bad,
+            }
+        }
+        Err(_) => Ask::Bad,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(permits: usize) -> Lane {
+        Lane::new("fresh", "t", permits, Arc::new(Pauses::new("t", "r")))
+    }
+
+    fn waiting(offset: i64, ask: Ask) -> Waiting {
+        Waiting {
+            partition: 0,
+            offset,
+            ask,
+        }
+    }
+
+    #[test]
+    fn takes_only_what_it_has_permits_for() {
+        let mut l = lane(2);
+        for i in 0..5 {
+            l.waiting.push_back(waiting(i, Ask::Claim(format!("d{i}"))));
+        }
+        let t = l.take().expect("two");
+        assert_eq!(t.asks.len(), 2);
+        assert_eq!(t.offsets, vec![(0, 0), (0, 1)]);
+        assert!(l.take().is_none(), "no permit left");
+        drop(t);
+        let t = l.take().expect("permits back");
+        assert_eq!(t.offsets, vec![(0, 2), (0, 3)]);
+    }
+
+    #[test]
+    fn a_bad_hint_needs_no_permit_and_keeps_its_place() {
+        let mut l = lane(1);
+        l.waiting.push_back(waiting(0, Ask::Bad));
+        l.waiting.push_back(waiting(1, Ask::Claim("d".into())));
+        l.waiting.push_back(waiting(2, Ask::Bad));
+        l.waiting.push_back(waiting(3, Ask::Claim("e".into())));
+        let t = l.take().expect("taken");
+        assert_eq!(t.asks, vec![Ask::Claim("d".into())]);
+        assert_eq!(t.offsets, vec![(0, 0), (0, 1), (0, 2)]);
+        assert_eq!(t.permits.len(), 1);
+    }
+
+    #[test]
+    fn decodes_both_kinds_and_flags_garbage() {
+        let token = Uuid::new_v4();
+        let hint = RetryHint {
+            delivery_id: "dlv_1".into(),
+            endpoint_id: "ep_1".into(),
+            token,
+        };
+        assert_eq!(
+            decode("retry", &hint.encode()),
+            Ask::Swap("dlv_1".into(), token)
+        );
+        assert_eq!(decode("retry", b"{}"), Ask::Bad);
+        assert_eq!(decode("fresh", b"nonsense"), Ask::Bad);
+    }
+}
