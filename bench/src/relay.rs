@@ -280,6 +280,69 @@ async fn wait_confirmed(metrics: &RelayMetrics, end: u64, limit: Duration) -> an
     Ok(())
 }
 
+/// Commit → ack at the steady rate with a fresh relay, once with nothing to prune and once
+/// while the prune job deletes every Outbox row written so far (the backlog and the latency
+/// phase: `--rows` + rate × seconds), with a retention of zero. Review #19 item 6: the
+/// prune runs in its own task, so the p99 must not move.
+async fn prune_phase(s: &Setup, config: &RelayConfig, args: &Args) -> anyhow::Result<()> {
+    println!();
+    println!(
+        "## commit → Kafka ack while the prune job runs ({} rows/s for {} s)",
+        args.rate, args.seconds
+    );
+    println!(
+        "| run | Outbox rows at start | rows pruned during the run | p50 ms | p90 ms | p99 ms |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let mut p99s = Vec::new();
+    for (name, retention) in [
+        (
+            "nothing to prune (retention 1 h)",
+            Duration::from_secs(3600),
+        ),
+        ("pruning everything (retention 0)", Duration::ZERO),
+    ] {
+        let mut config = config.clone();
+        config.outbox_retention = retention;
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+            .fetch_one(&s.pool)
+            .await?;
+        let relay = start_relay(config);
+        wait_confirmed(
+            &relay.metrics,
+            current_lsn(&s.pool).await?,
+            Duration::from_secs(60),
+        )
+        .await?;
+        let pruned_before = relay.metrics.pruned.get();
+        steady_load(&s.pool, args.rate, args.seconds).await?;
+        wait_confirmed(
+            &relay.metrics,
+            current_lsn(&s.pool).await?,
+            Duration::from_secs(60),
+        )
+        .await?;
+        let pruned = relay.metrics.pruned.get() - pruned_before;
+        let h = &relay.metrics.commit_to_ack_seconds;
+        let p99 = histogram_quantile(h, 0.99);
+        println!(
+            "| {name} | {rows} | {pruned} | {:.2} | {:.2} | {p99:.2} |",
+            histogram_quantile(h, 0.5),
+            histogram_quantile(h, 0.9),
+        );
+        p99s.push(p99);
+        drop(relay);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if let [quiet, pruning] = p99s[..] {
+        println!(
+            "p99 while pruning ÷ p99 without: {:.2}",
+            pruning / quiet.max(0.001)
+        );
+    }
+    Ok(())
+}
+
 /// Commits one row per transaction at `rate`/s for `seconds`; returns commit instants by id.
 async fn steady_load(
     pool: &PgPool,
@@ -465,6 +528,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
+    prune_phase(&s, &config, &args).await?;
     for slot in [&s.relay_slot, &s.raw_slot] {
         let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
             .bind(slot)

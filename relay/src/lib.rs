@@ -8,6 +8,7 @@ mod error;
 pub mod metrics;
 mod outbox;
 pub mod pgoutput;
+mod prune;
 pub mod relay;
 pub mod slot;
 pub mod window;

@@ -45,9 +45,11 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgConnection;
+use tokio::sync::watch;
 
 use crate::metrics::RelayMetrics;
 use crate::pgoutput::{self, PgOutput, Relation};
+use crate::prune::{AbortOnDrop, Pruner};
 use crate::slot::{self, SlotError};
 use crate::window::{Committed, Window};
 use railhook_common::kafka as producer;
@@ -68,8 +70,6 @@ const RESTART_BACKOFF: Duration = Duration::from_secs(1);
 pub const REPLICATION: &str = "postgres_replication";
 /// How often a relay waiting for a missing or lost Slot looks again.
 const SLOT_RETRY: Duration = Duration::from_secs(2);
-/// Outbox rows deleted per statement by the prune job.
-const PRUNE_BATCH: i64 = 5_000;
 /// Seconds between the Unix epoch and Postgres' epoch (2000-01-01).
 const PG_EPOCH_OFFSET_SECS: i64 = 946_684_800;
 
@@ -246,7 +246,15 @@ impl Relay {
             self.config.message_timeout,
             self.config.max_in_flight,
         )?;
-        let mut s = Session::new(&self.config, producer);
+        let (prune_up_to, confirmed) = watch::channel(None);
+        let pruner = Pruner {
+            postgres: self.config.postgres.clone(),
+            retention: self.config.outbox_retention,
+            every: self.config.status_interval,
+            metrics: self.metrics.clone(),
+        };
+        let _prune = AbortOnDrop(tokio::spawn(pruner.run(confirmed)));
+        let mut s = Session::new(&self.config, producer, prune_up_to);
         let result = self.stream(&mut stream, &mut control, &mut s).await;
         // Dropping the client ends the connection; an aborted session never confirms more.
         stream.abort();
@@ -468,52 +476,8 @@ impl Relay {
             confirmed,
         )
         .await?;
-        if let Some(confirmed) = s.last_confirmed_commit_micros {
-            self.prune(&mut *control, confirmed).await?;
-        }
-        Ok(())
-    }
-
-    /// Deletes Outbox rows older than the retention that were committed before the newest
-    /// confirmed transaction. Deleting a committed row never hides it from the relay (the
-    /// insert is decoded from the WAL, not the table); the age and the confirmation bound
-    /// keep the table small while leaving recent rows for an operator to inspect.
-    async fn prune(
-        &self,
-        control: &mut PgConnection,
-        confirmed_commit_micros: i64,
-    ) -> Result<(), RelayError> {
-        let retention = self.config.outbox_retention.as_secs_f64();
-        let confirmed_unix = confirmed_commit_micros as f64 / 1e6 + PG_EPOCH_OFFSET_SECS as f64;
-        for _ in 0..10 {
-            let deleted = sqlx::query(
-                "DELETE FROM outbox WHERE id IN (
-                     SELECT id FROM outbox
-                     WHERE created_at < now() - make_interval(secs => $1)
-                       AND created_at < to_timestamp($2)
-                     ORDER BY id LIMIT $3)",
-            )
-            .bind(retention)
-            .bind(confirmed_unix)
-            .bind(PRUNE_BATCH)
-            .execute(&mut *control)
-            .await
-            .map_err(SlotError::from)?
-            .rows_affected();
-            self.metrics.pruned.inc_by(deleted);
-            if deleted < PRUNE_BATCH as u64 {
-                break;
-            }
-        }
-        // The oldest row by id is the oldest by time (ids follow inserts); one index probe.
-        let oldest: f64 = sqlx::query_scalar(
-            "SELECT coalesce(extract(epoch FROM now() - (
-                 SELECT created_at FROM outbox ORDER BY id LIMIT 1)), 0)::float8",
-        )
-        .fetch_one(&mut *control)
-        .await
-        .map_err(SlotError::from)?;
-        self.metrics.outbox_oldest_age_seconds.set(oldest.max(0.0));
+        // The prune job (its own task) prunes up to here; the loop never waits on it.
+        s.prune_up_to.send_replace(s.last_confirmed_commit_micros);
         Ok(())
     }
 }
@@ -527,6 +491,8 @@ struct Session {
     confirmed: Lsn,
     last_confirmed_commit_micros: Option<i64>,
     last_heartbeat_micros: Option<i64>,
+    /// The newest confirmed commit, for the prune job.
+    prune_up_to: watch::Sender<Option<i64>>,
 }
 
 /// The transaction being read (between Begin and Commit).
@@ -537,7 +503,11 @@ struct Current {
 }
 
 impl Session {
-    fn new(config: &RelayConfig, producer: FutureProducer) -> Self {
+    fn new(
+        config: &RelayConfig,
+        producer: FutureProducer,
+        prune_up_to: watch::Sender<Option<i64>>,
+    ) -> Self {
         Self {
             producer,
             window: Window::new(config.max_in_flight, config.max_in_flight_bytes),
@@ -546,6 +516,7 @@ impl Session {
             confirmed: Lsn(0),
             last_confirmed_commit_micros: None,
             last_heartbeat_micros: None,
+            prune_up_to,
         }
     }
 
