@@ -100,16 +100,27 @@ async fn limits_hold_on_a_redis_cluster_for_endpoints_in_every_slot() {
 
 #[tokio::test]
 async fn the_quota_counts_on_a_redis_cluster() {
-    use railhook_ingest::quota::{Quota, QuotaCheck};
+    use railhook_ingest::quota::{Quota, Reservation};
     let metrics = railhook_ingest::metrics::IngestMetrics::new();
     let quota = Quota::new(cluster(), Duration::from_secs(2), metrics.clone());
     for o in 0..6 {
         let org = format!("org_cluster_{}_{o}", ulid::Ulid::new());
-        quota.charge(&org, 5).await;
-        assert_eq!(quota.check(&org, 6, 1).await, QuotaCheck::Allowed, "{org}");
-        assert_eq!(quota.check(&org, 6, 2).await, QuotaCheck::Exceeded, "{org}");
+        // Five reserved, two of them refunded (not created): three used of six.
+        let five = quota.reserve(&org, 6, 5).await;
+        assert!(matches!(five, Reservation::Reserved { .. }), "{org}");
+        quota.settle(&org, five, 3).await;
+        assert!(
+            matches!(quota.reserve(&org, 6, 4).await, Reservation::Exceeded),
+            "{org}"
+        );
+        let three = quota.reserve(&org, 6, 3).await;
+        assert!(matches!(three, Reservation::Reserved { .. }), "{org}");
+        assert!(
+            matches!(quota.reserve(&org, 6, 1).await, Reservation::Exceeded),
+            "{org}"
+        );
     }
-    let skipped: u64 = ["check", "charge"]
+    let skipped: u64 = ["check", "charge", "refund"]
         .iter()
         .map(|s| metrics.quota_charge_skipped.with_label_values(&[s]).get())
         .sum();

@@ -3,7 +3,8 @@
 //! ```text
 //!   client ──POST /v1/events──▶ ingest
 //!     1. key → project and its live subscriptions (one query, `auth::Sender`)
-//!     2. quota (Redis, fails open)     ─over─▶ 429 unless every Event already exists
+//!     2. quota: reserve (one Redis script, fails open) ─over─▶ 429 unless every Event
+//!        already exists
 //!     3. one statement (atomic by itself, so no BEGIN/COMMIT round trips):
 //!          INSERT events        … ON CONFLICT (project_id, idempotency_key) DO NOTHING
 //!          INSERT deliveries    one per matching endpoint, for the Events inserted
@@ -11,7 +12,8 @@
 //!        ─────────────────────▶ 201
 //!     4. Events skipped in 3 (their Idempotency-Key exists): looked up; the same request
 //!        gets 200 + that Event, a different one 409
-//!     5. after the commit: quota charge, Sequence Numbers (both may fail; neither loses data)
+//!     5. after the commit: refund what was reserved and not created, Sequence Numbers
+//!        (both may fail; neither loses data)
 //! ```
 //!
 //! Invariant: the Event, its Deliveries and their Outbox rows commit together or not at all.
@@ -36,7 +38,7 @@ use sqlx::PgPool;
 
 use crate::auth::Project;
 use crate::problem::{ApiError, InternalError};
-use crate::quota::QuotaCheck;
+use crate::quota::Reservation;
 use crate::state::AppState;
 
 /// One Event as the sender described it, already validated.
@@ -122,12 +124,11 @@ pub async fn ingest(
     events: Vec<NewEvent>,
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
     let organization = project.organization_id.as_str();
-    let results = if state
+    let reservation = state
         .quota
-        .check(organization, project.monthly_quota, events.len())
-        .await
-        == QuotaCheck::Exceeded
-    {
+        .reserve(organization, project.monthly_quota, events.len())
+        .await;
+    let results = if reservation == Reservation::Exceeded {
         let existing = find_existing(&state.pool, project, &events, None).await?;
         let Some(found) = (0..events.len())
             .map(|i| existing.get(&i))
@@ -142,12 +143,18 @@ pub async fn ingest(
             .map(|(f, e)| replayed(f, e))
             .collect::<Result<Vec<_>, _>>()?
     } else {
-        let created = write_events(state, project, subs, &events).await?;
-        state
-            .quota
-            .charge(organization, created.iter().filter(|e| e.created).count())
-            .await;
-        created
+        match write_events(state, project, subs, &events).await {
+            Ok(created) => {
+                let n = created.iter().filter(|e| e.created).count();
+                state.quota.settle(organization, reservation, n).await;
+                created
+            }
+            Err(e) => {
+                // Nothing was written: the whole reservation goes back.
+                state.quota.settle(organization, reservation, 0).await;
+                return Err(e);
+            }
+        }
     };
     let mut results = results;
     fill_replayed_deliveries(&state.pool, &mut results).await?;

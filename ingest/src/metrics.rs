@@ -25,7 +25,8 @@ pub struct IngestMetrics {
     pub events_created: IntCounter,
     pub deliveries_created: IntCounter,
     pub idempotent_replays: IntCounter,
-    /// Labelled by `stage`: `check` (quota read) or `charge` (post-commit increment).
+    /// Labelled by `stage`: `check` (the reservation), `refund` (Events reserved and not created)
+    /// or `charge` (after the commit, when the reservation could not be made).
     pub quota_charge_skipped: IntCounterVec,
     pub quota_rejected: IntCounter,
     pub sequence_assignment_failed: IntCounter,
@@ -91,7 +92,7 @@ impl IngestMetrics {
             quota_charge_skipped: counter_vec(
                 &registry,
                 QUOTA_CHARGE_SKIPPED_TOTAL,
-                "Quota reads or charges skipped because Redis did not answer in time.",
+                "Quota reservations, refunds or charges skipped because Redis did not answer in time.",
                 &["stage"],
             ),
             quota_rejected: counter(

@@ -1,10 +1,18 @@
 //! The monthly event quota per organization, counted in Redis.
 //!
-//! Invariant: the quota never fails an ingest that Postgres accepted. The counter is charged
-//! *after* the commit and best-effort: if Redis is down or slow, the charge is skipped and
-//! `railhook_quota_charge_skipped_total` says so. Failing to charge is better than failing
-//! (or double-answering) an accepted event. The check before the transaction fails open for
-//! the same reason: an unreachable Redis must not turn into refused events.
+//! Before the transaction, one Lua script checks and reserves in a single step: it adds the
+//! request's Events to the counter only if they fit, so concurrent requests cannot all pass
+//! a check that reads before anyone writes (review #19 item 10: with a read-then-charge, 64
+//! concurrent clients overshot a quota by tens of Events). After the commit, the Events that
+//! were not created (idempotent replays, a failed transaction) are refunded; a request that
+//! created everything it reserved costs no second round trip.
+//!
+//! Invariant: the quota never fails an ingest that Postgres accepted. If Redis is down or slow
+//! the reservation fails open, the Events are charged after the commit instead, best-effort,
+//! and `railhook_quota_charge_skipped_total` counts what could not be charged or refunded.
+//! Failing to count is better than failing (or double-answering) an accepted event. A
+//! process that dies between the reservation and the commit leaves its reservation charged:
+//! the error is on the side of the quota, at most one request's Events per crash.
 //!
 //! Every Redis round trip is bounded by `quota_timeout_ms`, and after a failure the next
 //! connection attempt waits a second, so a dead Redis costs ingest almost nothing.
@@ -14,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use chrono::{Datelike, Utc};
 use railhook_common::redis_client::{RedisClient, RedisConnection};
-use redis::AsyncTypedCommands;
 use tokio::sync::Mutex;
 
 use crate::metrics::IngestMetrics;
@@ -27,6 +34,7 @@ const RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 pub struct Quota {
     client: RedisClient,
     timeout: Duration,
+    reserve: Arc<redis::Script>,
     conn: Arc<Mutex<ConnState>>,
     metrics: IngestMetrics,
 }
@@ -37,12 +45,28 @@ struct ConnState {
     last_failure: Option<Instant>,
 }
 
-/// What the pre-transaction check decided.
+/// What the reservation before the transaction decided.
 #[derive(Debug, PartialEq, Eq)]
-pub enum QuotaCheck {
-    Allowed,
+pub enum Reservation {
+    /// `count` Events were added to the counter under `key` (the month they were counted in).
+    Reserved { key: String, count: usize },
+    /// They would not fit: nothing was added.
     Exceeded,
+    /// Redis did not answer: allowed, to be charged after the commit.
+    Skipped,
 }
+
+/// Adds ARGV[1] to KEYS[1] only if the sum stays within ARGV[2]; -1 if it would not.
+const RESERVE: &str = r#"
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local n = tonumber(ARGV[1])
+if used + n > tonumber(ARGV[2]) then
+  return -1
+end
+local now = redis.call('INCRBY', KEYS[1], n)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return now
+"#;
 
 fn counter_key(organization_id: &str) -> String {
     let now = Utc::now();
@@ -60,6 +84,7 @@ impl Quota {
         Self {
             client,
             timeout,
+            reserve: Arc::new(redis::Script::new(RESERVE)),
             conn: Arc::new(Mutex::new(ConnState::default())),
             metrics,
         }
@@ -94,32 +119,33 @@ impl Quota {
         state.last_failure = Some(Instant::now());
     }
 
-    /// Would `count` more events fit in this month's quota? Fails open.
-    pub async fn check(
+    /// Reserves `count` Events of this month's quota, if they fit. Fails open.
+    pub async fn reserve(
         &self,
         organization_id: &str,
         monthly_quota: i64,
         count: usize,
-    ) -> QuotaCheck {
+    ) -> Reservation {
+        if count == 0 {
+            return Reservation::Skipped;
+        }
         let Some(mut conn) = self.connection().await else {
             self.metrics
                 .quota_charge_skipped
                 .with_label_values(&["check"])
                 .inc();
-            return QuotaCheck::Allowed;
+            return Reservation::Skipped;
         };
         let key = counter_key(organization_id);
-        match tokio::time::timeout(self.timeout, conn.get_int(&key)).await {
-            Ok(Ok(used)) => {
-                let used = used.unwrap_or(0) as i64;
-                if used.saturating_add(count as i64) > monthly_quota {
-                    // Counted by the caller when it does refuse (a retry of accepted Events
-                    // over the quota is answered, not refused).
-                    QuotaCheck::Exceeded
-                } else {
-                    QuotaCheck::Allowed
-                }
-            }
+        let mut call = self.reserve.key(&key);
+        call.arg(count as i64)
+            .arg(monthly_quota)
+            .arg(COUNTER_TTL_SECONDS);
+        match tokio::time::timeout(self.timeout, call.invoke_async::<i64>(&mut conn)).await {
+            // Counted by the caller when it does refuse (a retry of accepted Events over the
+            // quota is answered, not refused).
+            Ok(Ok(-1)) => Reservation::Exceeded,
+            Ok(Ok(_)) => Reservation::Reserved { key, count },
             _ => {
                 self.forget_connection().await;
                 self.metrics
@@ -127,39 +153,50 @@ impl Quota {
                     .with_label_values(&["check"])
                     .inc();
                 tracing::warn!("quota check skipped: Redis did not answer");
-                QuotaCheck::Allowed
+                Reservation::Skipped
             }
         }
     }
 
-    /// Charges `count` committed events. Best-effort: never fails, only counts a skip.
-    pub async fn charge(&self, organization_id: &str, count: usize) {
-        if count == 0 {
-            return;
+    /// After the transaction: refunds what was reserved and not created, or charges what was
+    /// created without a reservation. Best-effort: never fails, only counts a skip.
+    pub async fn settle(&self, organization_id: &str, reservation: Reservation, created: usize) {
+        match reservation {
+            Reservation::Reserved { key, count } if count > created => {
+                self.add(&key, -((count - created) as i64), "refund").await;
+            }
+            Reservation::Reserved { .. } | Reservation::Exceeded => {}
+            Reservation::Skipped if created > 0 => {
+                self.add(&counter_key(organization_id), created as i64, "charge")
+                    .await;
+            }
+            Reservation::Skipped => {}
         }
+    }
+
+    async fn add(&self, key: &str, n: i64, phase: &'static str) {
         let Some(mut conn) = self.connection().await else {
             self.metrics
                 .quota_charge_skipped
-                .with_label_values(&["charge"])
+                .with_label_values(&[phase])
                 .inc();
-            tracing::warn!("quota charge skipped: Redis unavailable");
+            tracing::warn!(phase, "quota {phase} skipped: Redis unavailable");
             return;
         };
-        let key = counter_key(organization_id);
         let mut pipe = redis::pipe();
-        pipe.incr(&key, count as i64)
+        pipe.incr(key, n)
             .ignore()
-            .expire(&key, COUNTER_TTL_SECONDS)
+            .expire(key, COUNTER_TTL_SECONDS)
             .ignore();
-        let charged: Result<Result<(), redis::RedisError>, _> =
+        let done: Result<Result<(), redis::RedisError>, _> =
             tokio::time::timeout(self.timeout, pipe.query_async(&mut conn)).await;
-        if !matches!(charged, Ok(Ok(()))) {
+        if !matches!(done, Ok(Ok(()))) {
             self.forget_connection().await;
             self.metrics
                 .quota_charge_skipped
-                .with_label_values(&["charge"])
+                .with_label_values(&[phase])
                 .inc();
-            tracing::warn!("quota charge skipped: Redis did not answer");
+            tracing::warn!(phase, "quota {phase} skipped: Redis did not answer");
         }
     }
 }
