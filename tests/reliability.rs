@@ -651,8 +651,11 @@ async fn run(scenario: Scenario, events: usize) -> Row {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    // Late duplicates (a fenced-out Attempt, a republished Announcement) get a moment.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Late duplicates (a fenced-out Attempt, a republished Announcement) get a named window
+    // to arrive before counting: they are counted, not forbidden, so this is a wait, not an
+    // assertion; 2 s covers a poll and an Attempt at the receivers' 150 ms.
+    const LATE_DUPLICATES: Duration = Duration::from_secs(2);
+    tokio::time::sleep(LATE_DUPLICATES).await;
     let mut first: HashMap<String, Instant> = HashMap::new();
     let mut arrivals = 0;
     // Delivered means the receiver accepted it (2xx). A request answered 500, reset or

@@ -126,8 +126,15 @@ async fn the_full_ladder_ends_in_failed_messages_after_seven_attempts() {
             .expect("reason")
             .contains("7 attempts")
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(receiver.count(), 7, "attempts after FAILED");
+    // An eighth Attempt would follow the 0.2 s rung and the 100 ms scheduler within 1 s.
+    const AFTER_FAILED: Duration = Duration::from_secs(1);
+    support::holds_for("no Attempt after FAILED", AFTER_FAILED, || async {
+        match receiver.count() {
+            7 => Ok(()),
+            n => Err(format!("{n} requests")),
+        }
+    })
+    .await;
     p.stop().await;
 }
 
@@ -184,8 +191,15 @@ async fn a_2xx_status_line_is_delivery_even_when_the_body_never_comes() {
     p.endpoint(&receiver.url, 2_000).await;
     let (_, delivery) = p.send(json!({})).await;
     let d = p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(receiver.count(), 1, "a stalled body was retried");
+    // A retry would follow the 0.2 s rung and the 100 ms scheduler within 1 s.
+    const NO_RETRY: Duration = Duration::from_secs(1);
+    support::holds_for("a stalled body is not retried", NO_RETRY, || async {
+        match receiver.count() {
+            1 => Ok(()),
+            n => Err(format!("{n} requests")),
+        }
+    })
+    .await;
     assert_eq!(d["attempts"][0]["response_excerpt"], json!("partial"));
     // A body that trickles in: delivered on the status line; the excerpt waits at most ~1 s.
     let slow = Receiver::start(vec![Behaviour::SlowBody(200)], Behaviour::Status(500)).await;
@@ -386,9 +400,19 @@ async fn a_slow_endpoint_with_a_backlog_gets_each_delivery_once_and_keeps_the_gr
         p.wait_status(d, "SUCCEEDED", Duration::from_secs(180))
             .await;
     }
-    // Named observation window: a copy still queued behind the last wave would arrive now.
+    // A copy still queued behind the last wave would arrive within the window.
+    support::holds_for(
+        "no request after the last SUCCEEDED",
+        QUIET_WINDOW,
+        || async {
+            match receiver.count() {
+                20 => Ok(()),
+                n => Err(format!("{n} requests for 20 deliveries")),
+            }
+        },
+    )
+    .await;
     let settled = receiver.count();
-    tokio::time::sleep(QUIET_WINDOW).await;
     let mut ids: Vec<String> = receiver
         .requests()
         .iter()

@@ -358,6 +358,26 @@ impl Drop for PrivateRedis {
     }
 }
 
+/// A named, bounded observation window for "nothing (more) happened": `probe` must hold at
+/// every look (every 50 ms) for the whole `window`, and the first look that fails ends the
+/// test with what it saw. Every caller names its window with the reason for its length.
+pub async fn holds_for<F, Fut>(what: &str, window: Duration, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let end = Instant::now() + window;
+    loop {
+        if let Err(seen) = probe().await {
+            panic!("{what}: {seen}");
+        }
+        if Instant::now() >= end {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Polls `probe` until it yields Some or the deadline passes.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
 where
