@@ -15,6 +15,7 @@ pub const BAD_HINTS_TOTAL: &str = "railhook_worker_bad_hints_total";
 pub const DEFERRALS_TOTAL: &str = "railhook_worker_deferrals_total";
 pub const ORDERING_GAP_TIMEOUT_TOTAL: &str = "railhook_ordering_gap_timeout_total";
 pub const ORDERING_RELEASED_TOTAL: &str = "railhook_ordering_released_total";
+pub const ORDERING_HANDOFFS_TOTAL: &str = "railhook_ordering_handoffs_total";
 pub const BREAKER_TRANSITIONS_TOTAL: &str = "railhook_worker_breaker_transitions_total";
 pub const ENDPOINT_BREAKERS: &str = "railhook_endpoint_breakers";
 pub const LIMITS_UNAVAILABLE_TOTAL: &str = "railhook_worker_limits_unavailable_total";
@@ -53,6 +54,8 @@ pub struct WorkerMetrics {
     pub deferrals: IntCounterVec,
     pub ordering_gap_timeouts: IntCounter,
     pub ordering_released: IntCounter,
+    /// Released Deliveries the releasing worker claimed and delivered itself.
+    pub ordering_handoffs: IntCounter,
     /// `state`: the state entered.
     pub breaker_transitions: IntCounterVec,
     /// `state`: live endpoints in that state (read from Postgres by the sweep).
@@ -150,6 +153,10 @@ impl WorkerMetrics {
             ordering_released: counter(
                 ORDERING_RELEASED_TOTAL,
                 "Parked ordered Deliveries released through the Outbox when a predecessor resolved.",
+            ),
+            ordering_handoffs: counter(
+                ORDERING_HANDOFFS_TOTAL,
+                "Released ordered Deliveries the releasing worker claimed and delivered itself (no trip through the relay).",
             ),
             breaker_transitions: reg(
                 &r,

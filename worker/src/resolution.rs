@@ -11,10 +11,26 @@ use crate::store::{self, Claimed};
 use crate::worker::Shared;
 
 /// Ends a claimed Delivery as FAILED without sending anything; counted only if it wrote.
-pub(crate) async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) {
-    if let Ok(true) = resolve(shared, claimed, Resolution::Unsent(reason)).await {
-        shared.metrics.failed_messages.inc();
+/// Returns the ordered Delivery it released, if any.
+pub(crate) async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) -> Option<String> {
+    match resolve(shared, claimed, Resolution::Unsent(reason)).await {
+        Ok(Resolved {
+            wrote: true,
+            released,
+        }) => {
+            shared.metrics.failed_messages.inc();
+            released
+        }
+        _ => None,
     }
+}
+
+/// What a resolution's write did.
+pub(crate) struct Resolved {
+    /// It landed (the Fence let it through).
+    pub wrote: bool,
+    /// The next parked ordered Delivery it released, to hand off to.
+    pub released: Option<String>,
 }
 
 /// A write that ends a claimed Delivery's turn.
@@ -46,22 +62,26 @@ pub(crate) async fn resolve(
     shared: &Shared,
     claimed: &Claimed,
     what: Resolution<'_>,
-) -> sqlx::Result<bool> {
+) -> sqlx::Result<Resolved> {
     let resolves = !matches!(what, Resolution::Outcome(_, Decision::RetryAfter(_)));
     if !(claimed.ordered && resolves) {
-        return write_resolution(&shared.pool, shared, claimed, &what).await;
+        let wrote = write_resolution(&shared.pool, shared, claimed, &what).await?;
+        return Ok(Resolved {
+            wrote,
+            released: None,
+        });
     }
     let mut tx = ordering::begin_resolve(&shared.pool, &claimed.endpoint_id).await?;
     let wrote = write_resolution(&mut *tx, shared, claimed, &what).await?;
-    let mut released = false;
+    let mut released = None;
     if wrote && let Some(seq) = claimed.sequence_number {
         released = ordering::release_next(&mut tx, &claimed.endpoint_id, seq).await?;
     }
     tx.commit().await?;
-    if released {
+    if released.is_some() {
         shared.metrics.ordering_released.inc();
     }
-    Ok(wrote)
+    Ok(Resolved { wrote, released })
 }
 
 /// A Deferral: the Claim goes back, no Attempt is spent.
@@ -104,12 +124,12 @@ pub(crate) async fn finalise_with_retry(
     claimed: &Claimed,
     report: &crate::attempt::Report,
     decision: &Decision,
-) -> Option<bool> {
+) -> Option<Resolved> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(200);
     loop {
         match resolve(shared, claimed, Resolution::Outcome(report, decision)).await {
-            Ok(wrote) => return Some(wrote),
+            Ok(resolved) => return Some(resolved),
             Err(e) => {
                 tracing::warn!(error = %e, delivery_id = %claimed.id, "finalise failed; retrying")
             }

@@ -48,7 +48,7 @@ use crate::lanes::{Ask, CLAIM_BATCH, Lane, Pauses, Taken};
 use crate::limits::{Admission, BreakerState, EndpointLimits, Limits, Reason, Verdict, rate_hold};
 use crate::metrics::WorkerMetrics;
 use crate::ordering::{self, Gate};
-use crate::resolution::{defer, finalise_with_retry, give_up};
+use crate::resolution::{Resolved, defer, finalise_with_retry, give_up};
 use crate::schedule::{Decision, decide};
 use crate::scheduler::{run_scheduler, run_sweeps};
 use crate::ssrf::Allowlist;
@@ -289,6 +289,20 @@ async fn start(
             continue;
         };
         let shared = shared.clone();
+        tokio::spawn(async move {
+            turns(&shared, claimed, target, stamped).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Delivers a claimed Delivery, then, while each one resolved and released the next parked
+/// ordered Delivery of its endpoint, claims that one and delivers it too, in the same task
+/// and under the same permit (the ordering hand-off, ordering.rs). A hand-off that loses its
+/// Claim (another worker took the Outbox hint first) simply ends the chain here.
+async fn turns(shared: &Shared, claimed: Claimed, target: store::Target, stamped: Instant) {
+    let mut next = Some((claimed, target, stamped));
+    while let Some((claimed, target, stamped)) = next.take() {
         // One span per Attempt, with the ids as fields (never as metric labels): every log
         // line of the Claim's turn carries them.
         let span = tracing::info_span!(
@@ -299,13 +313,24 @@ async fn start(
             attempt = claimed.attempt_count + 1,
             direction = %claimed.direction,
         );
-        tokio::spawn(
-            async move {
-                deliver(&shared, claimed, target, stamped).await;
-                drop(permit);
+        let Some(released) = deliver(shared, claimed, target, stamped)
+            .instrument(span)
+            .await
+        else {
+            return;
+        };
+        let stamped = Instant::now();
+        match store::claim_batch(&shared.pool, &[released]).await {
+            Ok(mut won) => {
+                if let Some((claimed, target)) = won.pop() {
+                    shared.metrics.ordering_handoffs.inc();
+                    next = Some((claimed, target, stamped));
+                }
             }
-            .instrument(span),
-        );
+            Err(e) => {
+                tracing::warn!(error = %e, "hand-off claim failed; the Outbox hint will bring the delivery")
+            }
+        }
     }
 }
 
@@ -432,8 +457,14 @@ pub(crate) fn needs_restamp(age: Duration, timeout: Duration, window: Duration) 
 }
 
 /// One claimed Delivery: gate and limits (or a Deferral), Attempt, decision, finalise.
-/// `stamped`: no later than the Claim's stamp in Postgres.
-async fn deliver(shared: &Shared, mut claimed: Claimed, target: store::Target, stamped: Instant) {
+/// `stamped`: no later than the Claim's stamp in Postgres. Returns the ordered Delivery its
+/// resolution released, if any.
+async fn deliver(
+    shared: &Shared,
+    mut claimed: Claimed,
+    target: store::Target,
+    stamped: Instant,
+) -> Option<String> {
     if !target.enabled {
         return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
     }
@@ -441,9 +472,7 @@ async fn deliver(shared: &Shared, mut claimed: Claimed, target: store::Target, s
         return give_up(shared, &claimed, "the endpoint's URL or secret is invalid").await;
     };
     attempt.timeout = attempt.timeout.min(shared.endpoint_timeout_max);
-    let Some(lease) = admit(shared, &mut claimed, &target).await else {
-        return;
-    };
+    let lease = admit(shared, &mut claimed, &target).await?;
     attempt.sequence_number = claimed.sequence_number;
     // Invariant: a Claim is never older than its sweep window allows when its request
     // starts (review #19 item 1). The gate and the limits may have held it; then it is
@@ -470,7 +499,7 @@ async fn deliver(shared: &Shared, mut claimed: Claimed, target: store::Target, s
                     None,
                 )
                 .await;
-            return;
+            return None;
         }
     }
     let report = shared.runner.run(&attempt).await;
@@ -504,7 +533,10 @@ async fn deliver(shared: &Shared, mut claimed: Claimed, target: store::Target, s
         shared.metrics.attempts.with_label_values(&[label]).inc();
     }
     match finalise_with_retry(shared, &claimed, &report, &decision).await {
-        Some(true) => {
+        Some(Resolved {
+            wrote: true,
+            released,
+        }) => {
             if decision == Decision::Succeeded {
                 let since_commit = chrono::Utc::now() - target.event_created_at;
                 shared
@@ -515,13 +547,16 @@ async fn deliver(shared: &Shared, mut claimed: Claimed, target: store::Target, s
             if matches!(decision, Decision::Failed { .. }) {
                 shared.metrics.failed_messages.inc();
             }
+            released
         }
-        Some(false) => {
+        Some(Resolved { wrote: false, .. }) => {
             shared.metrics.fence_rejections.inc();
             tracing::info!(delivery_id = %claimed.id, "outcome fenced out: the claim was lost");
+            None
         }
         None => {
-            tracing::error!(delivery_id = %claimed.id, "outcome not written; the sweep will hand the delivery back")
+            tracing::error!(delivery_id = %claimed.id, "outcome not written; the sweep will hand the delivery back");
+            None
         }
     }
 }
