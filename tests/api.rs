@@ -360,3 +360,126 @@ fn bad_configuration_stops_the_binary_with_a_message_naming_the_setting() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn an_expunged_payload_is_gone_from_every_table_and_its_unsent_deliveries_fail() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let (_, other_key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["*"], false).await;
+    let marker = "expunge-me-7f3a";
+    let r = app
+        .post_event(&key, "card.saved", json!({"pan": marker}), Some("k1"))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let event = r.body["id"].as_str().expect("id").to_owned();
+    let delivery = r.body["deliveries"][0]["id"]
+        .as_str()
+        .expect("d")
+        .to_owned();
+    assert!(!app.tables_containing(marker).await.is_empty());
+
+    // Another project's key, an unknown id, a malformed id: 404 problem+json, nothing changed.
+    for (k, id) in [
+        (&other_key, event.as_str()),
+        (&key, "evt_01jzzzzzzzzzzzzzzzzzzzzzzz"),
+        (&key, "nonsense"),
+    ] {
+        let r = app
+            .call(
+                Method::DELETE,
+                &format!("/v1/events/{id}/payload"),
+                Some(k),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{id}");
+        assert_eq!(r.content_type, "application/problem+json");
+    }
+    assert!(!app.tables_containing(marker).await.is_empty());
+
+    let r = app
+        .call(
+            Method::DELETE,
+            &format!("/v1/events/{event}/payload"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["deliveries_failed"], json!(1));
+    let expunged_at = r.body["expunged_at"].clone();
+    assert!(
+        app.tables_containing(marker).await.is_empty(),
+        "still stored in {:?}",
+        app.tables_containing(marker).await
+    );
+    // The metadata stays; the API and the Delivery say what happened.
+    let got = app
+        .call(
+            Method::GET,
+            &format!("/v1/events/{event}"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(got.body["payload"], Value::Null);
+    assert_eq!(got.body["type"], json!("card.saved"));
+    assert_eq!(got.body["expunged_at"], expunged_at);
+    let d = app
+        .call(
+            Method::GET,
+            &format!("/v1/deliveries/{delivery}"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(d.body["status"], json!("FAILED"));
+    assert_eq!(d.body["failure_reason"], json!("payload_expunged"));
+    // It cannot be sent again, by hand or by a replay.
+    let retry = app
+        .call(
+            Method::POST,
+            &format!("/v1/deliveries/{delivery}/retry"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{:?}", retry.body);
+    let replay = app
+        .call(
+            Method::POST,
+            "/v1/replays",
+            Some(&key),
+            Some(json!({"event_ids": [event], "dry_run": true})),
+        )
+        .await;
+    assert_eq!(
+        replay.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{:?}",
+        replay.body
+    );
+    assert!(
+        replay.body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("expunged")),
+        "{:?}",
+        replay.body
+    );
+    // Twice is harmless: the first time stays.
+    let again = app
+        .call(
+            Method::DELETE,
+            &format!("/v1/events/{event}/payload"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.body["expunged_at"], expunged_at);
+    assert_eq!(again.body["deliveries_failed"], json!(0));
+    let (events, deliveries, _) = app.counts().await;
+    assert_eq!((events, deliveries), (1, 1));
+}

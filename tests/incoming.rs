@@ -488,3 +488,54 @@ async fn a_verified_webhook_is_forwarded_byte_for_byte_and_signed_by_railhook() 
     assert_eq!(d, ("incoming".to_owned(), "SUCCEEDED".to_owned(), 2));
     p.stop().await;
 }
+
+#[tokio::test]
+async fn an_incoming_receipt_can_be_expunged_raw_body_and_all() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let secret = "expunge secret";
+    let src = source(&app, &key, "github", secret).await;
+    destination(&app, &key, &src, "http://127.0.0.1:9/hook").await;
+    let marker = "incoming-expunge-9c1d";
+    let body = format!(r#"{{"zen":"{marker}","hook_id":2}}"#);
+    let sig = node_sign("github", secret, &body, None);
+    let headers = vec![
+        ("x-hub-signature-256", sig),
+        ("x-github-event", "ping".to_owned()),
+        ("x-github-delivery", format!("{marker}-delivery")),
+    ];
+    let r = post_in(&app, &src, &headers, &body).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{:?}", r.body);
+    let event = r.body["event_id"].as_str().expect("event").to_owned();
+    assert!(
+        app.tables_containing(marker)
+            .await
+            .contains(&"events".to_owned())
+    );
+
+    let r = app
+        .call(
+            Method::DELETE,
+            &format!("/v1/events/{event}/payload"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["deliveries_failed"], json!(1));
+    // The raw body (bytea) and the JSON payload are gone; the provider's delivery id is
+    // metadata (the dedup key) and stays, so the scan looks for the body's own text.
+    let left: Vec<String> = app.tables_containing(&format!("\"{marker}\"")).await;
+    let body_text: (Option<Vec<u8>>, String) =
+        sqlx::query_as("SELECT raw_body, payload::text FROM events WHERE id = $1")
+            .bind(&event)
+            .fetch_one(&app.pool)
+            .await
+            .expect("event");
+    assert_eq!(body_text, (None, "null".to_owned()));
+    assert!(left.is_empty(), "the body is still stored in {left:?}");
+    // The provider's resend is still recognised as a duplicate (the metadata stayed).
+    let again = post_in(&app, &src, &headers, &body).await;
+    assert_eq!(again.status, StatusCode::OK, "{:?}", again.body);
+    assert_eq!(again.body["created"], json!(false));
+}

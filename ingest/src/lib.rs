@@ -25,7 +25,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use railhook_common::http_server;
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -100,6 +100,7 @@ pub fn router(state: AppState) -> Router {
             post(events::create_batch).layer(DefaultBodyLimit::max(batch_limit)),
         )
         .route("/v1/events/{id}", get(events::get))
+        .route("/v1/events/{id}/payload", delete(events::expunge))
         .route("/v1/deliveries", get(deliveries::list))
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/attempts", get(deliveries::attempts))

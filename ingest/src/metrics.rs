@@ -8,6 +8,7 @@ pub const HTTP_REQUEST_DURATION_SECONDS: &str = "railhook_http_request_duration_
 pub const EVENTS_CREATED_TOTAL: &str = "railhook_ingest_events_created_total";
 pub const DELIVERIES_CREATED_TOTAL: &str = "railhook_ingest_deliveries_created_total";
 pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "railhook_ingest_idempotent_replays_total";
+pub const PAYLOADS_EXPUNGED_TOTAL: &str = "railhook_ingest_payloads_expunged_total";
 pub const QUOTA_CHARGE_SKIPPED_TOTAL: &str = "railhook_quota_charge_skipped_total";
 pub const QUOTA_REJECTED_TOTAL: &str = "railhook_quota_rejected_total";
 pub const INCOMING_RECEIVED_TOTAL: &str = "railhook_incoming_received_total";
@@ -25,6 +26,8 @@ pub struct IngestMetrics {
     pub events_created: IntCounter,
     pub deliveries_created: IntCounter,
     pub idempotent_replays: IntCounter,
+    /// `DELETE /v1/events/{id}/payload` calls that found their Event.
+    pub payloads_expunged: IntCounter,
     /// Labelled by `stage`: `check` (the reservation), `refund` (Events reserved and not created)
     /// or `charge` (after the commit, when the reservation could not be made).
     pub quota_charge_skipped: IntCounterVec,
@@ -83,6 +86,11 @@ impl IngestMetrics {
                 &registry,
                 DELIVERIES_CREATED_TOTAL,
                 "Deliveries (and their Outbox rows) committed with new Events.",
+            ),
+            payloads_expunged: counter(
+                &registry,
+                PAYLOADS_EXPUNGED_TOTAL,
+                "Event payloads expunged through the API (each call that found its Event).",
             ),
             idempotent_replays: counter(
                 &registry,

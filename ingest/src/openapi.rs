@@ -77,7 +77,7 @@ impl Modify for ProblemAnswers {
         endpoints::enable,
         subscriptions::create, subscriptions::list, subscriptions::get, subscriptions::update,
         subscriptions::delete,
-        events::create, events::create_batch, events::get, events::list,
+        events::create, events::create_batch, events::get, events::list, events::expunge,
         deliveries::list, deliveries::get, deliveries::attempts, deliveries::retry,
         failed::list, failed::retry,
         replays::create, replays::list, replays::get, replays::cancel,

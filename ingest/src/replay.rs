@@ -74,6 +74,7 @@ pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
            AND ($4::timestamptz IS NULL OR created_at < $4)
            AND ($5::text[] IS NULL OR event_type = ANY($5))
            AND ($6::text IS NULL OR id > $6)
+           AND expunged_at IS NULL
          ORDER BY id LIMIT $7",
     )
     .bind(&project_id)

@@ -279,6 +279,34 @@ impl TestApp {
         )
     }
 
+    /// Every table of the database with a row whose text form contains `marker` (as text, or
+    /// hex-encoded inside a bytea): the check that something is gone from the tables, not
+    /// only from the API.
+    pub async fn tables_containing(&self, marker: &str) -> Vec<String> {
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'
+               AND tablename NOT LIKE '\\_sqlx%' ESCAPE '\\'",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("tables");
+        let mut found = Vec::new();
+        for t in tables {
+            let hits: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM \"{t}\" x WHERE x::text LIKE '%' || $1 || '%'
+                   OR x::text LIKE '%' || encode(convert_to($1, 'UTF8'), 'hex') || '%'"
+            ))
+            .bind(marker)
+            .fetch_one(&self.pool)
+            .await
+            .expect("scan");
+            if hits > 0 {
+                found.push(t);
+            }
+        }
+        found
+    }
+
     pub async fn metrics(&self) -> String {
         self.client
             .get(format!("{}/metrics", self.base))

@@ -52,6 +52,8 @@ pub struct Target {
     /// Incoming webhooks: the provider's body as it came, and the headers to pass on.
     pub raw_body: Option<Vec<u8>>,
     pub forward_headers: Option<serde_json::Value>,
+    /// The Event's payload was expunged: nothing may be sent.
+    pub expunged: bool,
 }
 
 fn outcome_name(o: &Outcome) -> &'static str {
@@ -199,6 +201,7 @@ struct ClaimRow {
     event_created_at: DateTime<Utc>,
     raw_body: Option<Vec<u8>>,
     forward_headers: Option<serde_json::Value>,
+    expunged: bool,
 }
 
 impl ClaimRow {
@@ -232,6 +235,7 @@ impl ClaimRow {
             max_concurrency: self.max_concurrency,
             raw_body: self.raw_body,
             forward_headers: self.forward_headers,
+            expunged: self.expunged,
         };
         (claimed, target)
     }
@@ -276,7 +280,8 @@ pub async fn claim_batch(
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
                   v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
-                  v.created_at AS event_created_at, v.raw_body, v.forward_headers
+                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
+                  v.expunged_at IS NOT NULL AS "expunged!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            JOIN events v ON v.id = c.event_id"#,
@@ -324,7 +329,8 @@ pub async fn swap_batch(
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
                   v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
-                  v.created_at AS event_created_at, v.raw_body, v.forward_headers
+                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
+                  v.expunged_at IS NOT NULL AS "expunged!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            JOIN events v ON v.id = c.event_id"#,

@@ -468,6 +468,11 @@ async fn deliver(
     if !target.enabled {
         return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
     }
+    // The expunge fails every Delivery not sent yet in its own transaction; this guards
+    // any path that could make one PENDING again.
+    if target.expunged {
+        return give_up(shared, &claimed, "payload_expunged").await;
+    }
     let Some(mut attempt) = build_attempt(&claimed, &target) else {
         return give_up(shared, &claimed, "the endpoint's URL or secret is invalid").await;
     };

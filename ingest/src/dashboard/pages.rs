@@ -250,10 +250,18 @@ pub async fn delivery(
 ) -> PageResult {
     let d = deliveries::find(&state, &session.project, &id).await?;
     let attempts = deliveries::attempts_of(&state, &d.id).await?;
-    let (event_type, payload, url, header_names, direction): (String, String, String, Vec<String>, String) =
-        sqlx::query_as(
+    #[allow(clippy::type_complexity)]
+    let (event_type, payload, url, header_names, direction, expunged_at): (
+        String,
+        String,
+        String,
+        Vec<String>,
+        String,
+        Option<chrono::DateTime<chrono::Utc>>,
+    ) = sqlx::query_as(
             "SELECT v.event_type, left(v.payload::text, 4000), e.url,
-                    ARRAY(SELECT jsonb_object_keys(e.headers) ORDER BY 1), x.direction
+                    ARRAY(SELECT jsonb_object_keys(e.headers) ORDER BY 1), x.direction,
+                    v.expunged_at
              FROM deliveries x JOIN events v ON v.id = x.event_id JOIN endpoints e ON e.id = x.endpoint_id
              WHERE x.id = $1 AND x.project_id = $2",
         )
@@ -271,7 +279,7 @@ pub async fn delivery(
             tr { th { "Next retry" } td { (when_opt(d.next_retry_at)) } }
             @if let Some(r) = &d.failure_reason { tr { th { "Failure" } td.error { (r) } } }
         }
-        @if d.status == "FAILED" {
+        @if d.status == "FAILED" && expunged_at.is_none() {
             form.inline method="post" action={ "/dashboard/deliveries/" (d.id) "/retry" } {
                 input type="hidden" name="csrf" value=(session.csrf);
                 p { button #retry type="submit" { "Retry this delivery" } }
@@ -310,7 +318,11 @@ pub async fn delivery(
             }
         }
         h2 { "Payload" }
-        pre { (payload) }
+        @if let Some(at) = expunged_at {
+            p #expunged .muted { "Expunged " (when(at)) ": the payload is no longer stored." }
+        } @else {
+            pre { (payload) }
+        }
     };
     Ok(layout(&session, "deliveries", "Delivery", body))
 }

@@ -178,6 +178,18 @@ pub async fn retry(
 /// The single retry, shared by the API and the dashboard.
 pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResult<Delivery> {
     let current = find(state, project, id).await?;
+    let expunged: bool = sqlx::query_scalar(
+        "SELECT v.expunged_at IS NOT NULL FROM deliveries d JOIN events v ON v.id = d.event_id
+         WHERE d.id = $1",
+    )
+    .bind(&current.id)
+    .fetch_one(&state.pool)
+    .await?;
+    if expunged {
+        return Err(ApiError::InvalidState(
+            "the Event's payload was expunged; its deliveries cannot be sent again",
+        ));
+    }
     let filter = crate::routes::failed::FailedFilter::default();
     let reset =
         crate::routes::failed::reset_failed(&state.pool, project, &filter, Some(&current.id), None)

@@ -251,10 +251,13 @@ pub struct Event {
     pub id: String,
     #[serde(rename = "type")]
     pub event_type: String,
-    #[schema(value_type = Object)]
-    pub payload: Box<RawValue>,
+    /// `null` once the payload was expunged.
+    #[schema(value_type = Option<Object>)]
+    pub payload: Option<Box<RawValue>>,
     pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// When the payload was expunged (`DELETE /v1/events/{id}/payload`), if it was.
+    pub expunged_at: Option<DateTime<Utc>>,
     pub deliveries: Vec<DeliverySummary>,
 }
 
@@ -268,7 +271,8 @@ pub async fn get(
 ) -> ApiResult<Json<Event>> {
     let id = EventId::parse(&id).map_err(|_| ApiError::NotFound("event"))?;
     let row = sqlx::query!(
-        r#"SELECT id, event_type, payload::text AS "payload!", idempotency_key, created_at
+        r#"SELECT id, event_type, payload::text AS "payload!", idempotency_key, created_at,
+                  expunged_at
            FROM events WHERE id = $1 AND project_id = $2"#,
         id.as_str(),
         project.id.as_str()
@@ -283,15 +287,84 @@ pub async fn get(
     )
     .fetch_all(&state.pool)
     .await?;
-    let payload = RawValue::from_string(row.payload)
-        .map_err(|_| ApiError::Internal(crate::problem::InternalError::Fault("stored payload")))?;
+    let payload = match row.expunged_at {
+        Some(_) => None,
+        None => Some(RawValue::from_string(row.payload).map_err(|_| {
+            ApiError::Internal(crate::problem::InternalError::Fault("stored payload"))
+        })?),
+    };
     Ok(Json(Event {
         id: row.id,
         event_type: row.event_type,
         payload,
         idempotency_key: row.idempotency_key,
         created_at: row.created_at,
+        expunged_at: row.expunged_at,
         deliveries,
+    }))
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Expunged {
+    pub id: String,
+    pub expunged_at: DateTime<Utc>,
+    /// Deliveries that had not been sent yet (PENDING or PROCESSING) and were ended FAILED
+    /// with reason `payload_expunged` by this call.
+    pub deliveries_failed: i64,
+}
+
+/// Removes an Event's payload from every place Railhook stores it: the payload, and for an
+/// incoming webhook the provider's raw body and the headers kept to forward. The Event's
+/// metadata, its Deliveries and their Attempts stay. Deliveries not sent yet end FAILED
+/// (`payload_expunged`) in the same transaction, so nothing is sent without its payload; a
+/// request already in flight may still arrive, and its outcome is fenced out. Calling it
+/// again is harmless (the first `expunged_at` stays). Copies outside Postgres' live tables
+/// (WAL not yet recycled, backups) are the operator's retention (docs/OPERATIONS.md).
+#[utoipa::path(delete, path = "/v1/events/{id}/payload", tag = "events",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Expunged), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn expunge(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Expunged>> {
+    let id = EventId::parse(&id).map_err(|_| ApiError::NotFound("event"))?;
+    let mut tx = state.pool.begin().await?;
+    let expunged_at = sqlx::query_scalar!(
+        r#"UPDATE events
+           SET payload = 'null'::jsonb, raw_body = NULL, forward_headers = NULL,
+               expunged_at = coalesce(expunged_at, now())
+           WHERE id = $1 AND project_id = $2
+           RETURNING expunged_at AS "expunged_at!""#,
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(ApiError::NotFound("event"))?;
+    // An ordered successor parked behind one of these wakes at its gap timeout and finds
+    // it resolved (FAILED); clearing the token fences out an Attempt in flight.
+    let deliveries_failed = sqlx::query_scalar!(
+        r#"WITH failed AS (
+               UPDATE deliveries
+               SET status = 'FAILED', failure_reason = 'payload_expunged', claim_token = NULL,
+                   next_retry_at = NULL, hinted_at = NULL, parked_at = NULL,
+                   updated_at = now(), version = version + 1
+               WHERE event_id = $1 AND status IN ('PENDING', 'PROCESSING')
+               RETURNING 1
+           )
+           SELECT count(*) AS "n!" FROM failed"#,
+        id.as_str()
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    state.metrics.payloads_expunged.inc();
+    Ok(Json(Expunged {
+        id: id.as_str().to_owned(),
+        expunged_at,
+        deliveries_failed,
     }))
 }
 

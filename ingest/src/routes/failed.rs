@@ -217,6 +217,7 @@ pub async fn reset_failed(
              WHERE {FILTER_SQL}
                AND ($8::timestamptz IS NULL OR d.updated_at <= $8)
                AND ($9::text IS NULL OR d.id = $9)
+               AND v.expunged_at IS NULL
              ORDER BY d.id LIMIT $7
              FOR UPDATE OF d SKIP LOCKED
          ), upd AS (

@@ -200,8 +200,10 @@ pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiR
             return Err(ApiError::validation("endpoint_id", "no such endpoint"));
         }
     }
-    let total: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM events
+    // An Event whose payload was expunged cannot be replayed: a range skips it, a list that
+    // names it is refused.
+    let (found, total): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE expunged_at IS NULL) FROM events
          WHERE project_id = $1
            AND ($2::text[] IS NULL OR id = ANY($2))
            AND ($3::timestamptz IS NULL OR created_at >= $3)
@@ -215,18 +217,28 @@ pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiR
     .bind(&sel.event_types)
     .fetch_one(&state.pool)
     .await?;
-    if let Some(ids) = &sel.event_ids
-        && total < ids.len() as i64
-    {
-        // Another project's Event answers exactly like one that does not exist.
-        return Err(ApiError::validation(
-            "event_ids",
-            format!(
-                "{} of the {} event ids were not found",
-                ids.len() as i64 - total,
-                ids.len()
-            ),
-        ));
+    if let Some(ids) = &sel.event_ids {
+        if found < ids.len() as i64 {
+            // Another project's Event answers exactly like one that does not exist.
+            return Err(ApiError::validation(
+                "event_ids",
+                format!(
+                    "{} of the {} event ids were not found",
+                    ids.len() as i64 - found,
+                    ids.len()
+                ),
+            ));
+        }
+        if total < found {
+            return Err(ApiError::validation(
+                "event_ids",
+                format!(
+                    "{} of the {} events had their payload expunged and cannot be replayed",
+                    found - total,
+                    ids.len()
+                ),
+            ));
+        }
     }
     if dry_run {
         return Ok(Started::Preview(ReplayPreview {
