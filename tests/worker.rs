@@ -77,6 +77,126 @@ async fn an_event_arrives_once_signed_with_standard_webhooks_headers() {
     p.stop().await;
 }
 
+/// Verifies a received request's v1a signature with Node's crypto (tests/verify_v1a.mjs).
+fn node_verifies_v1a(public_key: &str, r: &support::receiver::Received) -> bool {
+    use std::io::Write;
+    let mut child = std::process::Command::new("node")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/verify_v1a.mjs"))
+        .arg(public_key)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("node");
+    let input = json!({"headers": r.headers, "body": r.body}).to_string();
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write");
+    child.wait().expect("wait").success()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ed25519_endpoint_signs_v1a_that_its_public_key_verifies_through_a_rotation() {
+    let p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(204)).await;
+    let created = p
+        .app
+        .call(
+            reqwest::Method::POST,
+            "/v1/endpoints",
+            Some(&p.key),
+            Some(json!({"url": receiver.url, "timeout_ms": 5_000, "signing": "ed25519"})),
+        )
+        .await;
+    assert_eq!(
+        created.status,
+        reqwest::StatusCode::CREATED,
+        "{:?}",
+        created.body
+    );
+    assert_eq!(created.body["signing"], json!("ed25519"));
+    assert!(
+        created.body["secret"]
+            .as_str()
+            .expect("secret")
+            .starts_with("whsk_")
+    );
+    let endpoint = created.body["id"].as_str().expect("id").to_owned();
+    p.app.subscribe(&p.key, &endpoint, &["*"], false).await;
+    let read = |path: String| {
+        let app = &p.app;
+        let key = &p.key;
+        async move { app.call(reqwest::Method::GET, &path, Some(key), None).await }
+    };
+    let first_public = read(format!("/v1/endpoints/{endpoint}")).await.body["public_key"]
+        .as_str()
+        .expect("public key")
+        .to_owned();
+    assert!(first_public.starts_with("whpk_"));
+    assert_eq!(created.body["public_key"], json!(first_public));
+
+    let (_, delivery) = p.send(json!({"order": 1})).await;
+    p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    let got = receiver.requests()[0].clone();
+    assert!(got.headers["webhook-signature"].starts_with("v1a,"));
+    assert!(
+        node_verifies_v1a(&first_public, &got),
+        "Node's crypto rejected the v1a signature"
+    );
+    // Another key's public half does not verify it (the check can fail).
+    let other = railhook_common::signing::SigningKey::parse(
+        &railhook_common::secrets::generate_ed25519_secret(),
+    )
+    .expect("other")
+    .public_key()
+    .expect("public");
+    assert!(!node_verifies_v1a(&other, &got));
+
+    // A rotation keeps the scheme; during the overlap both keys sign.
+    let rotated = p
+        .app
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/endpoints/{endpoint}/secret/rotate"),
+            Some(&p.key),
+            None,
+        )
+        .await;
+    assert!(
+        rotated.body["key"]
+            .as_str()
+            .expect("key")
+            .starts_with("whsk_")
+    );
+    let second_public = read(format!("/v1/endpoints/{endpoint}")).await.body["public_key"]
+        .as_str()
+        .expect("public key")
+        .to_owned();
+    assert_ne!(second_public, first_public);
+    let (_, delivery) = p.send(json!({"order": 2})).await;
+    p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    let got = receiver.requests()[1].clone();
+    let entries: Vec<&str> = got.headers["webhook-signature"].split(' ').collect();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert!(entries.iter().all(|e| e.starts_with("v1a,")));
+    assert!(node_verifies_v1a(&first_public, &got));
+    assert!(node_verifies_v1a(&second_public, &got));
+    // An unknown scheme is refused, naming the field.
+    let bad = p
+        .app
+        .call(
+            reqwest::Method::POST,
+            "/v1/endpoints",
+            Some(&p.key),
+            Some(json!({"url": receiver.url, "signing": "rsa"})),
+        )
+        .await;
+    assert_eq!(bad.status, reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(bad.body["field"], json!("signing"));
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retryable_answers_climb_the_ladder_with_the_same_webhook_id() {
     let p = Pipeline::start(|_| {}).await;

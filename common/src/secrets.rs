@@ -1,7 +1,9 @@
 //! Endpoint signing secrets and project API keys.
 //!
 //! Signing secrets follow Standard Webhooks: `whsec_` + base64 of 24 random bytes, so the
-//! official verifier libraries accept them as they are. API keys are `rh_` + a visible
+//! official verifier libraries accept them as they are; or, for endpoints signing with
+//! Ed25519 (v1a), `whsk_` + base64 of the 64-byte secret key, whose `whpk_` public key is
+//! all a receiver needs. API keys are `rh_` + a visible
 //! 8-character prefix + `_` + 32 random characters; only their SHA-256 is stored, which is
 //! enough for a key with ~190 bits of entropy (no password-style stretching needed), and
 //! lookups stay a single indexed read.
@@ -13,12 +15,35 @@ use rand::distr::Alphanumeric;
 use sha2::{Digest, Sha256};
 
 pub const SIGNING_SECRET_PREFIX: &str = "whsec_";
+/// An Ed25519 secret key (v1a): seed and public key, 64 bytes, base64.
+pub const ED25519_SECRET_PREFIX: &str = "whsk_";
+/// An Ed25519 public key (v1a): 32 bytes, base64. Safe to show and to share.
+pub const ED25519_PUBLIC_PREFIX: &str = "whpk_";
 pub const API_KEY_PREFIX: &str = "rh_";
 
 /// A fresh `whsec_…` signing secret.
 pub fn generate_signing_secret() -> String {
     let bytes: [u8; 24] = rand::rng().random();
     format!("{SIGNING_SECRET_PREFIX}{}", STANDARD.encode(bytes))
+}
+
+/// A fresh `whsk_…` Ed25519 secret key (seed then public key, libsodium's layout).
+pub fn generate_ed25519_secret() -> String {
+    let seed: [u8; 32] = rand::rng().random();
+    let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
+        .unwrap_or_else(|_| unreachable!("any 32 bytes are a seed"));
+    let mut bytes = seed.to_vec();
+    bytes.extend_from_slice(ring::signature::KeyPair::public_key(&pair).as_ref());
+    format!("{ED25519_SECRET_PREFIX}{}", STANDARD.encode(bytes))
+}
+
+/// A fresh secret of the same scheme as `current` (a rotation keeps the endpoint's scheme).
+pub fn generate_secret_like(current: &str) -> String {
+    if current.starts_with(ED25519_SECRET_PREFIX) {
+        generate_ed25519_secret()
+    } else {
+        generate_signing_secret()
+    }
 }
 
 /// A freshly minted API key: shown to its owner once, then only its hash is kept.

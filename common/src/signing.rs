@@ -1,26 +1,41 @@
-//! Standard Webhooks signatures.
+//! Standard Webhooks signatures, symmetric (v1) and asymmetric (v1a).
 //!
-//! `webhook-signature: v1,<base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}"))>`, where the
-//! key is the base64 part of the `whsec_…` secret. During a secret rotation the header
-//! carries one space-separated entry per active secret, so a receiver that knows either
-//! secret verifies the request. The id is the Delivery id (stable across retries, the
-//! receiver's dedupe key); the timestamp is fresh on every Attempt and is covered by the
-//! signature, which is what lets receivers refuse replays of old requests.
+//! v1: `webhook-signature: v1,<base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}"))>`, where
+//! the key is the base64 part of the `whsec_…` secret.
+//!
+//! v1a: `webhook-signature: v1a,<base64(Ed25519(key, "{id}.{timestamp}.{body}"))>`, where the
+//! endpoint's secret is `whsk_` + base64 of the 64-byte Ed25519 secret key (the 32-byte seed
+//! followed by the 32-byte public key, libsodium's layout) and the receiver holds only
+//! `whpk_` + base64 of the 32-byte public key: it can verify, never sign.
+//!
+//! During a secret rotation the header carries one space-separated entry per active secret
+//! (a rotation keeps the endpoint's scheme), so a receiver that knows either verifies the
+//! request. The id is the Delivery id (stable across retries, the receiver's dedupe key); the
+//! timestamp is fresh on every Attempt and is covered by the signature, which is what lets
+//! receivers refuse replays of old requests.
+
+use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
+use ring::signature::{Ed25519KeyPair, KeyPair};
 use sha2::Sha256;
 
-use crate::secrets::SIGNING_SECRET_PREFIX;
+use crate::secrets::{ED25519_PUBLIC_PREFIX, ED25519_SECRET_PREFIX, SIGNING_SECRET_PREFIX};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("signing secret is not whsec_ followed by base64")]
+#[error("signing secret is not whsec_ or whsk_ followed by base64 of a valid key")]
 pub struct BadSecret;
 
 /// A decoded signing key.
 #[derive(Clone)]
-pub struct SigningKey(Vec<u8>);
+pub enum SigningKey {
+    /// v1: HMAC-SHA256 with the decoded `whsec_` secret.
+    Hmac(Vec<u8>),
+    /// v1a: Ed25519 with the `whsk_` secret key.
+    Ed25519(Arc<Ed25519KeyPair>),
+}
 
 impl std::fmt::Debug for SigningKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -29,21 +44,67 @@ impl std::fmt::Debug for SigningKey {
 }
 
 impl SigningKey {
+    /// A `whsk_…` secret is Ed25519; anything else is read as a `whsec_…` HMAC secret (the
+    /// prefix is optional there, as the verifier libraries allow).
     pub fn parse(secret: &str) -> Result<Self, BadSecret> {
+        if let Some(raw) = secret.strip_prefix(ED25519_SECRET_PREFIX) {
+            let bytes = STANDARD.decode(raw).map_err(|_| BadSecret)?;
+            if bytes.len() != 64 {
+                return Err(BadSecret);
+            }
+            // ring checks that the public half belongs to the seed.
+            let pair = Ed25519KeyPair::from_seed_and_public_key(&bytes[..32], &bytes[32..])
+                .map_err(|_| BadSecret)?;
+            return Ok(Self::Ed25519(Arc::new(pair)));
+        }
         let raw = secret.strip_prefix(SIGNING_SECRET_PREFIX).unwrap_or(secret);
-        STANDARD.decode(raw).map(Self).map_err(|_| BadSecret)
+        STANDARD.decode(raw).map(Self::Hmac).map_err(|_| BadSecret)
     }
 
-    /// `v1,<base64 signature>` of one message.
+    /// `hmac-sha256` or `ed25519`: the endpoint's `signing` in the API.
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            Self::Hmac(_) => "hmac-sha256",
+            Self::Ed25519(_) => "ed25519",
+        }
+    }
+
+    /// `whpk_…`, what a receiver verifies v1a signatures with; `None` for HMAC.
+    pub fn public_key(&self) -> Option<String> {
+        match self {
+            Self::Hmac(_) => None,
+            Self::Ed25519(pair) => Some(format!(
+                "{ED25519_PUBLIC_PREFIX}{}",
+                STANDARD.encode(pair.public_key().as_ref())
+            )),
+        }
+    }
+
+    /// `v1,<base64 signature>` or `v1a,<base64 signature>` of one message.
     pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
-        // HMAC accepts keys of any length, so this cannot fail.
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+        let ts = timestamp.to_string();
+        match self {
+            Self::Hmac(key) => {
+                // HMAC accepts keys of any length, so this cannot fail.
+                let mut mac =
+                    Hmac::<Sha256>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+                mac.update(id.as_bytes());
+                mac.update(b".");
+                mac.update(ts.as_bytes());
+                mac.update(b".");
+                mac.update(body);
+                format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+            }
+            Self::Ed25519(pair) => {
+                let mut message = Vec::with_capacity(id.len() + ts.len() + body.len() + 2);
+                message.extend_from_slice(id.as_bytes());
+                message.push(b'.');
+                message.extend_from_slice(ts.as_bytes());
+                message.push(b'.');
+                message.extend_from_slice(body);
+                format!("v1a,{}", STANDARD.encode(pair.sign(&message).as_ref()))
+            }
+        }
     }
 }
 
@@ -78,6 +139,33 @@ mod tests {
         let parts: Vec<&str> = header.split(' ').collect();
         assert_eq!(parts, vec![a.sign("id", 1, b"{}"), b.sign("id", 1, b"{}")]);
         assert!(SigningKey::parse("whsec_not base64!").is_err());
+    }
+
+    #[test]
+    fn ed25519_keys_sign_v1a_and_show_only_their_public_half() {
+        let secret = crate::secrets::generate_ed25519_secret();
+        let key = SigningKey::parse(&secret).expect("key");
+        assert_eq!(key.scheme(), "ed25519");
+        let public = key.public_key().expect("public");
+        assert!(public.starts_with("whpk_"));
+        assert_eq!(STANDARD.decode(&public[5..]).expect("b64").len(), 32);
+        let sig = key.sign("msg_1", 1, b"{}");
+        assert!(sig.starts_with("v1a,"));
+        assert_eq!(STANDARD.decode(&sig[4..]).expect("b64").len(), 64);
+        // Deterministic (Ed25519), and covering the message.
+        assert_eq!(sig, key.sign("msg_1", 1, b"{}"));
+        assert_ne!(sig, key.sign("msg_1", 2, b"{}"));
+        // A secret whose public half does not match its seed is refused.
+        let mut bytes = STANDARD.decode(&secret[5..]).expect("b64");
+        bytes[40] ^= 1;
+        assert!(SigningKey::parse(&format!("whsk_{}", STANDARD.encode(&bytes))).is_err());
+        assert!(SigningKey::parse("whsk_c2hvcnQ=").is_err());
+        assert_eq!(
+            SigningKey::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+                .expect("hmac")
+                .public_key(),
+            None
+        );
     }
 
     proptest::proptest! {

@@ -91,8 +91,10 @@ pub async fn create(
             "secret must be 8-512 characters",
         ));
     }
+    // A Source verifies v1 (HMAC) only: a sender's whsk_ secret key has no place here.
     if provider == Provider::Standard
-        && railhook_common::signing::SigningKey::parse(secret).is_err()
+        && (secret.starts_with(railhook_common::secrets::ED25519_SECRET_PREFIX)
+            || railhook_common::signing::SigningKey::parse(secret).is_err())
     {
         return Err(ApiError::validation(
             "secret",

@@ -7,7 +7,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use railhook_common::ids::EndpointId;
-use railhook_common::secrets::generate_signing_secret;
+use railhook_common::secrets::{
+    generate_ed25519_secret, generate_secret_like, generate_signing_secret,
+};
+use railhook_common::signing::SigningKey;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Project;
@@ -41,6 +44,10 @@ pub struct Endpoint {
     pub max_attempts: Option<i32>,
     /// Set when this endpoint is a Destination of an incoming-webhook Source.
     pub source_id: Option<String>,
+    /// `hmac-sha256` (Standard Webhooks v1) or `ed25519` (v1a).
+    pub signing: &'static str,
+    /// For `ed25519`: `whpk_…`, the public key receivers verify v1a signatures with.
+    pub public_key: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -51,6 +58,7 @@ struct EndpointRow {
     description: String,
     enabled: bool,
     disabled_reason: Option<String>,
+    secret: String,
     timeout_ms: i32,
     rate_limit_per_second: Option<i32>,
     rate_limit_burst: Option<i32>,
@@ -65,7 +73,11 @@ struct EndpointRow {
 
 impl From<EndpointRow> for Endpoint {
     fn from(r: EndpointRow) -> Self {
+        // The scheme and the public key are read from the stored secret itself.
+        let key = SigningKey::parse(&r.secret).ok();
         Endpoint {
+            signing: key.as_ref().map_or("hmac-sha256", SigningKey::scheme),
+            public_key: key.as_ref().and_then(SigningKey::public_key),
             id: r.id,
             url: r.url,
             description: r.description,
@@ -163,6 +175,9 @@ pub struct CreateEndpoint {
     pub retry_delays_seconds: Option<Vec<f64>>,
     /// Overrides the number of Attempts (1–50).
     pub max_attempts: Option<i32>,
+    /// `hmac-sha256` (default: Standard Webhooks v1) or `ed25519` (v1a: receivers verify
+    /// with the public key alone).
+    pub signing: Option<String>,
 }
 
 /// A new endpoint and its signing secret (also readable later via `/secret`).
@@ -209,7 +224,16 @@ pub(crate) async fn insert(
         .map(retry_delays)
         .transpose()?;
     check_max_attempts(body.max_attempts)?;
-    let secret = generate_signing_secret();
+    let secret = match body.signing.as_deref() {
+        None | Some("hmac-sha256") => generate_signing_secret(),
+        Some("ed25519") => generate_ed25519_secret(),
+        Some(_) => {
+            return Err(ApiError::validation(
+                "signing",
+                "signing must be hmac-sha256 or ed25519",
+            ));
+        }
+    };
     let headers = serde_json::to_value(&body.headers).unwrap_or_default();
     let id = EndpointId::generate();
     let row = sqlx::query_as!(
@@ -218,7 +242,7 @@ pub(crate) async fn insert(
                                   rate_limit_per_second, max_concurrency, headers, retry_delays,
                                   max_attempts, rate_limit_burst, source_id)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-           RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
+           RETURNING id, url, description, enabled, disabled_reason, secret, timeout_ms,
                      rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
                   source_id,
                   created_at, updated_at"#,
@@ -249,7 +273,7 @@ pub(crate) async fn insert(
 pub(crate) async fn of_source(state: &AppState, source_id: &str) -> ApiResult<Vec<Endpoint>> {
     let rows = sqlx::query_as!(
         EndpointRow,
-        r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
+        r#"SELECT id, url, description, enabled, disabled_reason, secret, timeout_ms,
                   rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays,
                   max_attempts, source_id, created_at, updated_at
            FROM endpoints WHERE source_id = $1 AND deleted_at IS NULL ORDER BY id"#,
@@ -276,7 +300,7 @@ pub async fn list(
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
     let rows = sqlx::query_as!(
         EndpointRow,
-        r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
+        r#"SELECT id, url, description, enabled, disabled_reason, secret, timeout_ms,
                   rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
                   source_id,
                   created_at, updated_at
@@ -305,7 +329,7 @@ pub async fn get(
     let id = parse_id(&id)?;
     let row = sqlx::query_as!(
         EndpointRow,
-        r#"SELECT id, url, description, enabled, disabled_reason, timeout_ms,
+        r#"SELECT id, url, description, enabled, disabled_reason, secret, timeout_ms,
                   rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
                   source_id,
                   created_at, updated_at
@@ -401,7 +425,7 @@ pub async fn update(
                rate_limit_burst = CASE WHEN $16 THEN $17 ELSE rate_limit_burst END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
-           RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
+           RETURNING id, url, description, enabled, disabled_reason, secret, timeout_ms,
                      rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
                   source_id,
                   created_at, updated_at"#,
@@ -512,6 +536,15 @@ pub async fn rotate_secret(
 ) -> ApiResult<Json<EndpointSecret>> {
     let id = parse_id(&id)?;
     let overlap = state.limits.secret_rotation_overlap.as_secs_f64();
+    // A rotation keeps the endpoint's scheme.
+    let current = sqlx::query_scalar!(
+        "SELECT secret FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
     let row = sqlx::query!(
         r#"UPDATE endpoints
            SET previous_secret = secret,
@@ -522,7 +555,7 @@ pub async fn rotate_secret(
         id.as_str(),
         project.id.as_str(),
         overlap,
-        generate_signing_secret()
+        generate_secret_like(&current)
     )
     .fetch_optional(&state.pool)
     .await?
@@ -701,7 +734,7 @@ pub async fn set_enabled(
                failing_since = CASE WHEN $3 THEN NULL ELSE failing_since END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
-           RETURNING id, url, description, enabled, disabled_reason, timeout_ms,
+           RETURNING id, url, description, enabled, disabled_reason, secret, timeout_ms,
                      rate_limit_per_second, rate_limit_burst, max_concurrency, headers,
                      retry_delays, max_attempts, source_id, created_at, updated_at"#,
         id.as_str(),
