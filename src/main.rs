@@ -289,10 +289,13 @@ async fn worker(settings: &Settings) -> anyhow::Result<()> {
         .await
         .context("worker")
     };
-    tokio::select! {
-        r = worker => r?,
-        r = metrics_server => r.with_context(|| format!("metrics on {}", settings.metrics_addr))?,
-    }
+    // Both end on SIGTERM; the worker only after its drain, so neither may cut the other
+    // short (an error in either still ends the process at once).
+    tokio::try_join!(worker, async {
+        metrics_server
+            .await
+            .with_context(|| format!("metrics on {}", settings.metrics_addr))
+    })?;
     Ok(())
 }
 
@@ -339,11 +342,13 @@ async fn all(settings: &Settings) -> anyhow::Result<()> {
         .await
         .context("worker")
     };
-    tokio::select! {
-        r = relay => r.context("relay")?,
-        r = worker => r?,
-        r = ingest_with(settings, registries, deps.clone()) => r?,
-    }
+    // Every role ends on SIGTERM after its own drain; the process waits for all of them (an
+    // error in one still ends it at once).
+    tokio::try_join!(
+        async { relay.await.context("relay") },
+        worker,
+        ingest_with(settings, registries, deps.clone()),
+    )?;
     Ok(())
 }
 

@@ -655,3 +655,97 @@ async fn a_storm_of_due_retries_does_not_hold_up_fresh_deliveries() {
     .await;
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_drains_its_attempts_and_leaves_nothing_processing() {
+    // #24 item 1: told to stop (SIGTERM in the binary) while slow Attempts run, the worker
+    // lets them finish and writes their outcomes before it returns; the rest is left for the
+    // next worker, and every webhook-id arrives once.
+    let mut p = Pipeline::start(|s| {
+        s.worker_max_in_flight = 3;
+        s.worker_drain_seconds = 20;
+    })
+    .await;
+    let receiver = Receiver::start(vec![], Behaviour::Delay(Duration::from_secs(2), 200)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    let mut deliveries = Vec::new();
+    for n in 0..9 {
+        deliveries.push(p.send(json!({"n": n})).await.1);
+    }
+    support::eventually("three Attempts in flight", WAIT, || async {
+        (receiver.count() >= 3).then_some(())
+    })
+    .await;
+    let took = p.stop_workers().await;
+    let sent = receiver.count();
+    let processing: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'PROCESSING'")
+            .fetch_one(&p.app.pool)
+            .await
+            .expect("count");
+    let succeeded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'SUCCEEDED'")
+            .fetch_one(&p.app.pool)
+            .await
+            .expect("count");
+    println!("drained in {took:?}: {sent} requests sent, {succeeded} written SUCCEEDED");
+    assert_eq!(processing, 0, "a drained worker left Claims PROCESSING");
+    assert_eq!(
+        succeeded as usize, sent,
+        "every request sent has its outcome written"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "the drain waited for its timeout"
+    );
+    // A new worker takes the rest; nothing is sent twice.
+    p.spawn_worker();
+    for d in &deliveries {
+        p.wait_status(d, "SUCCEEDED", Duration::from_secs(60)).await;
+    }
+    let mut ids: Vec<String> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.headers["webhook-id"].clone())
+        .collect();
+    let total = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((total, ids.len()), (9, 9), "every webhook-id exactly once");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_times_out_hands_its_claims_back_at_once() {
+    // The Attempts outlast the drain timeout: their Claims go back to PENDING, due now,
+    // rather than after the processing sweep (6 min by default).
+    let mut p = Pipeline::start(|s| {
+        s.worker_max_in_flight = 2;
+        s.worker_drain_seconds = 1;
+    })
+    .await;
+    let receiver = Receiver::start(vec![], Behaviour::Delay(Duration::from_secs(4), 200)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    for n in 0..2 {
+        p.send(json!({"n": n})).await;
+    }
+    support::eventually("two Attempts in flight", WAIT, || async {
+        (receiver.count() >= 2).then_some(())
+    })
+    .await;
+    let took = p.stop_workers().await;
+    assert!(
+        took < Duration::from_secs(4),
+        "the drain outlived its timeout: {took:?}"
+    );
+    let (processing, due): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'PROCESSING'),
+                count(*) FILTER (WHERE status = 'PENDING' AND next_retry_at <= now())
+         FROM deliveries",
+    )
+    .fetch_one(&p.app.pool)
+    .await
+    .expect("counts");
+    assert_eq!((processing, due), (0, 2));
+    p.stop().await;
+}

@@ -148,6 +148,10 @@ pub struct Settings {
     /// session timeout). The loop never waits on an Attempt, so only a wedged worker
     /// exceeds it.
     pub worker_max_poll_interval_ms: u64,
+    /// On SIGTERM a worker stops taking work and lets its running Attempts finish for up to
+    /// this long; Claims still running then go back to PENDING at once. Kubernetes'
+    /// `terminationGracePeriodSeconds` must be longer.
+    pub worker_drain_seconds: u64,
     /// How long a parked ordered Delivery waits for a stuck predecessor (from its first
     /// park) before it goes without it. Also read as `ORDERING_GAP_TIMEOUT_SECONDS`.
     pub ordering_gap_timeout_seconds: u64,
@@ -242,6 +246,7 @@ struct Defaults {
     stranded_after_seconds: u64,
     worker_stall_rejoin_seconds: u64,
     worker_max_poll_interval_ms: u64,
+    worker_drain_seconds: u64,
     ordering_gap_timeout_seconds: u64,
     breaker_consecutive_failures: u32,
     breaker_failure_rate: f64,
@@ -299,6 +304,7 @@ const DEFAULTS: Defaults = Defaults {
     stranded_after_seconds: 3_600,
     worker_stall_rejoin_seconds: 30,
     worker_max_poll_interval_ms: 60_000,
+    worker_drain_seconds: 30,
     ordering_gap_timeout_seconds: 60,
     breaker_consecutive_failures: 5,
     breaker_failure_rate: 0.5,

@@ -23,6 +23,7 @@ pub struct Pipeline {
     pub worker_metrics: WorkerMetrics,
     pub relay_metrics: RelayMetrics,
     stops: Vec<oneshot::Sender<()>>,
+    workers: Vec<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
 }
 
 fn unique(prefix: &str) -> String {
@@ -80,6 +81,7 @@ impl Pipeline {
             worker_metrics,
             relay_metrics,
             stops: vec![relay_stop],
+            workers: Vec::new(),
         };
         p.slot = p.settings.slot.clone();
         p.spawn_worker();
@@ -89,7 +91,7 @@ impl Pipeline {
     /// Starts one more worker in the same consumer group.
     pub fn spawn_worker(&mut self) {
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(railhook_worker::run(
+        let run = railhook_worker::run(
             WorkerConfig::from_settings(&self.settings).expect("worker config"),
             self.app.pool.clone(),
             self.worker_metrics.clone(),
@@ -97,8 +99,24 @@ impl Pipeline {
             async move {
                 let _ = stopped.await;
             },
-        ));
-        self.stops.push(stop);
+        );
+        let handle = tokio::spawn(async move {
+            if let Err(e) = run.await {
+                eprintln!("worker ended: {e}");
+            }
+        });
+        self.workers.push((stop, handle));
+    }
+
+    /// Tells every worker to stop (as SIGTERM does) and waits until each has drained and
+    /// returned; returns how long that took.
+    pub async fn stop_workers(&mut self) -> Duration {
+        let started = Instant::now();
+        for (stop, handle) in self.workers.drain(..) {
+            let _ = stop.send(());
+            handle.await.expect("worker task");
+        }
+        started.elapsed()
     }
 
     /// An endpoint at `url` subscribed to everything; returns (endpoint id, secret).
@@ -198,6 +216,7 @@ impl Pipeline {
 
     pub async fn stop(mut self) {
         self.stops.clear();
+        self.workers.clear();
         tokio::time::sleep(Duration::from_millis(200)).await;
         self.drop_slot().await;
     }

@@ -104,6 +104,8 @@ pub(crate) struct Lane {
     pub name: &'static str,
     pub topic: String,
     pub permits: Arc<Semaphore>,
+    /// All the lane's permits: holding them all means none of its Attempts is running.
+    pub capacity: u32,
     waiting: VecDeque<Waiting>,
     paused: bool,
     pauses: Arc<Pauses>,
@@ -120,6 +122,7 @@ impl Lane {
             name,
             topic: topic.to_owned(),
             permits: Arc::new(Semaphore::new(permits)),
+            capacity: u32::try_from(permits).unwrap_or(u32::MAX),
             waiting: VecDeque::new(),
             paused: false,
             pauses,

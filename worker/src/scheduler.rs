@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use railhook_common::kafka;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::config::WorkerConfig;
@@ -19,7 +20,11 @@ const ROUND: i64 = 500;
 
 /// Runs the retry scheduler every `scheduler_interval` until dropped (its task is aborted
 /// with the worker). A round that could not publish everything gets a new producer.
-pub(crate) async fn run_scheduler(shared: Shared, config: WorkerConfig) {
+pub(crate) async fn run_scheduler(
+    shared: Shared,
+    config: WorkerConfig,
+    mut stop: watch::Receiver<bool>,
+) {
     let new_producer = || kafka::producer(&config.kafka, config.message_timeout, 10_000);
     let mut producer = match new_producer() {
         Ok(p) => p,
@@ -31,12 +36,17 @@ pub(crate) async fn run_scheduler(shared: Shared, config: WorkerConfig) {
     let mut tick = tokio::time::interval(config.scheduler_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        // A stop lets the round in progress finish (its rows are published or handed back).
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
         // A full round is followed at once by the next: a backlog of due retries drains at
         // the broker's pace, not one round per interval.
         loop {
             match schedule_retries(&shared, &config, &producer).await {
-                Round::Full => continue,
+                Round::Full if !*stop.borrow() => continue,
+                Round::Full => break,
                 Round::Partial => break,
                 Round::PublishFailed => {
                     // A new producer id rather than librdkafka's epoch bump after the
@@ -53,11 +63,18 @@ pub(crate) async fn run_scheduler(shared: Shared, config: WorkerConfig) {
 }
 
 /// Runs the sweeps every `sweep_interval` until dropped.
-pub(crate) async fn run_sweeps(shared: Shared, config: WorkerConfig) {
+pub(crate) async fn run_sweeps(
+    shared: Shared,
+    config: WorkerConfig,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut tick = tokio::time::interval(config.sweep_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
         sweeps(&shared, &config).await;
     }
 }

@@ -480,6 +480,29 @@ pub async fn mark_published(pool: &PgPool, tokens: &[Uuid]) -> Result<u64, sqlx:
     Ok(marked.rows_affected())
 }
 
+/// A draining worker's Claims whose Attempts did not finish within the drain timeout go
+/// back to PENDING at once, due now, instead of waiting for the processing sweep. A request
+/// of theirs may already be on the wire: the next worker may send it again, as after the
+/// sweep, only sooner.
+pub async fn release(pool: &PgPool, claims: &[(String, Uuid)]) -> Result<u64, sqlx::Error> {
+    if claims.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<&str> = claims.iter().map(|(id, _)| id.as_str()).collect();
+    let tokens: Vec<Uuid> = claims.iter().map(|(_, t)| *t).collect();
+    let released = sqlx::query!(
+        "UPDATE deliveries d SET status = 'PENDING', claim_token = NULL, next_retry_at = now(),
+                updated_at = now(), version = d.version + 1
+         FROM unnest($1::text[], $2::uuid[]) AS w(id, token)
+         WHERE d.id = w.id AND d.claim_token = w.token AND d.status = 'PROCESSING'",
+        &ids as &[&str],
+        &tokens
+    )
+    .execute(pool)
+    .await?;
+    Ok(released.rows_affected())
+}
+
 /// Hands rows back when the scheduler could not publish their hints (only then may it
 /// write them again): (delivery id, scheduler token) pairs, in one statement.
 pub async fn unclaim(pool: &PgPool, rows: &[(String, Uuid)]) -> Result<(), sqlx::Error> {

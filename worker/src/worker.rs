@@ -23,8 +23,10 @@
 //! matched nothing, so a crash before that redelivers the hint and a crash after it leaves a
 //! claimed row that the processing sweep hands back.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -36,7 +38,7 @@ use railhook_common::signing::SigningKey;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use sqlx::PgPool;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -73,6 +75,11 @@ pub(crate) struct Shared {
     pub(crate) processing_timeout: Duration,
     /// No request runs longer than this, whatever an older endpoint row says.
     pub(crate) endpoint_timeout_max: Duration,
+    /// Set when the worker was told to stop: no new hand-offs.
+    pub(crate) draining: Arc<AtomicBool>,
+    /// The Claims whose turns are running, by Delivery id: what a drain that timed out
+    /// hands back.
+    pub(crate) running: Arc<Mutex<HashMap<String, Uuid>>>,
 }
 
 /// Creates the worker's topics, waiting with a capped back-off while Kafka is away (the
@@ -139,10 +146,23 @@ pub async fn run(
         finalise_for: config.stranded_after,
         processing_timeout: config.processing_timeout,
         endpoint_timeout_max: config.endpoint_timeout_max,
+        draining: Arc::new(AtomicBool::new(false)),
+        running: Arc::new(Mutex::new(HashMap::new())),
     };
     // The scheduler and the sweeps run in their own tasks, never on the consumer's loop.
-    let _scheduler = AbortOnDrop(tokio::spawn(run_scheduler(shared.clone(), config.clone())));
-    let _sweeps = AbortOnDrop(tokio::spawn(run_sweeps(shared.clone(), config.clone())));
+    let (stop_background, background_stop) = watch::channel(false);
+    let mut background = [
+        AbortOnDrop(tokio::spawn(run_scheduler(
+            shared.clone(),
+            config.clone(),
+            background_stop.clone(),
+        ))),
+        AbortOnDrop(tokio::spawn(run_sweeps(
+            shared.clone(),
+            config.clone(),
+            background_stop,
+        ))),
+    ];
     let pauses = Arc::new(Pauses::new(&config.deliveries_topic, &config.retries_topic));
     let (stalled_tx, mut stalled) = mpsc::channel(1);
     let _watch = match config.stall_rejoin_after {
@@ -202,7 +222,17 @@ pub async fn run(
             let fresh_free = fresh.permits.clone();
             let retry_free = retry.permits.clone();
             tokio::select! {
-                _ = &mut shutdown => return Ok(()),
+                _ = &mut shutdown => {
+                    // The scheduler and the sweeps stop first (a round in progress ends), so
+                    // nothing claims rows again while the worker drains and hands back.
+                    let _ = stop_background.send(true);
+                    let stopped = futures::future::join_all(background.iter_mut().map(|t| &mut t.0));
+                    let _ = tokio::time::timeout(config.drain_timeout, stopped).await;
+                    drain(&shared, &config, &fresh, &retry).await;
+                    // Dropping the consumer commits the stored offsets and leaves the group;
+                    // hints read and not claimed are read again by the next member.
+                    return Ok(());
+                }
                 batch = hints.next() => {
                     let Some(batch) = batch else { return Ok(()) };
                     for m in batch {
@@ -225,6 +255,41 @@ pub async fn run(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Graceful drain: no new hand-offs; the running Attempts finish (and write their outcomes
+/// through the Fence) for up to `drain_timeout`, which the loop sees as every permit of
+/// both lanes coming back; Claims still running after that go back to PENDING at once
+/// rather than after the processing sweep.
+async fn drain(shared: &Shared, config: &WorkerConfig, fresh: &Lane, retry: &Lane) {
+    shared.draining.store(true, Ordering::SeqCst);
+    let running = shared.running.lock().map(|r| r.len()).unwrap_or(0);
+    tracing::info!(running, timeout = ?config.drain_timeout, "worker draining");
+    let all_back = async {
+        let _fresh = fresh.permits.acquire_many(fresh.capacity).await;
+        let _retry = retry.permits.acquire_many(retry.capacity).await;
+    };
+    if tokio::time::timeout(config.drain_timeout, all_back)
+        .await
+        .is_ok()
+    {
+        tracing::info!("worker drained: every Attempt finished");
+        return;
+    }
+    let left: Vec<(String, Uuid)> = shared
+        .running
+        .lock()
+        .map(|r| r.iter().map(|(id, t)| (id.clone(), *t)).collect())
+        .unwrap_or_default();
+    match store::release(&shared.pool, &left).await {
+        Ok(n) => tracing::warn!(
+            released = n,
+            "drain timed out; unfinished claims handed back"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "drain timed out and claims not handed back; the sweep will")
         }
     }
 }
@@ -303,6 +368,10 @@ async fn start(
 async fn turns(shared: &Shared, claimed: Claimed, target: store::Target, stamped: Instant) {
     let mut next = Some((claimed, target, stamped));
     while let Some((claimed, target, stamped)) = next.take() {
+        let id = claimed.id.clone();
+        if let Ok(mut running) = shared.running.lock() {
+            running.insert(id.clone(), claimed.token);
+        }
         // One span per Attempt, with the ids as fields (never as metric labels): every log
         // line of the Claim's turn carries them.
         let span = tracing::info_span!(
@@ -313,10 +382,14 @@ async fn turns(shared: &Shared, claimed: Claimed, target: store::Target, stamped
             attempt = claimed.attempt_count + 1,
             direction = %claimed.direction,
         );
-        let Some(released) = deliver(shared, claimed, target, stamped)
+        let released = deliver(shared, claimed, target, stamped)
             .instrument(span)
-            .await
-        else {
+            .await;
+        if let Ok(mut running) = shared.running.lock() {
+            running.remove(&id);
+        }
+        // A draining worker starts nothing new: the Outbox hint brings the released one.
+        let Some(released) = released.filter(|_| !shared.draining.load(Ordering::SeqCst)) else {
             return;
         };
         let stamped = Instant::now();
