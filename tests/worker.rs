@@ -749,3 +749,95 @@ async fn a_drain_that_times_out_hands_its_claims_back_at_once() {
     assert_eq!((processing, due), (0, 2));
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_a_worker_process_drains_it_and_it_exits_cleanly() {
+    // #24 item 1 with a real process: `railhook worker`, SIGTERM while slow Attempts run.
+    let mut p = Pipeline::start(|s| {
+        s.worker_max_in_flight = 3;
+    })
+    .await;
+    // The in-process worker steps aside; the binary takes its place in the same group.
+    p.stop_workers().await;
+    let receiver = Receiver::start(vec![], Behaviour::Delay(Duration::from_secs(2), 200)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    let s = &p.settings;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
+        .arg("worker")
+        .env("DATABASE_URL", &p.app.database_url)
+        .env("KAFKA_BROKERS", &s.kafka_brokers)
+        .env("REDIS_URL", support::local_setting("REDIS_URL"))
+        .env("RAILHOOK_TOPIC_PREFIX", &s.topic_prefix)
+        .env("RAILHOOK_WORKER_GROUP", &s.worker_group)
+        .env("RAILHOOK_KAFKA_PARTITIONS", s.kafka_partitions.to_string())
+        .env("RAILHOOK_ALLOW_PRIVATE_TARGETS", "127.0.0.0/8")
+        .env("RAILHOOK_WORKER_MAX_IN_FLIGHT", "3")
+        .env("RAILHOOK_WORKER_DRAIN_SECONDS", "20")
+        .env(
+            "RAILHOOK_METRICS_ADDR",
+            format!("127.0.0.1:{}", support::free_port()),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("railhook worker");
+    let mut deliveries = Vec::new();
+    for n in 0..9 {
+        deliveries.push(p.send(json!({"n": n})).await.1);
+    }
+    support::eventually(
+        "three Attempts in flight",
+        Duration::from_secs(60),
+        || async { (receiver.count() >= 3).then_some(()) },
+    )
+    .await;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let started = Instant::now();
+    let exit = loop {
+        if let Some(exit) = child.try_wait().expect("wait") {
+            break exit;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the worker did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "exit status {exit:?}");
+    let sent = receiver.count();
+    let (processing, succeeded): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'PROCESSING'),
+                count(*) FILTER (WHERE status = 'SUCCEEDED')
+         FROM deliveries",
+    )
+    .fetch_one(&p.app.pool)
+    .await
+    .expect("counts");
+    println!(
+        "SIGTERM: exited 0 after {:?}, {sent} sent, {succeeded} SUCCEEDED",
+        started.elapsed()
+    );
+    assert_eq!(processing, 0, "the drained process left Claims PROCESSING");
+    assert_eq!(
+        succeeded as usize, sent,
+        "every request sent has its outcome"
+    );
+    p.spawn_worker();
+    for d in &deliveries {
+        p.wait_status(d, "SUCCEEDED", Duration::from_secs(60)).await;
+    }
+    let mut ids: Vec<String> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.headers["webhook-id"].clone())
+        .collect();
+    let total = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((total, ids.len()), (9, 9), "every webhook-id exactly once");
+    p.stop().await;
+}
