@@ -1,21 +1,27 @@
 //! Typed settings, read once at start: defaults < TOML file (`RAILHOOK_CONFIG`) < plain
 //! `DATABASE_URL` / `KAFKA_BROKERS` / `REDIS_URL` < `RAILHOOK_*` environment variables.
 //!
-//! Validation happens here, before any role starts, so a mistake is reported as one clear
-//! message naming the setting rather than as a failure deep inside a connection attempt.
+//! Validation (config/validate.rs) happens before any role starts, so a mistake is reported
+//! as one clear message naming the setting rather than as a failure deep inside a
+//! connection attempt. The defaults live in config/defaults.rs, the connection settings'
+//! readers in config/connections.rs.
 //! Secrets (`database_url`, `admin_token`) are [`SecretString`]s: they never print through
 //! `Debug`, so a logged `Settings` cannot leak them.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use figment::Figment;
 
 mod connections;
+mod defaults;
+mod validate;
+
+use defaults::DEFAULTS;
 use figment::providers::{Env, Format, Serialized, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
+pub use validate::PROCESSING_MARGIN;
 
 /// Everything a Railhook process can be told.
 #[derive(Debug, Clone, Deserialize)]
@@ -205,120 +211,6 @@ fn seconds_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Err
     })
 }
 
-/// The defaults, as a serialisable layer under the file and the environment.
-#[derive(Serialize)]
-struct Defaults {
-    redis_url: &'static str,
-    redis_cluster: bool,
-    kafka_brokers: &'static str,
-    kafka_security_protocol: &'static str,
-    http_addr: &'static str,
-    metrics_addr: &'static str,
-    allow_private_targets: &'static str,
-    slot: &'static str,
-    publication: &'static str,
-    topic_prefix: &'static str,
-    max_payload_bytes: usize,
-    max_batch_size: usize,
-    secret_rotation_overlap_seconds: u64,
-    db_max_connections: u32,
-    quota_timeout_ms: u64,
-    http_header_timeout_seconds: u64,
-    log_format: LogFormat,
-    kafka_partitions: i32,
-    kafka_replication_factor: i32,
-    kafka_message_timeout_ms: u64,
-    relay_max_in_flight: usize,
-    relay_max_in_flight_bytes: usize,
-    relay_heartbeat_ms: u64,
-    relay_status_ms: u64,
-    outbox_retention_seconds: u64,
-    worker_group: &'static str,
-    worker_max_in_flight: usize,
-    retry_outgoing_delays: &'static str,
-    retry_outgoing_max_attempts: u32,
-    retry_incoming_delays: &'static str,
-    retry_incoming_max_attempts: u32,
-    retry_scheduler_ms: u64,
-    sweep_ms: u64,
-    processing_timeout_seconds: u64,
-    endpoint_timeout_max_ms: u64,
-    stranded_after_seconds: u64,
-    worker_stall_rejoin_seconds: u64,
-    worker_max_poll_interval_ms: u64,
-    worker_drain_seconds: u64,
-    ordering_gap_timeout_seconds: u64,
-    breaker_consecutive_failures: u32,
-    breaker_failure_rate: f64,
-    breaker_min_requests: u32,
-    breaker_window_seconds: u64,
-    breaker_cooldown_seconds: u64,
-    deferral_max_seconds: u64,
-    endpoint_disable_after_seconds: u64,
-    endpoint_disable_min_failures: u32,
-    endpoint_warn_after_seconds: u64,
-    dashboard_cookie_secure: bool,
-    dashboard_session_seconds: u64,
-}
-
-/// What the processing timeout keeps beyond the largest endpoint timeout: the moments between
-/// a Claim's stamp and its request's start, and the finalise after the response.
-pub const PROCESSING_MARGIN: Duration = Duration::from_secs(5);
-
-const DEFAULTS: Defaults = Defaults {
-    redis_url: "redis://127.0.0.1:6379",
-    redis_cluster: false,
-    kafka_brokers: "127.0.0.1:9092",
-    kafka_security_protocol: "PLAINTEXT",
-    http_addr: "127.0.0.1:8080",
-    metrics_addr: "127.0.0.1:9464",
-    allow_private_targets: "",
-    slot: "railhook_outbox",
-    publication: "railhook_outbox",
-    topic_prefix: "railhook.",
-    max_payload_bytes: 1024 * 1024,
-    max_batch_size: 500,
-    secret_rotation_overlap_seconds: 24 * 3600,
-    db_max_connections: 20,
-    quota_timeout_ms: 100,
-    http_header_timeout_seconds: 30,
-    log_format: LogFormat::Text,
-    kafka_partitions: 6,
-    kafka_replication_factor: 1,
-    kafka_message_timeout_ms: 120_000,
-    relay_max_in_flight: 10_000,
-    relay_max_in_flight_bytes: 16 * 1024 * 1024,
-    relay_heartbeat_ms: 5_000,
-    relay_status_ms: 2_000,
-    outbox_retention_seconds: 3_600,
-    worker_group: "railhook-workers",
-    worker_max_in_flight: 64,
-    retry_outgoing_delays: "60,300,900,3600,21600,86400",
-    retry_outgoing_max_attempts: 7,
-    retry_incoming_delays: "60,300,900,3600,21600",
-    retry_incoming_max_attempts: 5,
-    retry_scheduler_ms: 1_000,
-    sweep_ms: 30_000,
-    processing_timeout_seconds: 360,
-    endpoint_timeout_max_ms: 300_000,
-    stranded_after_seconds: 3_600,
-    worker_stall_rejoin_seconds: 30,
-    worker_max_poll_interval_ms: 60_000,
-    worker_drain_seconds: 30,
-    ordering_gap_timeout_seconds: 60,
-    breaker_consecutive_failures: 5,
-    breaker_failure_rate: 0.5,
-    breaker_min_requests: 20,
-    breaker_window_seconds: 60,
-    breaker_cooldown_seconds: 30,
-    deferral_max_seconds: 300,
-    endpoint_disable_after_seconds: 5 * 24 * 3600,
-    endpoint_disable_min_failures: 5,
-    endpoint_warn_after_seconds: 24 * 3600,
-    dashboard_cookie_secure: true,
-    dashboard_session_seconds: 12 * 3600,
-};
-
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// Figment's message already names the key and where it came from.
@@ -405,145 +297,6 @@ impl Settings {
         }
         l.max_attempts = self.retry_incoming_max_attempts;
         l
-    }
-
-    /// Why the processing timeout is unsafe, if it is. The sweep takes back a Claim older
-    /// than the processing timeout; the worker stamps a Claim right before its request
-    /// starts (or re-stamps it through the Fence), so a request that runs its full endpoint
-    /// timeout and the finalise after it must end inside the window, with
-    /// [`PROCESSING_MARGIN`] to spare. A window no larger than that lets the sweep hand a
-    /// Delivery to a second worker while the first one's request is still in flight: the
-    /// same `webhook-id` goes out twice.
-    pub fn processing_timeout_problem(&self) -> Option<String> {
-        if !(1_000..=3_600_000).contains(&self.endpoint_timeout_max_ms) {
-            return Some("endpoint_timeout_max_ms must be between 1000 and 3600000".into());
-        }
-        let needed = Duration::from_millis(self.endpoint_timeout_max_ms) + PROCESSING_MARGIN;
-        (Duration::from_secs(self.processing_timeout_seconds) <= needed).then(|| {
-            format!(
-                "must be larger than endpoint_timeout_max_ms ({} ms) plus {} s, i.e. at least {} s",
-                self.endpoint_timeout_max_ms,
-                PROCESSING_MARGIN.as_secs(),
-                needed.as_secs() + 1
-            )
-        })
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        self.postgres()?;
-        self.replication_postgres()?;
-        self.redis_client()?;
-        if self.kafka_brokers.trim().is_empty() {
-            return Err(invalid("kafka_brokers", "must name at least one host:port"));
-        }
-        if let Some(token) = &self.admin_token
-            && token.expose_secret().len() < 16
-        {
-            return Err(invalid("admin_token", "must be at least 16 characters"));
-        }
-        for (field, value) in [("slot", &self.slot), ("publication", &self.publication)] {
-            let ok = !value.is_empty()
-                && value.len() <= 63
-                && value
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-            if !ok {
-                return Err(invalid(
-                    field,
-                    "must be 1-63 characters of a-z, 0-9 and '_'",
-                ));
-            }
-        }
-        if self.max_payload_bytes == 0 {
-            return Err(invalid("max_payload_bytes", "must be greater than 0"));
-        }
-        if !(1..=3600).contains(&self.http_header_timeout_seconds) {
-            return Err(invalid(
-                "http_header_timeout_seconds",
-                "must be between 1 and 3600",
-            ));
-        }
-        if !(1..=10_000).contains(&self.max_batch_size) {
-            return Err(invalid("max_batch_size", "must be between 1 and 10000"));
-        }
-        if !(1..=10_000).contains(&self.kafka_partitions) {
-            return Err(invalid("kafka_partitions", "must be between 1 and 10000"));
-        }
-        if !(1..=16).contains(&self.kafka_replication_factor) {
-            return Err(invalid(
-                "kafka_replication_factor",
-                "must be between 1 and 16",
-            ));
-        }
-        if self.relay_max_in_flight == 0 || self.relay_max_in_flight_bytes < 64 * 1024 {
-            return Err(invalid(
-                "relay_max_in_flight",
-                "must be at least 1 message and relay_max_in_flight_bytes at least 65536",
-            ));
-        }
-        if self.relay_heartbeat_ms < 10 || self.relay_status_ms < 10 {
-            return Err(invalid(
-                "relay_heartbeat_ms",
-                "intervals must be at least 10 ms",
-            ));
-        }
-        for (field, raw) in [
-            ("retry_outgoing_delays", &self.retry_outgoing_delays),
-            ("retry_incoming_delays", &self.retry_incoming_delays),
-        ] {
-            if crate::retry::Ladder::parse_delays(raw).is_none() {
-                return Err(invalid(
-                    field,
-                    "must be comma-separated seconds, e.g. 60,300,900",
-                ));
-            }
-        }
-        if self.retry_outgoing_max_attempts == 0 || self.retry_incoming_max_attempts == 0 {
-            return Err(invalid(
-                "retry_outgoing_max_attempts",
-                "attempt counts must be at least 1",
-            ));
-        }
-        if let Some(problem) = self.processing_timeout_problem() {
-            return Err(invalid("processing_timeout_seconds", problem));
-        }
-        if !(10_000..=3_600_000).contains(&self.worker_max_poll_interval_ms) {
-            return Err(invalid(
-                "worker_max_poll_interval_ms",
-                "must be between 10000 (the session timeout) and 3600000",
-            ));
-        }
-        if self.worker_max_in_flight == 0 {
-            return Err(invalid("worker_max_in_flight", "must be at least 1"));
-        }
-        if self.db_max_connections == 0 {
-            return Err(invalid("db_max_connections", "must be greater than 0"));
-        }
-        if !(self.breaker_failure_rate > 0.0 && self.breaker_failure_rate <= 1.0) {
-            return Err(invalid(
-                "breaker_failure_rate",
-                "must be above 0 and at most 1",
-            ));
-        }
-        if self.breaker_consecutive_failures == 0 || self.breaker_min_requests == 0 {
-            return Err(invalid(
-                "breaker_consecutive_failures",
-                "and breaker_min_requests must be at least 1",
-            ));
-        }
-        if self.breaker_window_seconds == 0 || self.deferral_max_seconds == 0 {
-            return Err(invalid(
-                "breaker_window_seconds",
-                "and deferral_max_seconds must be at least 1",
-            ));
-        }
-        if self.endpoint_disable_min_failures == 0 || self.dashboard_session_seconds == 0 {
-            return Err(invalid(
-                "endpoint_disable_min_failures",
-                "and dashboard_session_seconds must be at least 1",
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -34,7 +34,10 @@ use tracing::Instrument;
 
 use crate::incoming::routes as sources;
 use crate::problem::ApiError;
-use crate::routes::{admin, deliveries, endpoints, events, failed, health, replays, subscriptions};
+use crate::routes::{
+    admin, deliveries, endpoint_secret, endpoint_state, endpoints, events, failed, health, replays,
+    subscriptions,
+};
 pub use crate::state::AppState;
 
 /// Room for the envelope (`{"type":…,"payload":…}`) around a payload at its size limit.
@@ -62,14 +65,14 @@ pub fn router(state: AppState) -> Router {
                 .patch(endpoints::update)
                 .delete(endpoints::delete),
         )
-        .route("/v1/endpoints/{id}/secret", get(endpoints::secret))
+        .route("/v1/endpoints/{id}/secret", get(endpoint_secret::secret))
         .route(
             "/v1/endpoints/{id}/secret/rotate",
-            post(endpoints::rotate_secret),
+            post(endpoint_secret::rotate_secret),
         )
-        .route("/v1/endpoints/{id}/health", get(endpoints::health))
-        .route("/v1/endpoints/{id}/disable", post(endpoints::disable))
-        .route("/v1/endpoints/{id}/enable", post(endpoints::enable))
+        .route("/v1/endpoints/{id}/health", get(endpoint_state::health))
+        .route("/v1/endpoints/{id}/disable", post(endpoint_state::disable))
+        .route("/v1/endpoints/{id}/enable", post(endpoint_state::enable))
         .route(
             "/v1/subscriptions",
             post(subscriptions::create).get(subscriptions::list),

@@ -5,7 +5,10 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::incoming::{self, routes as sources};
-use crate::routes::{admin, deliveries, endpoints, events, failed, replays, subscriptions};
+use crate::routes::{
+    admin, deliveries, endpoint_secret, endpoint_state, endpoints, events, failed, replays,
+    subscriptions,
+};
 
 struct BearerSchemes;
 
@@ -73,8 +76,8 @@ impl Modify for ProblemAnswers {
         admin::create_organization, admin::create_project, admin::create_api_key,
         admin::revoke_api_key,
         endpoints::create, endpoints::list, endpoints::get, endpoints::update, endpoints::delete,
-        endpoints::secret, endpoints::rotate_secret, endpoints::health, endpoints::disable,
-        endpoints::enable,
+        endpoint_secret::secret, endpoint_secret::rotate_secret, endpoint_state::health,
+        endpoint_state::disable, endpoint_state::enable,
         subscriptions::create, subscriptions::list, subscriptions::get, subscriptions::update,
         subscriptions::delete,
         events::create, events::create_batch, events::get, events::list, events::expunge,

@@ -17,6 +17,7 @@ pub mod schedule;
 mod scheduler;
 pub mod ssrf;
 pub mod store;
+mod turn;
 pub mod worker;
 
 pub use config::{WorkerConfig, WorkerError};

@@ -12,7 +12,7 @@ use sqlx::FromRow;
 use super::pages::{when, when_opt};
 use super::{PageResult, Session, layout};
 use crate::problem::ApiError;
-use crate::routes::endpoints;
+use crate::routes::endpoint_state;
 use crate::state::AppState;
 
 // ---------------------------------------------------------------------------------------
@@ -45,7 +45,7 @@ pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageR
             thead { tr { th { "Endpoint" } th { "State" } th { "Breaker" } th { "Failure streak" } th { "Action" } } }
             tbody {
                 @for e in &rows {
-                    @let (health, disable_at) = endpoints::streak_state(e.enabled, e.failing_since, &state.streak, now);
+                    @let (health, disable_at) = endpoint_state::streak_state(e.enabled, e.failing_since, &state.streak, now);
                     tr {
                         td { (e.url) br; code.muted { (e.id) } @if e.source_id.is_some() { " " span.muted { "destination" } } }
                         td {
@@ -93,10 +93,10 @@ pub async fn endpoint_action(
     session.check(&form.csrf)?;
     let id = EndpointId::parse(&id).map_err(|_| ApiError::NotFound("endpoint"))?;
     let _updated = match action.as_str() {
-        "enable" => endpoints::set_enabled(&state, &session.project, &id, true, None).await?,
+        "enable" => endpoint_state::set_enabled(&state, &session.project, &id, true, None).await?,
         "disable" => {
-            let reason = endpoints::disabled_by_a_person(form.reason.as_deref())?;
-            endpoints::set_enabled(&state, &session.project, &id, false, Some(reason)).await?
+            let reason = endpoint_state::disabled_by_a_person(form.reason.as_deref())?;
+            endpoint_state::set_enabled(&state, &session.project, &id, false, Some(reason)).await?
         }
         _ => return Err(ApiError::NotFound("route").into()),
     };

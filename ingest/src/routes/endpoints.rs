@@ -7,9 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use railhook_common::ids::EndpointId;
-use railhook_common::secrets::{
-    generate_ed25519_secret, generate_secret_like, generate_signing_secret,
-};
+use railhook_common::secrets::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::signing::SigningKey;
 use serde::{Deserialize, Serialize};
 
@@ -52,23 +50,23 @@ pub struct Endpoint {
     pub updated_at: DateTime<Utc>,
 }
 
-struct EndpointRow {
-    id: String,
-    url: String,
-    description: String,
-    enabled: bool,
-    disabled_reason: Option<String>,
-    secret: String,
-    timeout_ms: i32,
-    rate_limit_per_second: Option<i32>,
-    rate_limit_burst: Option<i32>,
-    max_concurrency: Option<i32>,
-    headers: serde_json::Value,
-    retry_delays: Option<String>,
-    max_attempts: Option<i32>,
-    source_id: Option<String>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
+pub(crate) struct EndpointRow {
+    pub(crate) id: String,
+    pub(crate) url: String,
+    pub(crate) description: String,
+    pub(crate) enabled: bool,
+    pub(crate) disabled_reason: Option<String>,
+    pub(crate) secret: String,
+    pub(crate) timeout_ms: i32,
+    pub(crate) rate_limit_per_second: Option<i32>,
+    pub(crate) rate_limit_burst: Option<i32>,
+    pub(crate) max_concurrency: Option<i32>,
+    pub(crate) headers: serde_json::Value,
+    pub(crate) retry_delays: Option<String>,
+    pub(crate) max_attempts: Option<i32>,
+    pub(crate) source_id: Option<String>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
 }
 
 impl From<EndpointRow> for Endpoint {
@@ -99,7 +97,7 @@ impl From<EndpointRow> for Endpoint {
     }
 }
 
-fn parse_id(raw: &str) -> ApiResult<EndpointId> {
+pub(crate) fn parse_id(raw: &str) -> ApiResult<EndpointId> {
     EndpointId::parse(raw).map_err(|_| ApiError::NotFound("endpoint"))
 }
 
@@ -485,267 +483,4 @@ pub async fn delete(
     .await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// The signing secret, and during a rotation's overlap the previous one, which still signs.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct EndpointSecret {
-    pub key: String,
-    pub previous_key: Option<String>,
-    pub previous_key_expires_at: Option<DateTime<Utc>>,
-}
-
-#[utoipa::path(get, path = "/v1/endpoints/{id}/secret", tag = "endpoints",
-    params(("id" = String, Path)),
-    responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),
-    security(("api_key" = [])))]
-pub async fn secret(
-    project: Project,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<EndpointSecret>> {
-    let id = parse_id(&id)?;
-    let row = sqlx::query!(
-        r#"SELECT secret,
-                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret END AS previous_secret,
-                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END AS previous_expires
-           FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
-    Ok(Json(EndpointSecret {
-        key: row.secret,
-        previous_key: row.previous_secret,
-        previous_key_expires_at: row.previous_expires,
-    }))
-}
-
-/// Rotation: a new secret signs from now on; the old one keeps signing alongside it for the
-/// configured overlap, so a receiver can switch without rejecting a single webhook.
-#[utoipa::path(post, path = "/v1/endpoints/{id}/secret/rotate", tag = "endpoints",
-    params(("id" = String, Path)),
-    responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),
-    security(("api_key" = [])))]
-pub async fn rotate_secret(
-    project: Project,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<EndpointSecret>> {
-    let id = parse_id(&id)?;
-    let overlap = state.limits.secret_rotation_overlap.as_secs_f64();
-    // A rotation keeps the endpoint's scheme.
-    let current = sqlx::query_scalar!(
-        "SELECT secret FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
-    let row = sqlx::query!(
-        r#"UPDATE endpoints
-           SET previous_secret = secret,
-               previous_secret_expires_at = now() + make_interval(secs => $3),
-               secret = $4, updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
-           RETURNING secret, previous_secret, previous_secret_expires_at"#,
-        id.as_str(),
-        project.id.as_str(),
-        overlap,
-        generate_secret_like(&current)
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
-    Ok(Json(EndpointSecret {
-        key: row.secret,
-        previous_key: row.previous_secret,
-        previous_key_expires_at: row.previous_secret_expires_at,
-    }))
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct EndpointHealth {
-    pub endpoint_id: String,
-    pub enabled: bool,
-    pub disabled_reason: Option<String>,
-    /// `closed`, `open` or `half_open` (shared by every worker; see docs/ARCHITECTURE.md).
-    pub breaker_state: String,
-    /// When the breaker last changed state.
-    pub breaker_changed_at: Option<DateTime<Utc>>,
-    pub attempts_24h: i64,
-    pub succeeded_24h: i64,
-    /// Share of the last 24 hours' Attempts that succeeded; absent when there were none.
-    pub success_rate_24h: Option<f64>,
-    /// `healthy`; `warning` when every Attempt has failed for longer than the warning
-    /// window (it will be disabled at `disable_at` if nothing succeeds); or `disabled`.
-    pub state: String,
-    /// Attempts in a row that went out and failed (a success resets it).
-    pub consecutive_failures: i32,
-    /// When the current failure streak began.
-    pub failing_since: Option<DateTime<Utc>>,
-    /// When the streak will disable the endpoint, if nothing succeeds before.
-    pub disable_at: Option<DateTime<Utc>>,
-    pub disabled_at: Option<DateTime<Utc>>,
-}
-
-/// The endpoint's state as a person reads it, from its streak and the configured windows.
-pub fn streak_state(
-    enabled: bool,
-    failing_since: Option<DateTime<Utc>>,
-    policy: &crate::state::StreakWindows,
-    now: DateTime<Utc>,
-) -> (&'static str, Option<DateTime<Utc>>) {
-    if !enabled {
-        return ("disabled", None);
-    }
-    let Some(since) = failing_since else {
-        return ("healthy", None);
-    };
-    let disable_at = since + policy.disable_after;
-    if now - since >= policy.warn_after {
-        ("warning", Some(disable_at))
-    } else {
-        ("healthy", Some(disable_at))
-    }
-}
-
-#[utoipa::path(get, path = "/v1/endpoints/{id}/health", tag = "endpoints",
-    params(("id" = String, Path)),
-    responses((status = 200, body = EndpointHealth), (status = 404, body = Problem)),
-    security(("api_key" = [])))]
-pub async fn health(
-    project: Project,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<EndpointHealth>> {
-    let id = parse_id(&id)?;
-    let row = sqlx::query!(
-        r#"SELECT e.enabled, e.disabled_reason, e.breaker_state, e.breaker_changed_at,
-                  e.consecutive_failures, e.failing_since, e.disabled_at,
-                  count(a.id) AS "attempts!",
-                  count(a.id) FILTER (WHERE a.outcome = 'SUCCEEDED') AS "succeeded!"
-           FROM endpoints e
-           LEFT JOIN deliveries d ON d.endpoint_id = e.id
-           LEFT JOIN attempts a ON a.delivery_id = d.id AND a.started_at > now() - interval '24 hours'
-           WHERE e.id = $1 AND e.project_id = $2 AND e.deleted_at IS NULL
-           GROUP BY e.id"#,
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
-    let (health_state, disable_at) =
-        streak_state(row.enabled, row.failing_since, &state.streak, Utc::now());
-    Ok(Json(EndpointHealth {
-        endpoint_id: id.into_string(),
-        state: health_state.to_owned(),
-        consecutive_failures: row.consecutive_failures,
-        failing_since: row.failing_since,
-        disable_at,
-        disabled_at: row.disabled_at,
-        enabled: row.enabled,
-        disabled_reason: row.disabled_reason,
-        breaker_state: row.breaker_state,
-        breaker_changed_at: row.breaker_changed_at,
-        attempts_24h: row.attempts,
-        succeeded_24h: row.succeeded,
-        success_rate_24h: (row.attempts > 0).then(|| row.succeeded as f64 / row.attempts as f64),
-    }))
-}
-
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-pub struct DisableEndpoint {
-    /// Shown with the endpoint while it is disabled.
-    pub reason: Option<String>,
-}
-
-/// Stops deliveries to an endpoint: from now on its Deliveries go to Failed Messages
-/// (retryable once it is enabled again) instead of being sent.
-#[utoipa::path(post, path = "/v1/endpoints/{id}/disable", tag = "endpoints",
-    params(("id" = String, Path)), request_body = DisableEndpoint,
-    responses((status = 200, body = Endpoint), (status = 404, body = Problem), (status = 422, body = Problem)),
-    security(("api_key" = [])))]
-pub async fn disable(
-    project: Project,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    body: axum::body::Bytes,
-) -> ApiResult<Json<Endpoint>> {
-    let id = parse_id(&id)?;
-    // The body is optional: an empty POST disables without a reason.
-    let body: DisableEndpoint = if body.iter().all(u8::is_ascii_whitespace) {
-        DisableEndpoint::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::MalformedJson(e.to_string()))?
-    };
-    let reason = disabled_by_a_person(body.reason.as_deref())?;
-    set_enabled(&state, &project, &id, false, Some(reason)).await
-}
-
-/// The reason shown for an endpoint a person disabled (API or dashboard), with theirs if
-/// they gave one (at most 500 characters).
-pub fn disabled_by_a_person(given: Option<&str>) -> ApiResult<String> {
-    let given = given.unwrap_or_default().trim();
-    if given.chars().count() > 500 {
-        return Err(ApiError::validation(
-            "reason",
-            "reason must be at most 500 characters",
-        ));
-    }
-    Ok(if given.is_empty() {
-        "disabled by a person".to_owned()
-    } else {
-        format!("disabled by a person: {given}")
-    })
-}
-
-/// Starts deliveries to an endpoint again and clears its reason and failure streak.
-#[utoipa::path(post, path = "/v1/endpoints/{id}/enable", tag = "endpoints",
-    params(("id" = String, Path)),
-    responses((status = 200, body = Endpoint), (status = 404, body = Problem)),
-    security(("api_key" = [])))]
-pub async fn enable(
-    project: Project,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<Endpoint>> {
-    let id = parse_id(&id)?;
-    set_enabled(&state, &project, &id, true, None).await
-}
-
-pub async fn set_enabled(
-    state: &AppState,
-    project: &Project,
-    id: &EndpointId,
-    enabled: bool,
-    reason: Option<String>,
-) -> ApiResult<Json<Endpoint>> {
-    let row = sqlx::query_as!(
-        EndpointRow,
-        r#"UPDATE endpoints
-           SET enabled = $3, disabled_reason = $4,
-               disabled_at = CASE WHEN $3 THEN NULL ELSE coalesce(disabled_at, now()) END,
-               consecutive_failures = CASE WHEN $3 THEN 0 ELSE consecutive_failures END,
-               failing_since = CASE WHEN $3 THEN NULL ELSE failing_since END,
-               updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
-           RETURNING id, url, description, enabled, disabled_reason, secret, timeout_ms,
-                     rate_limit_per_second, rate_limit_burst, max_concurrency, headers,
-                     retry_delays, max_attempts, source_id, created_at, updated_at"#,
-        id.as_str(),
-        project.id.as_str(),
-        enabled,
-        reason
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
-    // The dashboard comes here without the API's router layer.
-    state.senders.invalidate();
-    Ok(Json(row.into()))
 }

@@ -2,6 +2,8 @@
 
 pub mod admin;
 pub mod deliveries;
+pub mod endpoint_secret;
+pub mod endpoint_state;
 pub mod endpoints;
 pub mod events;
 pub mod failed;

@@ -1,0 +1,153 @@
+//! The checks a loaded `Settings` must pass before any role starts: each failure names its
+//! setting.
+
+use std::time::Duration;
+
+use secrecy::ExposeSecret;
+
+use super::{ConfigError, Settings, invalid};
+
+/// What the processing timeout keeps beyond the largest endpoint timeout: the moments between
+/// a Claim's stamp and its request's start, and the finalise after the response.
+pub const PROCESSING_MARGIN: Duration = Duration::from_secs(5);
+
+impl Settings {
+    /// Why the processing timeout is unsafe, if it is. The sweep takes back a Claim older
+    /// than the processing timeout; the worker stamps a Claim right before its request
+    /// starts (or re-stamps it through the Fence), so a request that runs its full endpoint
+    /// timeout and the finalise after it must end inside the window, with
+    /// [`PROCESSING_MARGIN`] to spare. A window no larger than that lets the sweep hand a
+    /// Delivery to a second worker while the first one's request is still in flight: the
+    /// same `webhook-id` goes out twice.
+    pub fn processing_timeout_problem(&self) -> Option<String> {
+        if !(1_000..=3_600_000).contains(&self.endpoint_timeout_max_ms) {
+            return Some("endpoint_timeout_max_ms must be between 1000 and 3600000".into());
+        }
+        let needed = Duration::from_millis(self.endpoint_timeout_max_ms) + PROCESSING_MARGIN;
+        (Duration::from_secs(self.processing_timeout_seconds) <= needed).then(|| {
+            format!(
+                "must be larger than endpoint_timeout_max_ms ({} ms) plus {} s, i.e. at least {} s",
+                self.endpoint_timeout_max_ms,
+                PROCESSING_MARGIN.as_secs(),
+                needed.as_secs() + 1
+            )
+        })
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        self.postgres()?;
+        self.replication_postgres()?;
+        self.redis_client()?;
+        if self.kafka_brokers.trim().is_empty() {
+            return Err(invalid("kafka_brokers", "must name at least one host:port"));
+        }
+        if let Some(token) = &self.admin_token
+            && token.expose_secret().len() < 16
+        {
+            return Err(invalid("admin_token", "must be at least 16 characters"));
+        }
+        for (field, value) in [("slot", &self.slot), ("publication", &self.publication)] {
+            let ok = !value.is_empty()
+                && value.len() <= 63
+                && value
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !ok {
+                return Err(invalid(
+                    field,
+                    "must be 1-63 characters of a-z, 0-9 and '_'",
+                ));
+            }
+        }
+        if self.max_payload_bytes == 0 {
+            return Err(invalid("max_payload_bytes", "must be greater than 0"));
+        }
+        if !(1..=3600).contains(&self.http_header_timeout_seconds) {
+            return Err(invalid(
+                "http_header_timeout_seconds",
+                "must be between 1 and 3600",
+            ));
+        }
+        if !(1..=10_000).contains(&self.max_batch_size) {
+            return Err(invalid("max_batch_size", "must be between 1 and 10000"));
+        }
+        if !(1..=10_000).contains(&self.kafka_partitions) {
+            return Err(invalid("kafka_partitions", "must be between 1 and 10000"));
+        }
+        if !(1..=16).contains(&self.kafka_replication_factor) {
+            return Err(invalid(
+                "kafka_replication_factor",
+                "must be between 1 and 16",
+            ));
+        }
+        if self.relay_max_in_flight == 0 || self.relay_max_in_flight_bytes < 64 * 1024 {
+            return Err(invalid(
+                "relay_max_in_flight",
+                "must be at least 1 message and relay_max_in_flight_bytes at least 65536",
+            ));
+        }
+        if self.relay_heartbeat_ms < 10 || self.relay_status_ms < 10 {
+            return Err(invalid(
+                "relay_heartbeat_ms",
+                "intervals must be at least 10 ms",
+            ));
+        }
+        for (field, raw) in [
+            ("retry_outgoing_delays", &self.retry_outgoing_delays),
+            ("retry_incoming_delays", &self.retry_incoming_delays),
+        ] {
+            if crate::retry::Ladder::parse_delays(raw).is_none() {
+                return Err(invalid(
+                    field,
+                    "must be comma-separated seconds, e.g. 60,300,900",
+                ));
+            }
+        }
+        if self.retry_outgoing_max_attempts == 0 || self.retry_incoming_max_attempts == 0 {
+            return Err(invalid(
+                "retry_outgoing_max_attempts",
+                "attempt counts must be at least 1",
+            ));
+        }
+        if let Some(problem) = self.processing_timeout_problem() {
+            return Err(invalid("processing_timeout_seconds", problem));
+        }
+        if !(10_000..=3_600_000).contains(&self.worker_max_poll_interval_ms) {
+            return Err(invalid(
+                "worker_max_poll_interval_ms",
+                "must be between 10000 (the session timeout) and 3600000",
+            ));
+        }
+        if self.worker_max_in_flight == 0 {
+            return Err(invalid("worker_max_in_flight", "must be at least 1"));
+        }
+        if self.db_max_connections == 0 {
+            return Err(invalid("db_max_connections", "must be greater than 0"));
+        }
+        if !(self.breaker_failure_rate > 0.0 && self.breaker_failure_rate <= 1.0) {
+            return Err(invalid(
+                "breaker_failure_rate",
+                "must be above 0 and at most 1",
+            ));
+        }
+        if self.breaker_consecutive_failures == 0 || self.breaker_min_requests == 0 {
+            return Err(invalid(
+                "breaker_consecutive_failures",
+                "and breaker_min_requests must be at least 1",
+            ));
+        }
+        if self.breaker_window_seconds == 0 || self.deferral_max_seconds == 0 {
+            return Err(invalid(
+                "breaker_window_seconds",
+                "and deferral_max_seconds must be at least 1",
+            ));
+        }
+        if self.endpoint_disable_min_failures == 0 || self.dashboard_session_seconds == 0 {
+            return Err(invalid(
+                "endpoint_disable_min_failures",
+                "and dashboard_session_seconds must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}

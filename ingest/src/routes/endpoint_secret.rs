@@ -1,0 +1,94 @@
+//! An endpoint's signing secret: reading it, and rotating it with an overlap in which the
+//! old and the new secret both sign (same scheme: HMAC or Ed25519).
+
+use railhook_common::secrets::generate_secret_like;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::auth::Project;
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::routes::endpoints::parse_id;
+use crate::state::AppState;
+
+/// The signing secret, and during a rotation's overlap the previous one, which still signs.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EndpointSecret {
+    pub key: String,
+    pub previous_key: Option<String>,
+    pub previous_key_expires_at: Option<DateTime<Utc>>,
+}
+
+#[utoipa::path(get, path = "/v1/endpoints/{id}/secret", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn secret(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<EndpointSecret>> {
+    let id = parse_id(&id)?;
+    let row = sqlx::query!(
+        r#"SELECT secret,
+                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret END AS previous_secret,
+                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END AS previous_expires
+           FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    Ok(Json(EndpointSecret {
+        key: row.secret,
+        previous_key: row.previous_secret,
+        previous_key_expires_at: row.previous_expires,
+    }))
+}
+
+/// Rotation: a new secret signs from now on; the old one keeps signing alongside it for the
+/// configured overlap, so a receiver can switch without rejecting a single webhook.
+#[utoipa::path(post, path = "/v1/endpoints/{id}/secret/rotate", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn rotate_secret(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<EndpointSecret>> {
+    let id = parse_id(&id)?;
+    let overlap = state.limits.secret_rotation_overlap.as_secs_f64();
+    // A rotation keeps the endpoint's scheme.
+    let current = sqlx::query_scalar!(
+        "SELECT secret FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    let row = sqlx::query!(
+        r#"UPDATE endpoints
+           SET previous_secret = secret,
+               previous_secret_expires_at = now() + make_interval(secs => $3),
+               secret = $4, updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
+           RETURNING secret, previous_secret, previous_secret_expires_at"#,
+        id.as_str(),
+        project.id.as_str(),
+        overlap,
+        generate_secret_like(&current)
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    Ok(Json(EndpointSecret {
+        key: row.secret,
+        previous_key: row.previous_secret,
+        previous_key_expires_at: row.previous_secret_expires_at,
+    }))
+}

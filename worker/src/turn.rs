@@ -1,0 +1,363 @@
+//! One claimed Delivery's turn, off the consumer's loop: the ordering gate and the
+//! endpoint's limits (or a Deferral), the re-stamp of an aged Claim, the Attempt, the
+//! decision, the outcome behind the Fence, and the ordering hand-off to the next Delivery.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use railhook_common::config::PROCESSING_MARGIN;
+use railhook_common::retry::Ladder;
+use railhook_common::signing::SigningKey;
+use tracing::Instrument;
+
+use crate::attempt::{Attempt, Outcome};
+use crate::limits::{Admission, BreakerState, EndpointLimits, Reason, Verdict, rate_hold};
+use crate::ordering::{self, Gate};
+use crate::resolution::{Resolved, defer, finalise_with_retry, give_up};
+use crate::schedule::{Decision, decide};
+use crate::store::{self, Claimed};
+use crate::worker::Shared;
+
+/// Delivers a claimed Delivery, then, while each one resolved and released the next parked
+/// ordered Delivery of its endpoint, claims that one and delivers it too, in the same task
+/// and under the same permit (the ordering hand-off, ordering.rs). A hand-off that loses its
+/// Claim (another worker took the Outbox hint first) simply ends the chain here.
+pub(crate) async fn turns(
+    shared: &Shared,
+    claimed: Claimed,
+    target: store::Target,
+    stamped: Instant,
+) {
+    let mut next = Some((claimed, target, stamped));
+    while let Some((claimed, target, stamped)) = next.take() {
+        let id = claimed.id.clone();
+        if let Ok(mut running) = shared.running.lock() {
+            running.insert(id.clone(), claimed.token);
+        }
+        // One span per Attempt, with the ids as fields (never as metric labels): every log
+        // line of the Claim's turn carries them.
+        let span = tracing::info_span!(
+            "attempt",
+            delivery_id = %claimed.id,
+            event_id = %claimed.event_id,
+            endpoint_id = %claimed.endpoint_id,
+            attempt = claimed.attempt_count + 1,
+            direction = %claimed.direction,
+        );
+        let released = deliver(shared, claimed, target, stamped)
+            .instrument(span)
+            .await;
+        if let Ok(mut running) = shared.running.lock() {
+            running.remove(&id);
+        }
+        // A draining worker starts nothing new: the Outbox hint brings the released one.
+        let Some(released) = released.filter(|_| !shared.draining.load(Ordering::SeqCst)) else {
+            return;
+        };
+        let stamped = Instant::now();
+        match store::claim_batch(&shared.pool, &[released]).await {
+            Ok(mut won) => {
+                if let Some((claimed, target)) = won.pop() {
+                    shared.metrics.ordering_handoffs.inc();
+                    next = Some((claimed, target, stamped));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "hand-off claim failed; the Outbox hint will bring the delivery")
+            }
+        }
+    }
+}
+
+async fn breaker_changed(shared: &Shared, endpoint_id: &str, state: BreakerState) {
+    shared
+        .metrics
+        .breaker_transitions
+        .with_label_values(&[state.as_str()])
+        .inc();
+    tracing::info!(
+        endpoint_id,
+        state = state.as_str(),
+        "circuit breaker changed"
+    );
+    if let Err(e) = store::set_breaker(&shared.pool, endpoint_id, state.as_str()).await {
+        tracing::warn!(error = %e, "breaker state not mirrored to the endpoint row");
+    }
+}
+
+/// The checks before a request is built: the ordering gate, then the endpoint's breaker and
+/// limits. `None` means the Delivery was deferred (or parked) and must not be sent; `Some`
+/// carries the concurrency lease to give back.
+async fn admit(
+    shared: &Shared,
+    claimed: &mut Claimed,
+    target: &store::Target,
+) -> Option<Option<String>> {
+    if claimed.ordered {
+        match ordering::gate(&shared.pool, claimed, shared.gap_timeout).await {
+            Ok(Gate::Go { sequence_number }) => claimed.sequence_number = Some(sequence_number),
+            Ok(Gate::GoAfterGap { sequence_number }) => {
+                shared.metrics.ordering_gap_timeouts.inc();
+                claimed.sequence_number = Some(sequence_number);
+            }
+            Ok(Gate::Parked) => {
+                shared
+                    .metrics
+                    .deferrals
+                    .with_label_values(&[Reason::Ordering.as_str()])
+                    .inc();
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, delivery_id = %claimed.id, "ordering gate failed; the sweep will hand the delivery back");
+                return None;
+            }
+        }
+    }
+    let positive = |v: Option<i32>| v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0);
+    let limits = EndpointLimits {
+        rate_per_second: positive(target.rate_limit_per_second),
+        burst: positive(target.rate_limit_burst),
+        max_concurrency: positive(target.max_concurrency),
+        timeout: Duration::from_millis(u64::try_from(target.timeout_ms).unwrap_or(30_000)),
+    };
+    let lease_token = claimed.token.to_string();
+    let hold = rate_hold(limits.rate_per_second.unwrap_or(0));
+    // A reserved rate slot within `hold` is waited for here (the Claim is held, nothing is
+    // in flight), then admitted again: the reservation redeems at its slot. Three waits at
+    // most; a slot that moved farther (another check refused meanwhile) is deferred.
+    let mut waits = 0;
+    loop {
+        match shared
+            .limits
+            .admit(&claimed.endpoint_id, &claimed.id, &lease_token, &limits)
+            .await
+        {
+            Admission::Go { lease, changed } => {
+                if let Some(state) = changed {
+                    breaker_changed(shared, &claimed.endpoint_id, state).await;
+                }
+                return Some(lease);
+            }
+            Admission::Defer {
+                reason: Reason::Rate,
+                wait,
+            } if wait <= hold && waits < 3 => {
+                waits += 1;
+                tokio::time::sleep(wait).await;
+            }
+            Admission::Defer { reason, wait } => {
+                // A far rate slot: come back `hold` early and wait out the rest here.
+                let wait = if reason == Reason::Rate {
+                    wait.saturating_sub(hold)
+                } else {
+                    wait
+                };
+                defer(shared, claimed, reason, wait).await;
+                return None;
+            }
+            Admission::Unavailable => {
+                shared.metrics.limits_unavailable.inc();
+                return Some(None);
+            }
+        }
+    }
+}
+
+/// How the breaker reads a report, and how long a 429 (or a 503 with `Retry-After`) pauses
+/// the whole endpoint.
+fn breaker_verdict(report: &crate::attempt::Report, max: Duration) -> (Verdict, Option<Duration>) {
+    if !report.sent {
+        return (Verdict::Neutral, None);
+    }
+    match &report.outcome {
+        Outcome::Delivered => (Verdict::Ok, None),
+        Outcome::Retry { retry_after } => {
+            if report.status == Some(429) {
+                let pause = retry_after.unwrap_or(Duration::from_secs(1)).min(max);
+                (Verdict::Neutral, Some(pause))
+            } else {
+                (Verdict::Fail, retry_after.map(|d| d.min(max)))
+            }
+        }
+        Outcome::Failed { .. } => (Verdict::Neutral, None),
+    }
+}
+
+/// Whether a Claim stamped `age` ago must be re-stamped before a request of up to `timeout`
+/// starts: the request and its finalise must end inside the sweep's window, with
+/// [`PROCESSING_MARGIN`] to spare (common/src/config.rs, `processing_timeout_problem`).
+pub(crate) fn needs_restamp(age: Duration, timeout: Duration, window: Duration) -> bool {
+    age + timeout + PROCESSING_MARGIN >= window
+}
+
+/// One claimed Delivery: gate and limits (or a Deferral), Attempt, decision, finalise.
+/// `stamped`: no later than the Claim's stamp in Postgres. Returns the ordered Delivery its
+/// resolution released, if any.
+async fn deliver(
+    shared: &Shared,
+    mut claimed: Claimed,
+    target: store::Target,
+    stamped: Instant,
+) -> Option<String> {
+    if !target.enabled {
+        return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
+    }
+    // The expunge fails every Delivery not sent yet in its own transaction; this guards
+    // any path that could make one PENDING again.
+    if target.expunged {
+        return give_up(shared, &claimed, "payload_expunged").await;
+    }
+    let Some(mut attempt) = build_attempt(&claimed, &target) else {
+        return give_up(shared, &claimed, "the endpoint's URL or secret is invalid").await;
+    };
+    attempt.timeout = attempt.timeout.min(shared.endpoint_timeout_max);
+    let lease = admit(shared, &mut claimed, &target).await?;
+    attempt.sequence_number = claimed.sequence_number;
+    // Invariant: a Claim is never older than its sweep window allows when its request
+    // starts (review #19 item 1). The gate and the limits may have held it; then it is
+    // re-stamped through the Fence, and a Claim the sweep already took back is not sent.
+    if needs_restamp(
+        stamped.elapsed(),
+        attempt.timeout,
+        shared.processing_timeout,
+    ) {
+        let kept = store::restamp(&shared.pool, &claimed).await;
+        if !matches!(kept, Ok(true)) {
+            if let Err(e) = &kept {
+                tracing::warn!(error = %e, "claim not re-stamped; not sending, the sweep will hand it back");
+            } else {
+                shared.metrics.fence_rejections.inc();
+                tracing::info!("claim lost before its request started; not sending");
+            }
+            shared
+                .limits
+                .record(
+                    &claimed.endpoint_id,
+                    lease.as_deref(),
+                    Verdict::Neutral,
+                    None,
+                )
+                .await;
+            return None;
+        }
+    }
+    let report = shared.runner.run(&attempt).await;
+    let (verdict, throttle) = breaker_verdict(&report, shared.deferral_max);
+    if let Some(state) = shared
+        .limits
+        .record(&claimed.endpoint_id, lease.as_deref(), verdict, throttle)
+        .await
+    {
+        breaker_changed(shared, &claimed.endpoint_id, state).await;
+    }
+    let ladder = endpoint_ladder(shared, &claimed, &target);
+    let attempts = u32::try_from(claimed.attempt_count).unwrap_or(0) + 1;
+    let age = (chrono::Utc::now() - claimed.ladder_started_at)
+        .to_std()
+        .unwrap_or_default();
+    let decision = decide(
+        &report.outcome,
+        report.status,
+        attempts,
+        age,
+        &ladder,
+        rand::random::<f64>(),
+    );
+    let label = match report.outcome {
+        Outcome::Delivered => "succeeded",
+        Outcome::Retry { .. } => "retry",
+        Outcome::Failed { .. } => "failed",
+    };
+    if report.sent {
+        shared.metrics.attempts.with_label_values(&[label]).inc();
+    }
+    match finalise_with_retry(shared, &claimed, &report, &decision).await {
+        Some(Resolved {
+            wrote: true,
+            released,
+        }) => {
+            if decision == Decision::Succeeded {
+                let since_commit = chrono::Utc::now() - target.event_created_at;
+                shared
+                    .metrics
+                    .delivery_latency
+                    .observe(since_commit.to_std().unwrap_or_default().as_secs_f64());
+            }
+            if matches!(decision, Decision::Failed { .. }) {
+                shared.metrics.failed_messages.inc();
+            }
+            released
+        }
+        Some(Resolved { wrote: false, .. }) => {
+            shared.metrics.fence_rejections.inc();
+            tracing::info!(delivery_id = %claimed.id, "outcome fenced out: the claim was lost");
+            None
+        }
+        None => {
+            tracing::error!(delivery_id = %claimed.id, "outcome not written; the sweep will hand the delivery back");
+            None
+        }
+    }
+}
+
+/// The direction's ladder, with the endpoint's own waits and Attempt count where it has them.
+fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &store::Target) -> Ladder {
+    let mut ladder = if claimed.direction == "incoming" {
+        shared.incoming.clone()
+    } else {
+        shared.outgoing.clone()
+    };
+    if let Some(delays) = target
+        .retry_delays
+        .as_deref()
+        .and_then(Ladder::parse_delays)
+    {
+        ladder.delays = delays;
+    }
+    if let Some(n) = target.max_attempts.and_then(|n| u32::try_from(n).ok()) {
+        ladder.max_attempts = n;
+    }
+    ladder
+}
+
+fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
+    let mut keys = vec![SigningKey::parse(&target.secret).ok()?];
+    if let Some(prev) = &target.previous_secret {
+        keys.push(SigningKey::parse(prev).ok()?);
+    }
+    let as_pairs = |v: Option<&serde_json::Value>| -> Vec<(String, String)> {
+        v.and_then(|v| v.as_object())
+            .map(|o| {
+                o.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // A forwarded webhook keeps the provider's headers (a fixed safe subset chosen at
+    // receipt) and its content type; the endpoint's own custom headers come last and win.
+    let mut forwarded = as_pairs(target.forward_headers.as_ref());
+    let content_type = forwarded
+        .iter()
+        .position(|(k, _)| k == "content-type")
+        .map(|i| forwarded.remove(i).1);
+    let mut custom_headers = forwarded;
+    custom_headers.extend(as_pairs(Some(&target.headers)));
+    let body = match &target.raw_body {
+        Some(raw) => bytes::Bytes::from(raw.clone()),
+        None => bytes::Bytes::from(target.payload.clone().into_bytes()),
+    };
+    Some(Attempt {
+        delivery_id: claimed.id.clone(),
+        event_id: claimed.event_id.clone(),
+        event_type: target.event_type.clone(),
+        url: url::Url::parse(&target.url).ok()?,
+        body,
+        custom_headers,
+        keys,
+        timeout: Duration::from_millis(u64::try_from(target.timeout_ms).unwrap_or(30_000)),
+        sequence_number: claimed.sequence_number,
+        content_type,
+    })
+}
