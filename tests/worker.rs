@@ -12,18 +12,16 @@ use support::receiver::{Behaviour, Receiver};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Verifies a received request with the official Standard Webhooks library (Python).
-fn python_verifies(secret: &str, r: &support::receiver::Received) -> bool {
+/// Runs an independent verifier (`program script key`) on one received request, handed to
+/// it on stdin as `{"headers", "body"}`; true when it exits 0.
+fn verifies(program: &str, script: &str, key: &str, r: &support::receiver::Received) -> bool {
     use std::io::Write;
-    let mut child = std::process::Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/verify_signature.py"
-        ))
-        .arg(secret)
+    let mut child = std::process::Command::new(program)
+        .arg(format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR")))
+        .arg(key)
         .stdin(std::process::Stdio::piped())
         .spawn()
-        .expect("python3");
+        .expect(program);
     let input = json!({"headers": r.headers, "body": r.body}).to_string();
     child
         .stdin
@@ -32,6 +30,11 @@ fn python_verifies(secret: &str, r: &support::receiver::Received) -> bool {
         .write_all(input.as_bytes())
         .expect("write");
     child.wait().expect("wait").success()
+}
+
+/// Verifies a received request with the official Standard Webhooks library (Python).
+fn python_verifies(secret: &str, r: &support::receiver::Received) -> bool {
+    verifies("python3", "verify_signature.py", secret, r)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,21 +82,7 @@ async fn an_event_arrives_once_signed_with_standard_webhooks_headers() {
 
 /// Verifies a received request's v1a signature with Node's crypto (tests/verify_v1a.mjs).
 fn node_verifies_v1a(public_key: &str, r: &support::receiver::Received) -> bool {
-    use std::io::Write;
-    let mut child = std::process::Command::new("node")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/verify_v1a.mjs"))
-        .arg(public_key)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("node");
-    let input = json!({"headers": r.headers, "body": r.body}).to_string();
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input.as_bytes())
-        .expect("write");
-    child.wait().expect("wait").success()
+    verifies("node", "verify_v1a.mjs", public_key, r)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
