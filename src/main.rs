@@ -2,6 +2,7 @@
 //! themselves live in the `ingest`, `relay` and `worker` crates.
 
 mod replay_cli;
+mod retention_cli;
 
 use std::net::SocketAddr;
 
@@ -9,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use railhook_common::config::Settings;
 use railhook_common::health::{self, Dependencies, KafkaProbe};
-use railhook_common::{db, metrics_http};
+use railhook_common::{db, metrics_http, retention};
 use railhook_relay::{Faults, RelayConfig, RelayMetrics, slot};
 use railhook_worker::{WorkerConfig, WorkerMetrics};
 use sqlx::PgPool;
@@ -50,6 +51,9 @@ enum Role {
     },
     /// Replay stored Events through the REST API (by id, or by time range) and follow it.
     Replay(replay_cli::ReplayArgs),
+    /// List the day partitions with sizes and what retention does with each; then run a
+    /// retention pass (unless --dry-run).
+    Retention(retention_cli::RetentionArgs),
 }
 
 #[derive(Subcommand)]
@@ -129,6 +133,7 @@ impl Role {
             Role::Migrate => "migrate",
             Role::Slot { .. } => "slot",
             Role::Replay(_) => "replay",
+            Role::Retention(_) => "retention",
         }
     }
 }
@@ -142,6 +147,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Role::All => all(&settings).await,
         Role::Slot { action } => slot(&settings, action).await,
         Role::Replay(args) => replay_cli::run(args).await,
+        Role::Retention(args) => retention_cli::run(&settings, args).await,
     }
 }
 
@@ -485,6 +491,18 @@ async fn ingest_with(
         },
     )?;
     first_contact(&deps, &pool).await?;
+    // Partitions ahead and retention: every ingest process runs the task, and a session
+    // advisory lock lets one pass run at a time (common/src/retention.rs).
+    let retention_metrics = retention::RetentionMetrics::new();
+    let mut other_registries = other_registries;
+    other_registries.push(retention_metrics.registry.clone());
+    tokio::spawn(retention::task(
+        pool.clone(),
+        settings.retention_days,
+        Duration::from_secs(settings.retention_interval_seconds),
+        retention_metrics,
+        shutdown_signal(),
+    ));
     let mut state = railhook_ingest::AppState::new(pool, settings)?;
     state.other_registries = other_registries;
     state.deps = deps;

@@ -158,6 +158,12 @@ pub struct Settings {
     /// this long; Claims still running then go back to PENDING at once. Kubernetes'
     /// `terminationGracePeriodSeconds` must be longer.
     pub worker_drain_seconds: u64,
+    /// Days of Events, Deliveries and Attempts kept (`RAILHOOK_RETENTION_DAYS`): a day's
+    /// partitions are dropped once the day ended this long ago (common/src/retention.rs).
+    /// Never shorter than [`crate::retention::minimum_days`].
+    pub retention_days: u32,
+    /// Seconds between two retention passes (creating partitions ahead, dropping expired).
+    pub retention_interval_seconds: u64,
     /// How long a parked ordered Delivery waits for a stuck predecessor (from its first
     /// park) before it goes without it. Also read as `ORDERING_GAP_TIMEOUT_SECONDS`.
     pub ordering_gap_timeout_seconds: u64,

@@ -29,6 +29,13 @@ macro_rules! prefixed_id {
                 Self(format!("{}{}", $prefix, ulid::Ulid::new().to_string().to_lowercase()))
             }
 
+            /// An id whose time is `at`: what a row created then would have. The day
+            /// partitions are keyed by it (common/src/retention.rs); tests and benchmarks
+            /// use it to write into past days.
+            pub fn generate_at(at: std::time::SystemTime) -> Self {
+                Self(format!("{}{}", $prefix, ulid::Ulid::from_datetime(at).to_string().to_lowercase()))
+            }
+
             /// Accepts only `<prefix><26-char ULID>`.
             pub fn parse(raw: &str) -> Result<Self, IdError> {
                 let err = IdError { kind: $kind };

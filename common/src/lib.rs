@@ -15,6 +15,7 @@ pub mod kafka;
 pub mod metrics_http;
 pub mod postgres_url;
 pub mod redis_client;
+pub mod retention;
 pub mod retry;
 pub mod secrets;
 pub mod signing;

@@ -6,10 +6,11 @@
 //!     2. quota: reserve (one Redis script, fails open) ─over─▶ 429 unless every Event
 //!        already exists
 //!     3. one statement (atomic by itself, so no BEGIN/COMMIT round trips):
-//!          INSERT events        … ON CONFLICT (project_id, idempotency_key) DO NOTHING
+//!          INSERT events        … unless its Idempotency-Key holds an Event of the window
 //!          INSERT deliveries    one per matching endpoint, for the Events inserted
 //!          INSERT outbox        one per Delivery (reason CREATED)
 //!        ─────────────────────▶ 201
+//!        (with Idempotency-Keys: in a transaction, after a lock on each key)
 //!     4. Events skipped in 3 (their Idempotency-Key exists): looked up; the same request
 //!        gets 200 + that Event, a different one 409
 //!     5. after the commit: refund what was reserved and not created, Sequence Numbers
@@ -23,9 +24,15 @@
 //! This closes duplicate/loss window 3 of `docs/ARCHITECTURE.md`.
 //!
 //! Invariant: a retried request with the same Idempotency-Key returns the Event it already
-//! created (window 1). Two concurrent retries that both miss the lookup in step 1 meet at the
-//! unique index in step 3: the second INSERT waits for the first statement to commit and then
-//! inserts nothing (nor that Event's Deliveries), and the loser answers with the winner's Event.
+//! created (window 1), for [`IDEMPOTENCY_WINDOW_HOURS`] after that Event was created. `events`
+//! is partitioned by day, and Postgres allows a unique index on a partitioned table only if it
+//! contains the partition key (the id), so no index can make a key unique. Instead every
+//! request that carries keys first takes a transaction-scoped advisory lock per key (in one
+//! order, so two batches cannot deadlock), and only then, in a new statement and so with a
+//! new snapshot, inserts the Events whose key holds no Event of the window. Two concurrent
+//! retries queue on the lock; the second sees the first's committed Event, inserts nothing
+//! (nor that Event's Deliveries), and answers with the winner's Event. The window bounds the
+//! lookup to the newest partitions (the id carries the time), whatever the retention is.
 
 use std::collections::HashMap;
 
@@ -40,6 +47,10 @@ use crate::auth::Project;
 use crate::problem::{ApiError, InternalError};
 use crate::quota::Reservation;
 use crate::state::AppState;
+
+/// How long an Idempotency-Key keeps answering with its Event (docs/API.md). A request with
+/// a key older than this creates a new Event. Retention is never shorter.
+pub use railhook_common::retention::IDEMPOTENCY_WINDOW_HOURS;
 
 /// One Event as the sender described it, already validated.
 pub struct NewEvent {
@@ -114,7 +125,8 @@ impl DeliveryPlan {
 ///
 /// There is no lookup of the Idempotency-Keys before the write: the write itself skips an
 /// Event whose key exists, and only those are looked up afterwards. A retry therefore costs
-/// what a new Event costs, and a new Event (the common case) costs no extra round trip. The
+/// what a new Event costs; a key adds the lock statement and a transaction (three round
+/// trips more than a keyless Event, measured in docs/BENCHMARKS.md). The
 /// one place a lookup comes first is a request the quota would refuse: if every Event in it
 /// already exists, it is a retry and gets its Events back rather than a 429.
 pub async fn ingest(
@@ -206,11 +218,16 @@ async fn find_existing(
         r#"SELECT x.pos AS "pos!", e.id, e.event_type, e.created_at,
                   e.payload = x.payload::jsonb AS "same_payload!"
            FROM unnest($2::int4[], $3::text[], $4::text[]) AS x(pos, key, payload)
-           JOIN events e ON e.project_id = $1 AND e.idempotency_key = x.key"#,
+           JOIN events e ON e.project_id = $1 AND e.idempotency_key = x.key
+           -- An hour wider than the insert's window, so an Event the insert saw at the
+           -- window's edge a moment ago is still found; the newest one answers.
+           WHERE e.id >= railhook_ulid_floor('evt_', now() - make_interval(hours => $5 + 1))
+           ORDER BY e.id"#,
         project.id.as_str(),
         &positions,
         &keys,
-        &payloads
+        &payloads,
+        IDEMPOTENCY_WINDOW_HOURS
     )
     .fetch_all(conn)
     .await?;
@@ -338,26 +355,32 @@ async fn write_events(
     events: &[NewEvent],
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
     let draft = Draft::new(events, subs);
-    // One Event: one statement, atomic by itself. Several: the same statement in a
-    // transaction, because a batch is all or nothing and an Idempotency-Key reused with
-    // another payload (found only once the statement skipped it) must undo the rest.
-    let (inserted, results) = if events.len() == 1 && !state.faults.trip_ingest_before_commit() {
-        let inserted = insert_all(&state.pool, project, events, &draft).await?;
-        let results = outcomes(&state.pool, project, events, &draft, &inserted).await?;
-        (inserted, results)
-    } else {
-        let mut tx = state.pool.begin().await?;
-        let inserted = insert_all(&mut *tx, project, events, &draft).await?;
-        let results = outcomes(&mut *tx, project, events, &draft, &inserted).await?;
-        if state.faults.trip_ingest_before_commit() {
-            // The crash test's fault point: everything written, never committed.
-            return Err(ApiError::Internal(InternalError::Fault(
-                "ingest_before_commit",
-            )));
-        }
-        tx.commit().await?;
-        (inserted, results)
-    };
+    let keyed = events.iter().any(|e| e.idempotency_key.is_some());
+    // One Event without a key: one statement, atomic by itself. Otherwise the same statement
+    // in a transaction: a batch is all or nothing, an Idempotency-Key reused with another
+    // payload (found only once the statement skipped it) must undo the rest, and the keys'
+    // locks must be held until the commit.
+    let (inserted, results) =
+        if events.len() == 1 && !keyed && !state.faults.trip_ingest_before_commit() {
+            let inserted = insert_all(&state.pool, project, events, &draft).await?;
+            let results = outcomes(&state.pool, project, events, &draft, &inserted).await?;
+            (inserted, results)
+        } else {
+            let mut tx = state.pool.begin().await?;
+            if keyed {
+                lock_keys(&mut *tx, project, events).await?;
+            }
+            let inserted = insert_all(&mut *tx, project, events, &draft).await?;
+            let results = outcomes(&mut *tx, project, events, &draft, &inserted).await?;
+            if state.faults.trip_ingest_before_commit() {
+                // The crash test's fault point: everything written, never committed.
+                return Err(ApiError::Internal(InternalError::Fault(
+                    "ingest_before_commit",
+                )));
+            }
+            tx.commit().await?;
+            (inserted, results)
+        };
     let written = draft.plan.keep(|event| inserted.contains_key(event));
     state.metrics.events_created.inc_by(inserted.len() as u64);
     state
@@ -423,11 +446,36 @@ fn created(
     }
 }
 
+/// Takes the transaction-scoped advisory lock of each distinct Idempotency-Key of `events`,
+/// in the order of the locks' numbers so that two batches sharing keys cannot deadlock. A
+/// collision of two keys' numbers only makes their requests queue; it cannot merge them.
+async fn lock_keys(
+    db: impl sqlx::PgExecutor<'_>,
+    project: &Project,
+    events: &[NewEvent],
+) -> Result<(), sqlx::Error> {
+    let keys: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e.idempotency_key.as_deref())
+        .collect();
+    sqlx::query!(
+        r#"SELECT pg_advisory_xact_lock(k) AS "locked!: ()"
+           FROM (SELECT DISTINCT hashtextextended($1 || '/' || key, 0) AS k
+                 FROM unnest($2::text[]) AS key ORDER BY 1) AS ordered_keys"#,
+        project.id.as_str(),
+        &keys as &[&str]
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(())
+}
+
 /// Step 3, the one statement: the Events, the Deliveries of those actually inserted and one
 /// Outbox row per Delivery. A single statement is atomic on its own (Postgres runs it in one
 /// implicit transaction), so it needs no BEGIN/COMMIT round trips: the Event, its Deliveries
-/// and their announcements exist together or not at all. An Event whose Idempotency-Key a
-/// concurrent request already holds is skipped with its Deliveries. Returns the inserted
+/// and their announcements exist together or not at all. An Event whose Idempotency-Key
+/// holds an Event of the window (or an earlier Event of the same batch) is skipped with its
+/// Deliveries; the caller holds the key's lock. Returns the inserted
 /// Events' ids with their creation time.
 async fn insert_all(
     db: impl sqlx::PgExecutor<'_>,
@@ -447,10 +495,15 @@ async fn insert_all(
         r#"WITH ev AS (
                INSERT INTO events (id, project_id, event_type, payload, idempotency_key)
                SELECT x.id, $1, x.event_type, x.payload::jsonb, x.key
-               FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
-                    AS x(id, event_type, payload, key)
-               ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL
-               DO NOTHING
+               FROM (SELECT u.*, row_number() OVER (PARTITION BY u.key ORDER BY u.n) AS nth
+                     FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
+                          WITH ORDINALITY AS u(id, event_type, payload, key, n)) AS x
+               WHERE x.key IS NULL
+                  OR (x.nth = 1 AND NOT EXISTS (
+                        SELECT 1 FROM events e
+                        WHERE e.project_id = $1 AND e.idempotency_key = x.key
+                          AND e.id >= railhook_ulid_floor('evt_', now() - make_interval(hours => $11))))
+               ORDER BY x.n
                RETURNING id, created_at
            ), d AS (
                INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, ordered)
@@ -474,7 +527,8 @@ async fn insert_all(
         &plan.event_ids,
         &plan.endpoint_ids,
         &plan.subscription_ids,
-        &plan.ordered
+        &plan.ordered,
+        IDEMPOTENCY_WINDOW_HOURS
     )
     .fetch_all(db)
     .await?;

@@ -38,6 +38,21 @@ impl Settings {
         self.postgres()?;
         self.replication_postgres()?;
         self.redis_client()?;
+        let shortest = crate::retention::minimum_days();
+        if self.retention_days < shortest {
+            return Err(invalid(
+                "retention_days",
+                format!(
+                    "must be at least {shortest}: the longest retry horizon (96 h) and a day's margin"
+                ),
+            ));
+        }
+        if !(10..=86_400).contains(&self.retention_interval_seconds) {
+            return Err(invalid(
+                "retention_interval_seconds",
+                "must be between 10 and 86400",
+            ));
+        }
         if self.kafka_brokers.trim().is_empty() {
             return Err(invalid("kafka_brokers", "must name at least one host:port"));
         }

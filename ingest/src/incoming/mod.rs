@@ -7,11 +7,13 @@
 //! - **Nothing is stored before the signature verified.** A bad, missing or stale signature
 //!   is a `401` problem+json and `railhook_incoming_rejected_total{provider,reason}`; the
 //!   body is never parsed, logged or kept.
-//! - **One Event per provider id** (duplicate window 2): the Event row is inserted with
-//!   `ON CONFLICT (source_id, provider_event_id) DO NOTHING`; a resend finds the row and is
-//!   answered `200` with the first Event's id, creating nothing. Two concurrent resends
-//!   collide on the unique index: the second waits for the first's transaction and inserts
-//!   nothing.
+//! - **One Event per provider id** (duplicate window 2), for [`DEDUPLICATION_WINDOW_HOURS`]:
+//!   the transaction first takes an advisory lock on (Source, provider id), then inserts the
+//!   Event only if no Event of the window carries that id; a resend finds the row and is
+//!   answered `200` with the first Event's id, creating nothing. Two concurrent resends queue
+//!   on the lock: the second sees the first's committed Event and inserts nothing. (No unique
+//!   index can do this: `events` is partitioned by day, and a unique index there must
+//!   include the id.)
 //! - **Event, Deliveries and Outbox rows commit together** (the same transaction shape as
 //!   outgoing ingest), then `202`. The provider's own retries are its business: we answer
 //!   fast and never make it wait on a Destination.
@@ -21,6 +23,10 @@
 
 pub mod routes;
 pub mod verify;
+
+/// How long a provider's event id is remembered (72 h: Stripe resends for up to three
+/// days). Retention is never shorter, so the partitions this looks into still exist.
+pub use railhook_common::retention::DEDUPLICATION_WINDOW_HOURS;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -234,13 +240,26 @@ pub async fn receive(
 
     let event_id = EventId::generate();
     let mut tx = state.pool.begin().await?;
+    if let Some(provider_id) = &identity.provider_event_id {
+        // Held until the commit: a concurrent resend of the same provider id waits here, then
+        // finds this Event (module docs).
+        sqlx::query!(
+            r#"SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0)) AS "locked!: ()""#,
+            source_id.as_str(),
+            provider_id
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+    }
     let inserted = sqlx::query_scalar!(
         r#"INSERT INTO events (id, project_id, event_type, payload, source_id, provider_event_id,
                                raw_body, forward_headers)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-           ON CONFLICT (source_id, provider_event_id) WHERE provider_event_id IS NOT NULL
-           DO NOTHING
-           RETURNING id"#,
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8
+           WHERE $6::text IS NULL OR NOT EXISTS (
+               SELECT 1 FROM events
+               WHERE source_id = $5 AND provider_event_id = $6
+                 AND id >= railhook_ulid_floor('evt_', now() - make_interval(hours => $9)))
+           RETURNING id AS "id!""#,
         event_id.as_str(),
         source.project_id,
         identity.event_type,
@@ -248,16 +267,23 @@ pub async fn receive(
         source_id.as_str(),
         identity.provider_event_id,
         &body[..],
-        Value::Object(forward)
+        Value::Object(forward),
+        DEDUPLICATION_WINDOW_HOURS
     )
     .fetch_optional(&mut *tx)
     .await?;
     let Some(event_id) = inserted else {
         tx.rollback().await?;
+        // The lookup's window is an hour wider than the insert's, so the Event the insert
+        // found at the window's edge is still there; the first one answers.
         let first = sqlx::query_scalar!(
-            "SELECT id FROM events WHERE source_id = $1 AND provider_event_id = $2",
+            r#"SELECT id AS "id!" FROM events
+             WHERE source_id = $1 AND provider_event_id = $2
+               AND id >= railhook_ulid_floor('evt_', now() - make_interval(hours => $3 + 1))
+             ORDER BY id LIMIT 1"#,
             source_id.as_str(),
-            identity.provider_event_id
+            identity.provider_event_id,
+            DEDUPLICATION_WINDOW_HOURS
         )
         .fetch_one(&state.pool)
         .await?;

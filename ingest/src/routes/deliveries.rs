@@ -178,8 +178,11 @@ pub async fn retry(
 /// The single retry, shared by the API and the dashboard.
 pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResult<Delivery> {
     let current = find(state, project, id).await?;
+    // A Delivery made by a replay can outlive its Event by up to the retention: the Event's
+    // partition goes with its own day (docs/ARCHITECTURE.md, "Storage").
     let expunged: bool = sqlx::query_scalar(
-        "SELECT v.expunged_at IS NOT NULL FROM deliveries d JOIN events v ON v.id = d.event_id
+        "SELECT v.id IS NULL OR v.expunged_at IS NOT NULL
+         FROM deliveries d LEFT JOIN events v ON v.id = d.event_id
          WHERE d.id = $1",
     )
     .bind(&current.id)
@@ -187,7 +190,7 @@ pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResu
     .await?;
     if expunged {
         return Err(ApiError::InvalidState(
-            "the Event's payload was expunged; its deliveries cannot be sent again",
+            "the Event's payload was expunged or retired; its deliveries cannot be sent again",
         ));
     }
     let filter = crate::routes::failed::FailedFilter::default();
