@@ -87,7 +87,7 @@ ALTER SEQUENCE attempts_id_seq OWNED BY NONE;
 
 CREATE TABLE events (
     id                 text COLLATE "C" NOT NULL,
-    project_id         text        NOT NULL REFERENCES projects (id),
+    project_id         text        NOT NULL,
     event_type         text        NOT NULL,
     payload            jsonb       NOT NULL,
     idempotency_key    text,
@@ -99,17 +99,26 @@ CREATE TABLE events (
     expunged_at        timestamptz
 ) PARTITION BY RANGE (id);
 
--- No foreign key to events: a partitioned table can be referenced, but then dropping an
--- Event partition would have to prove that no Delivery anywhere points into it. The promise
--- it kept (a Delivery's Event exists) is kept instead by the writers (a Delivery is only
--- ever inserted in the statement that inserts its Event, or by a replay that read it) and
--- by retention, which never drops an Event partition a non-final Delivery points into.
+-- No foreign keys on the partitioned tables, in either direction. Dropping a partition
+-- that has a foreign key locks the referenced table ACCESS EXCLUSIVE (to remove its
+-- triggers): every retired day would stop every reader of projects and endpoints, ingest's
+-- authentication included, and wait behind any long transaction that read them (measured:
+-- docs/BENCHMARKS.md, "Retention"). What the keys promised is kept instead:
+-- - a row's project, endpoint, subscription and replay exist: those rows are never deleted
+--   (soft delete, `deleted_at`), and every writer uses ids it has just read;
+-- - a Delivery's Event exists: a Delivery is inserted only in the statement that inserts its
+--   Event, or by a replay that read it, and retention never drops an Event partition that an
+--   open Delivery points into;
+-- - an Attempt's Delivery exists: only the Claim's holder inserts one, and it lives in the
+--   day partition of its Delivery and is dropped with it.
+-- A foreign-key check on every insert also took a KEY SHARE lock on the project's row: one
+-- hot row shared by all of a project's concurrent ingests.
 CREATE TABLE deliveries (
     id                   text COLLATE "C" NOT NULL,
-    project_id           text        NOT NULL REFERENCES projects (id),
+    project_id           text        NOT NULL,
     event_id             text COLLATE "C" NOT NULL,
-    endpoint_id          text        NOT NULL REFERENCES endpoints (id),
-    subscription_id      text        REFERENCES subscriptions (id),
+    endpoint_id          text        NOT NULL,
+    subscription_id      text,
     direction            text        NOT NULL DEFAULT 'outgoing' CHECK (direction IN ('outgoing', 'incoming')),
     origin               text        NOT NULL DEFAULT 'ingest' CHECK (origin IN ('ingest', 'replay')),
     status               text        NOT NULL DEFAULT 'PENDING'
@@ -128,13 +137,11 @@ CREATE TABLE deliveries (
     ladder_started_at    timestamptz NOT NULL DEFAULT now(),
     deferral_count       integer     NOT NULL DEFAULT 0,
     ordering_skipped_at  timestamptz,
-    replay_id            text        REFERENCES replays (id),
+    replay_id            text,
     last_status_code     integer,
     hinted_at            timestamptz
 ) PARTITION BY RANGE (id);
 
--- No foreign key to deliveries either: an Attempt lives in the partition of its Delivery's
--- day and is dropped with it, and only a worker holding that Delivery's Claim inserts one.
 CREATE TABLE attempts (
     id                bigint      NOT NULL DEFAULT nextval('attempts_id_seq'),
     delivery_id       text COLLATE "C" NOT NULL,

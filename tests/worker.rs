@@ -603,12 +603,14 @@ async fn a_storm_of_due_retries_does_not_hold_up_fresh_deliveries() {
     sqlx::query(
         "WITH ev AS (
              INSERT INTO events (id, project_id, event_type, payload)
-             SELECT 'evt_storm' || g, e.project_id, 'storm.due', '{}'
+             -- Ids of today, as ingest makes them: the day's partitions hold them.
+             SELECT left(railhook_ulid_floor('evt_', now()), 14) || lpad(g::text, 16, '0'),
+                    e.project_id, 'storm.due', '{}'
              FROM generate_series(1, $2) g, endpoints e WHERE e.id = $1
              RETURNING id, project_id)
          INSERT INTO deliveries (id, project_id, event_id, endpoint_id, attempt_count,
                                  next_retry_at, last_attempt_at)
-         SELECT 'dlv_storm' || substr(id, 10), project_id, id, $1, 1,
+         SELECT 'dlv_' || substr(id, 5), project_id, id, $1, 1,
                 now() + interval '1 second', now()
          FROM ev",
     )

@@ -57,11 +57,11 @@ pub struct Args {
 
 const PAYLOAD: &str = r#"{"order_id": 1, "amount_cents": 4200, "currency": "EUR"}"#;
 
-struct Api {
+pub(crate) struct Api {
     base: String,
     key: String,
-    project: String,
-    pool: PgPool,
+    pub(crate) project: String,
+    pub(crate) pool: PgPool,
     url: String,
     stop: Option<oneshot::Sender<()>>,
 }
@@ -76,7 +76,7 @@ impl Drop for Api {
 
 /// The API alone on a fresh database, with one project and `endpoints` endpoints, each
 /// subscribed to every type.
-async fn start_api(endpoints: usize) -> anyhow::Result<Api> {
+pub(crate) async fn start_api(endpoints: usize) -> anyhow::Result<Api> {
     let (mut s, url, pool) = crate::setup::fresh().await?;
     s.admin_token = Some(crate::setup::ADMIN_TOKEN.to_owned().into());
     s.db_max_connections = 40;
@@ -136,20 +136,20 @@ fn event_body() -> Value {
 
 /// What one request sends: a single Event, or a batch of `n`.
 #[derive(Clone, Copy)]
-enum Shape {
+pub(crate) enum Shape {
     Single,
     Batch(usize),
 }
 
 /// Where the load goes: cheap to clone into each client task.
 #[derive(Clone)]
-struct Target {
+pub(crate) struct Target {
     base: String,
     key: String,
 }
 
 impl Api {
-    fn target(&self) -> Target {
+    pub(crate) fn target(&self) -> Target {
         Target {
             base: self.base.clone(),
             key: self.key.clone(),
@@ -157,7 +157,7 @@ impl Api {
     }
 }
 
-async fn post(http: &reqwest::Client, api: &Target, shape: Shape) -> bool {
+pub(crate) async fn post(http: &reqwest::Client, api: &Target, shape: Shape) -> bool {
     let req = match shape {
         Shape::Single => http
             .post(format!("{}/v1/events", api.base))
@@ -275,14 +275,17 @@ async fn pgbench(
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("ingest.sql");
     let project = &api.project;
-    // Ids are random like Railhook's ULIDs are unique; the idempotency key is set, so the
-    // partial unique index is maintained exactly as for an API request with the header.
+    // Ids carry the time like Railhook's ULIDs (the day partitions are keyed by it) and are
+    // unique by their random tail; the idempotency key is set, so its index is maintained
+    // exactly as for an API request with the header (the baseline takes no key lock).
     let sql = format!(
         "WITH e AS (INSERT INTO events (id, project_id, event_type, payload, idempotency_key) \
-           SELECT 'evt_' || md5(random()::text || clock_timestamp()::text), '{project}', 'order.paid', \
+           SELECT left(railhook_ulid_floor('evt_', clock_timestamp()), 14) || substr(md5(random()::text), 1, 16), \
+                  '{project}', 'order.paid', \
                   '{PAYLOAD}'::jsonb, md5(random()::text) FROM generate_series(1, {events}) RETURNING id), \
          d AS (INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id) \
-           SELECT 'dlv_' || md5(random()::text || e.id), '{project}', e.id, s.endpoint_id, s.id \
+           SELECT 'dlv_' || substr(e.id, 5, 10) || substr(md5(random()::text || e.id), 1, 16), \
+                  '{project}', e.id, s.endpoint_id, s.id \
            FROM e CROSS JOIN subscriptions s WHERE s.project_id = '{project}' RETURNING id, endpoint_id) \
          INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason) \
            SELECT id, endpoint_id, '{project}', 'CREATED' FROM d;\n"
@@ -368,13 +371,21 @@ async fn fill(api: &Api, target: u64) -> anyhow::Result<()> {
         .fetch_one(&api.pool)
         .await?;
     let started = Instant::now();
+    // One Event a second back from now: the day partitions they fall in must exist.
+    sqlx::query(
+        "SELECT railhook_ensure_partitions((now() - make_interval(secs => $1))::date, current_date)",
+    )
+    .bind(target as f64)
+    .execute(&api.pool)
+    .await?;
     while (have as u64) < target {
         let n = (target - have as u64).min(100_000) as i64;
         sqlx::query(
             "INSERT INTO events (id, project_id, event_type, payload, idempotency_key, created_at)
-             SELECT 'evt_fill_' || lpad(($4 + g)::text, 17, '0'), $1, 'order.paid', $2::jsonb,
-                    md5(random()::text || g), now() - make_interval(secs => $5 - $4 - g)
-             FROM generate_series(1, $3) g",
+             SELECT left(railhook_ulid_floor('evt_', at), 14) || lpad(($4 + g)::text, 16, '0'),
+                    $1, 'order.paid', $2::jsonb, md5(random()::text || g), at
+             FROM generate_series(1, $3) g,
+                  LATERAL (SELECT now() - make_interval(secs => $5 - $4 - g) AS at) t",
         )
         .bind(&api.project)
         .bind(PAYLOAD)

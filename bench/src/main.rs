@@ -7,6 +7,7 @@ mod ingest;
 mod isolation;
 mod memory;
 mod relay;
+mod retention;
 mod roles;
 mod setup;
 mod stats;
@@ -36,6 +37,9 @@ enum Bench {
     /// POST → receiver latency with ingest, relay and worker as separate processes, and
     /// each role's CPU and memory.
     Roles(roles::Args),
+    /// Simulated months: database size, ingest and the cost of retiring a day by dropping
+    /// partitions, against batched DELETEs in the same run.
+    Retention(retention::Args),
     /// Healthy endpoints' delivery latency with and without one failing endpoint beside
     /// them (500s and timeouts), same load, same run.
     Isolation(isolation::Args),
@@ -50,5 +54,6 @@ async fn main() -> anyhow::Result<()> {
         Bench::E2e(args) => e2e::run(args).await,
         Bench::Isolation(args) => isolation::run(args).await,
         Bench::Roles(args) => roles::run(args).await,
+        Bench::Retention(args) => retention::run(args).await,
     }
 }
