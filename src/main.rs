@@ -3,6 +3,7 @@
 
 mod replay_cli;
 mod retention_cli;
+mod secrets_cli;
 
 use std::net::SocketAddr;
 
@@ -54,6 +55,11 @@ enum Role {
     /// List the day partitions with sizes and what retention does with each; then run a
     /// retention pass (unless --dry-run).
     Retention(retention_cli::RetentionArgs),
+    /// Manage the keys that seal signing and Source secrets at rest.
+    Secrets {
+        #[command(subcommand)]
+        action: secrets_cli::SecretsAction,
+    },
 }
 
 #[derive(Subcommand)]
@@ -134,11 +140,21 @@ impl Role {
             Role::Slot { .. } => "slot",
             Role::Replay(_) => "replay",
             Role::Retention(_) => "retention",
+            Role::Secrets { .. } => "secrets",
         }
     }
 }
 
 async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
+    if matches!(cli.role, Role::Ingest | Role::Worker | Role::All)
+        && !settings.keyring().is_enabled()
+    {
+        tracing::warn!(
+            "RAILHOOK_ENCRYPTION_KEYS is not set: endpoint signing secrets and Source secrets \
+             are stored in plaintext, readable by anyone who can read the database or its \
+             backups (docs/OPERATIONS.md, Secrets at rest)"
+        );
+    }
     match cli.role {
         Role::Migrate => migrate(&settings).await,
         Role::Ingest => ingest(&settings).await,
@@ -148,6 +164,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Role::Slot { action } => slot(&settings, action).await,
         Role::Replay(args) => replay_cli::run(args).await,
         Role::Retention(args) => retention_cli::run(&settings, args).await,
+        Role::Secrets { action } => secrets_cli::run(&settings, action).await,
     }
 }
 

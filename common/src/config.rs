@@ -82,6 +82,18 @@ pub struct Settings {
     pub metrics_addr: SocketAddr,
     /// Bearer token for tenant management (`/v1/organizations`, `/v1/projects`).
     pub admin_token: Option<SecretString>,
+    /// A second admin token accepted beside `admin_token` while callers move to a new one
+    /// (`RAILHOOK_ADMIN_TOKEN_PREVIOUS`); remove it once they have.
+    #[serde(default)]
+    pub admin_token_previous: Option<SecretString>,
+    /// Keys that seal signing and Source secrets at rest (`RAILHOOK_ENCRYPTION_KEYS`): 32-byte
+    /// keys as 64 hex characters, comma-separated; the first seals, all open
+    /// (common/src/sealing.rs). Without any, secrets are stored in plaintext.
+    #[serde(default)]
+    pub encryption_keys: Option<SecretString>,
+    /// Built from `encryption_keys` by validation; read through [`Settings::keyring`].
+    #[serde(skip)]
+    keyring: crate::sealing::Keyring,
     /// CIDRs that the SSRF guard lets through, comma-separated (e.g. `127.0.0.0/8` in tests).
     pub allow_private_targets: String,
     pub slot: String,
@@ -273,7 +285,17 @@ impl Settings {
             .map_err(|e| ConfigError::Load(Box::new(e)))?;
         settings.validate()?;
         settings.kafka_checked = settings.kafka_connection()?;
+        settings.keyring = match &settings.encryption_keys {
+            Some(raw) => crate::sealing::Keyring::parse(raw.expose_secret())
+                .map_err(|e| invalid("encryption_keys", e.to_string()))?,
+            None => crate::sealing::Keyring::default(),
+        };
         Ok(settings)
+    }
+
+    /// The keys that seal secrets at rest (none configured: an empty keyring).
+    pub fn keyring(&self) -> crate::sealing::Keyring {
+        self.keyring.clone()
     }
 
     /// The database URL, for tools that must derive other URLs from it (benchmarks, tests).

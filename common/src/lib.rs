@@ -17,6 +17,7 @@ pub mod postgres_url;
 pub mod redis_client;
 pub mod retention;
 pub mod retry;
+pub mod sealing;
 pub mod secrets;
 pub mod signing;
 pub mod telemetry;

@@ -30,15 +30,20 @@ impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let (Some(expected), Some(given)) = (&state.admin_token, bearer(parts)) else {
+        let Some(given) = bearer(parts) else {
             return Err(ApiError::Unauthorized);
         };
-        let same: bool = expected
-            .expose_secret()
-            .as_bytes()
-            .ct_eq(given.as_bytes())
-            .into();
-        if same {
+        // The current token, or the previous one during a rotation; both are compared (in
+        // constant time), so timing tells nothing about which one, if any, matched.
+        let matches = |t: &Option<secrecy::SecretString>| -> bool {
+            t.as_ref()
+                .is_some_and(|t| t.expose_secret().as_bytes().ct_eq(given.as_bytes()).into())
+        };
+        let (current, previous) = (
+            matches(&state.admin_token),
+            matches(&state.admin_token_previous),
+        );
+        if state.admin_token.is_some() && (current | previous) {
             Ok(Admin)
         } else {
             Err(ApiError::Unauthorized)

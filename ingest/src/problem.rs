@@ -46,6 +46,16 @@ pub enum InternalError {
     Database(#[from] sqlx::Error),
     #[error("injected fault: {0}")]
     Fault(&'static str),
+    /// A sealed secret this process has no key for (or a damaged one): a configuration
+    /// problem, logged with the key id, never with the value.
+    #[error("sealed secret")]
+    Sealed(#[from] railhook_common::sealing::OpenError),
+}
+
+impl From<railhook_common::sealing::OpenError> for ApiError {
+    fn from(e: railhook_common::sealing::OpenError) -> Self {
+        ApiError::Internal(InternalError::Sealed(e))
+    }
 }
 
 impl From<sqlx::Error> for ApiError {
@@ -111,6 +121,7 @@ fn log_internal(e: &InternalError) {
             tracing::error!(kind = database_error_kind(other), "database error")
         }
         InternalError::Fault(point) => tracing::error!(point, "injected fault"),
+        InternalError::Sealed(e) => tracing::error!(error = %e, "cannot open a sealed secret"),
     }
 }
 

@@ -19,6 +19,10 @@ pub struct AppState {
     pub metrics: IngestMetrics,
     pub limits: Limits,
     pub admin_token: Option<SecretString>,
+    /// Also accepted while callers move to a new admin token.
+    pub admin_token_previous: Option<SecretString>,
+    /// Seals and opens signing and Source secrets (common/src/sealing.rs).
+    pub keyring: railhook_common::sealing::Keyring,
     pub faults: Arc<Faults>,
     /// Metrics of other roles in the same process (`railhook all`), served by `/metrics` too.
     pub other_registries: Vec<prometheus::Registry>,
@@ -108,6 +112,8 @@ impl AppState {
                     .unwrap_or(i32::MAX),
             },
             admin_token: settings.admin_token.clone(),
+            admin_token_previous: settings.admin_token_previous.clone(),
+            keyring: settings.keyring(),
             faults: Arc::new(Faults::default()),
             other_registries: Vec::new(),
             streak: StreakWindows {

@@ -42,6 +42,8 @@ pub struct WorkerConfig {
     pub ordering_gap_timeout: Duration,
     pub deferral_max: Duration,
     pub streak: store::StreakPolicy,
+    /// Opens the endpoints' sealed signing secrets (common/src/sealing.rs).
+    pub keyring: railhook_common::sealing::Keyring,
 }
 
 impl WorkerConfig {
@@ -89,6 +91,7 @@ impl WorkerConfig {
                 disable_after: Duration::from_secs(s.endpoint_disable_after_seconds),
                 min_failures: s.endpoint_disable_min_failures,
             },
+            keyring: s.keyring(),
         })
     }
 }

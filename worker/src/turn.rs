@@ -197,7 +197,7 @@ pub(crate) fn needs_restamp(age: Duration, timeout: Duration, window: Duration) 
 async fn deliver(
     shared: &Shared,
     mut claimed: Claimed,
-    target: store::Target,
+    mut target: store::Target,
     stamped: Instant,
 ) -> Option<String> {
     if !target.enabled {
@@ -207,6 +207,17 @@ async fn deliver(
     // any path that could make one PENDING again.
     if target.expunged {
         return give_up(shared, &claimed, "payload_expunged").await;
+    }
+    // Secrets are stored sealed; a worker started without the key that sealed one defers
+    // the Delivery (never an Attempt, never FAILED) and says why, once per Claim.
+    match open_secrets(&shared.keyring, &claimed.endpoint_id, &target) {
+        Ok((secret, previous)) => (target.secret, target.previous_secret) = (secret, previous),
+        Err(e) => {
+            tracing::error!(delivery = %claimed.id, endpoint = %claimed.endpoint_id, error = %e,
+                "cannot open the endpoint's signing secret; deferred");
+            let _ = store::defer(&shared.pool, &claimed, SECRET_UNAVAILABLE_WAIT).await;
+            return None;
+        }
     }
     let Some(mut attempt) = build_attempt(&claimed, &target) else {
         return give_up(shared, &claimed, "the endpoint's URL or secret is invalid").await;
@@ -319,6 +330,23 @@ fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &store::Target) -
         ladder.max_attempts = n;
     }
     ladder
+}
+
+/// How long a Delivery whose secret this worker cannot open waits before another try.
+const SECRET_UNAVAILABLE_WAIT: Duration = Duration::from_secs(60);
+
+/// The endpoint's current and previous signing secrets, opened.
+fn open_secrets(
+    keyring: &railhook_common::sealing::Keyring,
+    endpoint_id: &str,
+    target: &store::Target,
+) -> Result<(String, Option<String>), railhook_common::sealing::OpenError> {
+    let current = keyring.open(endpoint_id, &target.secret)?;
+    let previous = match &target.previous_secret {
+        Some(p) => Some(keyring.open(endpoint_id, p)?),
+        None => None,
+    };
+    Ok((current, previous))
 }
 
 fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {

@@ -70,6 +70,7 @@ pub(crate) struct Shared {
     pub(crate) processing_timeout: Duration,
     /// No request runs longer than this, whatever an older endpoint row says.
     pub(crate) endpoint_timeout_max: Duration,
+    pub(crate) keyring: railhook_common::sealing::Keyring,
     /// Set when the worker was told to stop: no new hand-offs.
     pub(crate) draining: Arc<AtomicBool>,
     /// The Claims whose turns are running, by Delivery id: what a drain that timed out
@@ -141,6 +142,7 @@ pub async fn run(
         finalise_for: config.stranded_after,
         processing_timeout: config.processing_timeout,
         endpoint_timeout_max: config.endpoint_timeout_max,
+        keyring: config.keyring.clone(),
         draining: Arc::new(AtomicBool::new(false)),
         running: Arc::new(Mutex::new(HashMap::new())),
     };

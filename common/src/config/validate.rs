@@ -61,6 +61,14 @@ impl Settings {
         {
             return Err(invalid("admin_token", "must be at least 16 characters"));
         }
+        if let Some(token) = &self.admin_token_previous
+            && token.expose_secret().len() < 16
+        {
+            return Err(invalid(
+                "admin_token_previous",
+                "must be at least 16 characters",
+            ));
+        }
         for (field, value) in [("slot", &self.slot), ("publication", &self.publication)] {
             let ok = !value.is_empty()
                 && value.len() <= 63

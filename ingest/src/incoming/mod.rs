@@ -213,7 +213,8 @@ pub async fn receive(
     .await?
     .ok_or(ApiError::NotFound("source"))?;
     let provider = Provider::parse(&source.provider).ok_or(ApiError::NotFound("source"))?;
-    if let Err(refusal) = verify_signature(provider, &source.secret, &headers, &body) {
+    let secret = state.keyring.open(source_id.as_str(), &source.secret)?;
+    if let Err(refusal) = verify_signature(provider, &secret, &headers, &body) {
         state
             .metrics
             .incoming_rejected

@@ -111,7 +111,7 @@ pub async fn create(
         project.id.as_str(),
         provider.as_str(),
         body.name,
-        secret
+        state.keyring.seal(id.as_str(), secret)
     )
     .fetch_one(&state.pool)
     .await?;

@@ -42,9 +42,10 @@ pub async fn secret(
     .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
+    let open = |s: &str| state.keyring.open(id.as_str(), s);
     Ok(Json(EndpointSecret {
-        key: row.secret,
-        previous_key: row.previous_secret,
+        key: open(&row.secret)?,
+        previous_key: row.previous_secret.as_deref().map(open).transpose()?,
         previous_key_expires_at: row.previous_expires,
     }))
 }
@@ -81,14 +82,18 @@ pub async fn rotate_secret(
         id.as_str(),
         project.id.as_str(),
         overlap,
-        generate_secret_like(&current)
+        state.keyring.seal(
+            id.as_str(),
+            &generate_secret_like(&state.keyring.open(id.as_str(), &current)?)
+        )
     )
     .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
+    let open = |s: &str| state.keyring.open(id.as_str(), s);
     Ok(Json(EndpointSecret {
-        key: row.secret,
-        previous_key: row.previous_secret,
+        key: open(&row.secret)?,
+        previous_key: row.previous_secret.as_deref().map(open).transpose()?,
         previous_key_expires_at: row.previous_secret_expires_at,
     }))
 }

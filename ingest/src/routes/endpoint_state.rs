@@ -192,5 +192,5 @@ pub async fn set_enabled(
     .ok_or(ApiError::NotFound("endpoint"))?;
     // The dashboard comes here without the API's router layer.
     state.senders.invalidate();
-    Ok(Json(row.into()))
+    Ok(Json(row.view(&state.keyring)))
 }

@@ -7,6 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use railhook_common::ids::EndpointId;
+use railhook_common::sealing::Keyring;
 use railhook_common::secrets::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::signing::SigningKey;
 use serde::{Deserialize, Serialize};
@@ -69,10 +70,16 @@ pub(crate) struct EndpointRow {
     pub(crate) updated_at: DateTime<Utc>,
 }
 
-impl From<EndpointRow> for Endpoint {
-    fn from(r: EndpointRow) -> Self {
-        // The scheme and the public key are read from the stored secret itself.
-        let key = SigningKey::parse(&r.secret).ok();
+impl EndpointRow {
+    /// The API's view. The scheme and the public key are read from the secret itself,
+    /// opened with `keyring` (a secret it cannot open shows as HMAC without a public key;
+    /// reading the secret itself fails loudly instead).
+    pub(crate) fn view(self, keyring: &Keyring) -> Endpoint {
+        let r = self;
+        let key = keyring
+            .open(&r.id, &r.secret)
+            .ok()
+            .and_then(|s| SigningKey::parse(&s).ok());
         Endpoint {
             signing: key.as_ref().map_or("hmac-sha256", SigningKey::scheme),
             public_key: key.as_ref().and_then(SigningKey::public_key),
@@ -248,7 +255,7 @@ pub(crate) async fn insert(
         project.id.as_str(),
         url,
         body.description,
-        secret,
+        state.keyring.seal(id.as_str(), &secret),
         body.enabled.unwrap_or(true),
         timeout_ms,
         body.rate_limit_per_second,
@@ -262,7 +269,7 @@ pub(crate) async fn insert(
     .fetch_one(&state.pool)
     .await?;
     Ok(CreatedEndpoint {
-        endpoint: row.into(),
+        endpoint: row.view(&state.keyring),
         secret,
     })
 }
@@ -279,7 +286,7 @@ pub(crate) async fn of_source(state: &AppState, source_id: &str) -> ApiResult<Ve
     )
     .fetch_all(&state.pool)
     .await?;
-    Ok(rows.into_iter().map(Endpoint::from).collect())
+    Ok(rows.into_iter().map(|r| r.view(&state.keyring)).collect())
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -311,7 +318,7 @@ pub async fn list(
     )
     .fetch_all(&state.pool)
     .await?;
-    let rows = rows.into_iter().map(Endpoint::from).collect();
+    let rows = rows.into_iter().map(|r| r.view(&state.keyring)).collect();
     Ok(Json(page.finish(rows, |e: &Endpoint| &e.id)))
 }
 
@@ -338,7 +345,7 @@ pub async fn get(
     .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
-    Ok(Json(row.into()))
+    Ok(Json(row.view(&state.keyring)))
 }
 
 /// Fields to change; absent fields stay as they are, `null` clears an optional limit.
@@ -448,7 +455,7 @@ pub async fn update(
     .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
-    Ok(Json(row.into()))
+    Ok(Json(row.view(&state.keyring)))
 }
 
 /// Deleting keeps the row (its Deliveries and Attempts stay readable) but removes it and its

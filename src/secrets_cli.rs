@@ -1,0 +1,124 @@
+//! `railhook secrets rotate-key`: seals every endpoint signing secret and Source secret with
+//! the first key of `RAILHOOK_ENCRYPTION_KEYS` (common/src/sealing.rs), in batches.
+//!
+//! Run it after putting a new key first (`new,old`); when it reports nothing left, `old` can
+//! go. It also seals secrets written in plaintext before any key was configured. Each row is
+//! rewritten only if it still holds what was read (a rotation through the API meanwhile is
+//! never overwritten; such a row is counted and a second run picks it up). Safe to run while
+//! everything else runs, and again.
+
+use anyhow::Context;
+use railhook_common::config::Settings;
+use railhook_common::sealing::Keyring;
+use sqlx::PgPool;
+
+#[derive(clap::Subcommand)]
+pub enum SecretsAction {
+    /// Seal every secret with the first configured key (re-sealing those under older keys
+    /// and sealing plaintext ones).
+    RotateKey,
+}
+
+/// Rows read per batch.
+const BATCH: i64 = 500;
+
+pub async fn run(settings: &Settings, action: SecretsAction) -> anyhow::Result<()> {
+    match action {
+        SecretsAction::RotateKey => {
+            let keyring = settings.keyring();
+            let Some(key_id) = keyring.sealing_key_id() else {
+                anyhow::bail!(
+                    "configuration: encryption_keys (RAILHOOK_ENCRYPTION_KEYS) has no key to seal with"
+                );
+            };
+            let pool =
+                railhook_common::db::connect(settings).context("configuration: database_url")?;
+            println!("sealing with key {key_id}");
+            for table in ["endpoints", "sources"] {
+                let (resealed, raced) = reseal_table(&pool, &keyring, table).await?;
+                println!("{table}: {resealed} rows sealed again, {raced} changed meanwhile");
+                if raced > 0 {
+                    println!("  run `railhook secrets rotate-key` again for those");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Re-seals `table`'s secrets (and an endpoint's previous secret) that need it. Returns
+/// (rows rewritten, rows that changed between the read and the write).
+async fn reseal_table(pool: &PgPool, keyring: &Keyring, table: &str) -> anyhow::Result<(u64, u64)> {
+    let previous = if table == "endpoints" {
+        "previous_secret"
+    } else {
+        "NULL::text"
+    };
+    let (mut cursor, mut resealed, mut raced) = (String::new(), 0, 0);
+    loop {
+        let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(&format!(
+            "SELECT id, secret, {previous} FROM {table} WHERE id > $1 ORDER BY id LIMIT $2"
+        ))
+        .bind(&cursor)
+        .bind(BATCH)
+        .fetch_all(pool)
+        .await
+        .with_context(|| format!("reading {table}"))?;
+        let Some(last) = rows.last() else {
+            return Ok((resealed, raced));
+        };
+        cursor = last.0.clone();
+        for (id, secret, prev) in rows {
+            let stale = keyring.needs_reseal(&secret)
+                || prev.as_deref().is_some_and(|p| keyring.needs_reseal(p));
+            if !stale {
+                continue;
+            }
+            let new_secret = keyring.seal(
+                &id,
+                &keyring
+                    .open(&id, &secret)
+                    .with_context(|| format!("{table} {id}"))?,
+            );
+            let new_prev = match &prev {
+                Some(p) => Some(
+                    keyring.seal(
+                        &id,
+                        &keyring
+                            .open(&id, p)
+                            .with_context(|| format!("{table} {id}"))?,
+                    ),
+                ),
+                None => None,
+            };
+            let set_previous = if table == "endpoints" {
+                ", previous_secret = $4"
+            } else {
+                ""
+            };
+            let check_previous = if table == "endpoints" {
+                " AND previous_secret IS NOT DISTINCT FROM $5"
+            } else {
+                " AND $4::text IS NULL AND $5::text IS NULL"
+            };
+            let wrote = sqlx::query(&format!(
+                "UPDATE {table} SET secret = $2{set_previous}
+                 WHERE id = $1 AND secret = $3{check_previous}"
+            ))
+            .bind(&id)
+            .bind(&new_secret)
+            .bind(&secret)
+            .bind(&new_prev)
+            .bind(&prev)
+            .execute(pool)
+            .await
+            .with_context(|| format!("writing {table} {id}"))?
+            .rows_affected();
+            if wrote == 1 {
+                resealed += 1;
+            } else {
+                raced += 1;
+            }
+        }
+    }
+}
