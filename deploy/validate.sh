@@ -13,6 +13,7 @@ command -v promtool >/dev/null || apt_install prometheus
 check-jsonschema --builtin-schema vendor.compose-spec deploy/docker-compose.yml
 kubernetes-validate --strict --quiet --kubernetes-version 1.30 deploy/k8s/*.yaml
 promtool check config deploy/prometheus/prometheus.yml >/dev/null
+(cd deploy/prometheus && promtool test rules alerts_test.yml >/dev/null)
 # Every file the compose file mounts exists.
 grep -oE '\./(prometheus|grafana)/[^:]+' deploy/docker-compose.yml | while read -r f; do
   [ -e "deploy/$f" ] || die "docker-compose.yml mounts deploy/$f, which does not exist"

@@ -4,7 +4,9 @@ mod support;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use railhook_common::ids::EventId;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::{TestApp, spawn_app};
@@ -169,6 +171,59 @@ async fn twenty_concurrent_retries_create_one_event() {
             .await
             .contains("railhook_ingest_idempotent_replays_total 19")
     );
+}
+
+/// The race the lock closes, made deterministic: a first writer of a key holds its
+/// transaction open; a second writer of the same key must wait for it (not look for the
+/// Event before the first commits) and then insert nothing.
+#[tokio::test]
+async fn a_second_writer_of_a_key_waits_for_the_first_and_inserts_nothing() {
+    let app = spawn_app().await;
+    let (project, _) = app.project().await;
+    let ingest = |id: String| {
+        sqlx::query_scalar::<_, String>(
+            "SELECT id FROM railhook_ingest($1, ARRAY[$2], ARRAY['order.paid'], ARRAY['{}'],
+                                            ARRAY['held-key'], '{}', '{}', '{}', '{}', '{}', 24)",
+        )
+        .bind(project.clone())
+        .bind(id)
+    };
+    let mut first = app.pool.begin().await.expect("begin");
+    let created = ingest(EventId::generate().into_string())
+        .fetch_all(&mut *first)
+        .await
+        .expect("first writer");
+    assert_eq!(created.len(), 1);
+    let second = tokio::spawn({
+        let pool = app.pool.clone();
+        let query = ingest(EventId::generate().into_string());
+        async move { query.fetch_all(&pool).await.expect("second writer") }
+    });
+    support::holds_for(
+        "the second writer waits for the first's key lock",
+        Duration::from_millis(500),
+        || async {
+            if second.is_finished() {
+                Err("it did not wait".to_owned())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    first.commit().await.expect("commit");
+    let inserted = second.await.expect("task");
+    assert_eq!(
+        inserted,
+        Vec::<String>::new(),
+        "the key already holds an Event"
+    );
+    let events: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE idempotency_key = 'held-key'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("count");
+    assert_eq!(events, 1);
 }
 
 #[tokio::test]

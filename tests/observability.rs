@@ -111,6 +111,55 @@ fn the_alert_rules_pass_promtool_and_name_only_exported_metrics() {
     );
 }
 
+#[test]
+fn every_alert_fires_when_it_should_and_has_its_runbook_row() {
+    let dir = format!("{ROOT}/deploy/prometheus");
+    let out = Command::new("promtool")
+        .args(["test", "rules", "alerts_test.yml"])
+        .current_dir(&dir)
+        .output()
+        .expect("promtool (apt: prometheus)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = std::fs::read_to_string(format!("{dir}/alerts.yml")).expect("alerts.yml");
+    let tests = std::fs::read_to_string(format!("{dir}/alerts_test.yml")).expect("tests");
+    let runbook = std::fs::read_to_string(format!("{ROOT}/docs/OPERATIONS.md")).expect("runbook");
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert!(alerts.len() >= 20, "{alerts:?}");
+    for alert in &alerts {
+        let anchor = alert.to_lowercase();
+        assert!(
+            rules.contains(&format!("runbook_url: \"docs/OPERATIONS.md#{anchor}\"")),
+            "{alert} has no runbook_url to its row"
+        );
+        assert!(
+            runbook.contains(&format!("| <a id=\"{anchor}\"></a>`{alert}` |")),
+            "{alert} has no row in the runbook"
+        );
+        assert!(
+            tests.contains(&format!("alertname: {alert}\n")),
+            "{alert} has no promtool test"
+        );
+    }
+    // And no row for an alert that does not exist.
+    for row in runbook
+        .lines()
+        .filter(|l| l.starts_with("| <a id=\"railhook"))
+    {
+        assert!(
+            alerts.iter().any(|a| row.contains(&format!("`{a}`"))),
+            "runbook row without an alert: {row}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_live_metrics_page_passes_promtool() {
     let mut app = support::spawn_app().await;

@@ -8,11 +8,11 @@
 //!
 //! Then, in the same run:
 //! - single-Event ingest (real HTTP, closed loop) on the first and on the last day;
-//! - ingest latency while one more day is retired by the pass, against the same load with
-//!   nothing retired;
+//! - a big day (`--big-day-events` more Events) retired by the pass, once with nothing else
+//!   running (time, WAL) and once while ingest runs (ingest p99 in the pass's window);
 //! - the baseline: the same day's rows retired from unpartitioned copies of the tables with
-//!   batched `DELETE`s (5,000 rows a statement), with the same ingest load running: time,
-//!   WAL, dead tuples left for vacuum, ingest latency.
+//!   batched `DELETE`s (5,000 rows a statement), the same two ways, plus the VACUUM its dead
+//!   tuples need.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +39,9 @@ pub struct Args {
     /// Length of each ingest measurement.
     #[arg(long, default_value_t = 5)]
     ingest_seconds: u64,
+    /// Extra Events in each day retired by the comparison at the end (both ways).
+    #[arg(long, default_value_t = 1_000_000)]
+    big_day_events: i64,
     /// Closed-loop clients for the ingest measurements.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -53,54 +56,63 @@ async fn fill_day(
     endpoint: &str,
     day: NaiveDate,
     n: i64,
+    from: i64,
 ) -> anyhow::Result<()> {
     let [events, deliveries, attempts] = tables;
     // An id: the day's time prefix (railhook_ulid_floor, 14 characters with the type
     // prefix) and 16 hex characters (valid ULID characters) that make it unique.
-    let ids = "WITH s AS (
+    // Rows `from .. from + n`: a second fill of a day with another `from` adds to it.
+    let ids_text = "WITH s AS (
                    SELECT i, $1::date::timestamp AT TIME ZONE 'UTC'
-                             + (i * 86400.0 / $2) * interval '1 second' AS at
-                   FROM generate_series(0, $2 - 1) AS i)";
+                             + ((i - $FROM) * 86400.0 / $2) * interval '1 second' AS at
+                   FROM generate_series($FROM::bigint, $FROM::bigint + $2 - 1) AS i)";
+    let ids = |param: usize| ids_text.replace("$FROM", &format!("${param}"));
     sqlx::query(&format!(
-        "{ids}
+        "{}
          INSERT INTO {events} (id, project_id, event_type, payload, idempotency_key, created_at)
          SELECT left(railhook_ulid_floor('evt_', at), 14) || substr(md5(i::text || 'e'), 1, 16),
                 $3, 'order.paid',
                 jsonb_build_object('order_id', i, 'amount_cents', 4200, 'currency', 'EUR',
                                    'customer', md5(i::text), 'note', repeat('x', 80)),
                 md5(i::text || 'k'), at
-         FROM s"
+         FROM s",
+        ids(4)
     ))
     .bind(day)
     .bind(n)
     .bind(project)
+    .bind(from)
     .execute(pool)
     .await?;
     sqlx::query(&format!(
-        "{ids}
+        "{}
          INSERT INTO {deliveries} (id, project_id, event_id, endpoint_id, status, attempt_count,
                                    last_attempt_at, last_status_code, created_at, updated_at)
          SELECT left(railhook_ulid_floor('dlv_', at), 14) || substr(md5(i::text || 'd'), 1, 16),
                 $3, left(railhook_ulid_floor('evt_', at), 14) || substr(md5(i::text || 'e'), 1, 16),
                 $4, 'SUCCEEDED', 1, at, 200, at, at
-         FROM s"
+         FROM s",
+        ids(5)
     ))
     .bind(day)
     .bind(n)
     .bind(project)
     .bind(endpoint)
+    .bind(from)
     .execute(pool)
     .await?;
     sqlx::query(&format!(
-        "{ids}
+        "{}
          INSERT INTO {attempts} (delivery_id, attempt_number, started_at, finished_at,
                                  status_code, outcome, duration_ms, response_excerpt)
          SELECT left(railhook_ulid_floor('dlv_', at), 14) || substr(md5(i::text || 'd'), 1, 16),
                 1, at, at, 200, 'succeeded', 35, '{{\"ok\":true}}'
-         FROM s"
+         FROM s",
+        ids(3)
     ))
     .bind(day)
     .bind(n)
+    .bind(from)
     .execute(pool)
     .await?;
     Ok(())
@@ -201,7 +213,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     println!("|---:|---:|---:|---:|---:|---:|");
     let mut ingest_first = None;
-    let mut last_drop: Option<(f64, i64)> = None;
+    // The last daily pass that retired a day, with no load: (pass ms, retiring ms, WAL).
+    let mut last_drop: Option<(f64, f64, i64)> = None;
     let fill_started = Instant::now();
     let partitioned = ["events", "deliveries", "attempts"];
     for d in 0..args.days {
@@ -210,7 +223,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .bind(day)
             .execute(&pool)
             .await?;
-        fill_day(&pool, partitioned, &project, &endpoint, day, n).await?;
+        fill_day(&pool, partitioned, &project, &endpoint, day, n, 0).await?;
         let sim_now = (day + Days::new(1))
             .and_hms_opt(0, 1, 0)
             .expect("time")
@@ -221,7 +234,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let took = t0.elapsed().as_secs_f64() * 1e3;
         let wal = wal_lsn(&pool).await? - wal0;
         if !report.dropped.is_empty() {
-            last_drop = Some((took, wal));
+            last_drop = Some((took, report.retiring.as_secs_f64() * 1e3, wal));
         }
         let partitions: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_inherits WHERE inhparent = 'events'::regclass",
@@ -260,33 +273,46 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         p99(&last_samples, None).0
     );
 
-    // One more day leaves the retention (the pass runs at tomorrow's 00:01): retired by the
-    // pass while ingest runs.
-    let retire_at = (today + Days::new(1))
-        .and_hms_opt(0, 1, 0)
-        .expect("time")
-        .and_utc();
-    // Tomorrow's partitions first, so the measured pass only retires.
-    retention::ensure_ahead(&pool, retire_at.date_naive()).await?;
-    let (pass_window, pass_ms, pass_wal, pass_load) = {
+    // Retiring a big day, both ways. The partitioned side: the two oldest remaining days get
+    // `--big-day-events` more Events; the next pass (tomorrow 00:01) retires the first with
+    // nothing else running, the one after (the day after, 00:01) the second while ingest
+    // runs. Their partitions ahead are made first, so each measured pass only retires.
+    let big = args.big_day_events;
+    let oldest = today - Days::new(u64::from(args.retention_days));
+    for day in [oldest, oldest + Days::new(1)] {
+        fill_day(&pool, partitioned, &project, &endpoint, day, big, n).await?;
+    }
+    let at = |d: u64| {
+        (today + Days::new(d))
+            .and_hms_opt(0, 1, 0)
+            .expect("time")
+            .and_utc()
+    };
+    retention::ensure_ahead(&pool, at(2).date_naive()).await?;
+    sqlx::query("CHECKPOINT").execute(&pool).await?;
+    let wal0 = wal_lsn(&pool).await?;
+    let report = retention::run(&pool, at(1), args.retention_days, None).await?;
+    let drop_wal = wal_lsn(&pool).await? - wal0;
+    anyhow::ensure!(!report.dropped.is_empty(), "the quiet pass dropped nothing");
+    let retire_ms = report.retiring.as_secs_f64() * 1e3;
+    let (pass_window, pass_ms, pass_load) = {
         let loader = load(&api, args.concurrency, args.ingest_seconds);
         let retire = async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let started = Instant::now();
-            let wal0 = wal_lsn(&pool).await?;
-            let report = retention::run(&pool, retire_at, args.retention_days, None).await?;
-            let wal = wal_lsn(&pool).await? - wal0;
-            anyhow::Ok((started.elapsed(), wal, report.dropped.len()))
+            let report = retention::run(&pool, at(2), args.retention_days, None).await?;
+            anyhow::Ok((started.elapsed(), report.dropped.len()))
         };
         let (samples, retired) = tokio::join!(loader, retire);
-        let (took, wal, dropped) = retired?;
+        let (took, dropped) = retired?;
         anyhow::ensure!(dropped > 0, "the pass during the load dropped nothing");
         let from = Duration::from_secs(1);
-        ((from, from + took), took.as_secs_f64() * 1e3, wal, samples)
+        ((from, from + took), took.as_secs_f64() * 1e3, samples)
     };
 
-    // The baseline: unpartitioned copies, two days of the same rows; the older day deleted
-    // in batches while the same load runs.
+    // The baseline: unpartitioned copies holding two such days; the older one deleted in
+    // batches, first with nothing else running (time, WAL, dead tuples, and the VACUUM the
+    // dead tuples need), then again (refilled) while the same load runs.
     for t in partitioned {
         sqlx::query(&format!(
             "CREATE TABLE {t}_flat (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)"
@@ -294,83 +320,129 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .execute(&pool)
         .await?;
     }
+    let flat = ["events_flat", "deliveries_flat", "attempts_flat"];
     let old_day = today - Days::new(2);
     for day in [old_day, old_day + Days::new(1)] {
-        fill_day(
-            &pool,
-            ["events_flat", "deliveries_flat", "attempts_flat"],
-            &project,
-            &endpoint,
-            day,
-            n,
-        )
-        .await?;
+        fill_day(&pool, flat, &project, &endpoint, day, n, 0).await?;
+        fill_day(&pool, flat, &project, &endpoint, day, big, n).await?;
     }
-    sqlx::query("VACUUM ANALYZE events_flat, deliveries_flat, attempts_flat")
+    let settle = |pool: PgPool| async move {
+        sqlx::query("VACUUM ANALYZE events_flat, deliveries_flat, attempts_flat")
+            .execute(&pool)
+            .await?;
+        sqlx::query("CHECKPOINT").execute(&pool).await?;
+        anyhow::Ok(())
+    };
+    settle(pool.clone()).await?;
+    let (delete_took, delete_wal, deleted) = delete_day(&pool, old_day).await?;
+    let wal0 = wal_lsn(&pool).await?;
+    let t0 = Instant::now();
+    sqlx::query("VACUUM events_flat, deliveries_flat, attempts_flat")
         .execute(&pool)
         .await?;
-    sqlx::query("CHECKPOINT").execute(&pool).await?;
-    let (delete_window, delete_ms, delete_wal, delete_load) = {
+    let (vacuum_ms, vacuum_wal) = (
+        t0.elapsed().as_secs_f64() * 1e3,
+        wal_lsn(&pool).await? - wal0,
+    );
+    fill_day(&pool, flat, &project, &endpoint, old_day, n, 0).await?;
+    fill_day(&pool, flat, &project, &endpoint, old_day, big, n).await?;
+    settle(pool.clone()).await?;
+    let (delete_window, delete_load) = {
         let loader = load(&api, args.concurrency, args.ingest_seconds.max(10));
         let delete = async {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let started = Instant::now();
-            let wal0 = wal_lsn(&pool).await?;
-            for (table, prefix, column) in [
-                ("attempts_flat", "dlv_", "delivery_id"),
-                ("deliveries_flat", "dlv_", "id"),
-                ("events_flat", "evt_", "id"),
-            ] {
-                loop {
-                    let deleted = sqlx::query(&format!(
-                        "DELETE FROM {table} WHERE ctid IN (
-                             SELECT ctid FROM {table}
-                             WHERE {column} < railhook_ulid_floor('{prefix}', $1::date::timestamp AT TIME ZONE 'UTC')
-                             LIMIT 5000)"
-                    ))
-                    .bind(old_day + Days::new(1))
-                    .execute(&pool)
-                    .await?
-                    .rows_affected();
-                    if deleted == 0 {
-                        break;
-                    }
-                }
-            }
-            let wal = wal_lsn(&pool).await? - wal0;
-            anyhow::Ok((started.elapsed(), wal))
+            let (took, _, _) = delete_day(&pool, old_day).await?;
+            anyhow::Ok(took)
         };
-        let (samples, deleted) = tokio::join!(loader, delete);
-        let (took, wal) = deleted?;
+        let (samples, took) = tokio::join!(loader, delete);
         let from = Duration::from_secs(1);
-        ((from, from + took), took.as_secs_f64() * 1e3, wal, samples)
+        ((from, from + took?), samples)
     };
-    let dead_flat = dead_tuples(&pool, "_flat$").await?;
     let dead_partitioned = dead_tuples(&pool, "^(events|deliveries|attempts)_p").await?;
     let (quiet_p99, _) = p99(&last_samples, None);
     let (during_pass_p99, during_pass_n) = p99(&pass_load.1, Some(pass_window));
     let (during_delete_p99, during_delete_n) = p99(&delete_load.1, Some(delete_window));
-    let (drop_ms, drop_wal) = last_drop.unwrap_or((pass_ms, pass_wal));
-    println!();
-    println!("retiring one day ({n} Events, {n} Deliveries, {n} Attempts):");
-    println!();
-    println!("| | time (ms) | WAL (KB) | dead tuples left | ingest p99 while it runs (ms) |");
-    println!("|---|---:|---:|---:|---:|");
-    println!(
-        "| batched DELETE (baseline) | {delete_ms:.0} | {:.0} | {dead_flat} | {during_delete_p99:.1} ({during_delete_n} requests) |",
-        delete_wal as f64 / 1024.0
-    );
-    println!(
-        "| partition drop (retention pass) | {pass_ms:.0} | {:.0} | {dead_partitioned} | {during_pass_p99:.1} ({during_pass_n} requests) |",
-        pass_wal as f64 / 1024.0
-    );
-    println!("| no retirement (same load) | | | | {quiet_p99:.1} |");
+    let (daily_ms, daily_retire_ms, daily_wal) = last_drop.expect("a daily pass retired a day");
+    let delete_ms = delete_took.as_secs_f64() * 1e3;
+    let kb = |b: i64| b as f64 / 1024.0;
+    let rows = n + big;
     println!();
     println!(
-        "ratios, DELETE / drop: time {:.0}x, WAL {:.0}x (a pass of the daily run: {drop_ms:.0} ms, {:.0} KB)",
-        delete_ms / pass_ms.max(0.001),
-        delete_wal as f64 / (pass_wal.max(1)) as f64,
-        drop_wal as f64 / 1024.0
+        "retiring one day ({rows} Events, {rows} Deliveries, {rows} Attempts), nothing else running:"
     );
+    println!();
+    println!("| | time (ms) | WAL (KB) | dead tuples left |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| batched DELETE (baseline) | {delete_ms:.0} | {:.0} | {deleted} |",
+        kb(delete_wal)
+    );
+    println!(
+        "| + the VACUUM it needs | {vacuum_ms:.0} | {:.0} | 0 |",
+        kb(vacuum_wal)
+    );
+    println!(
+        "| retention pass: detach + check + drop | {retire_ms:.0} | {:.0} (whole pass) | {dead_partitioned} |",
+        kb(drop_wal)
+    );
+    println!(
+        "| a daily pass of the run above ({n} Events a day): whole pass / detach + drop | {daily_ms:.0} / {daily_retire_ms:.0} | {:.0} (whole pass) | 0 |",
+        kb(daily_wal)
+    );
+    println!();
+    println!(
+        "ratios, DELETE / partition retirement: time {:.0}x ({:.0}x with its VACUUM), WAL {:.0}x ({:.0}x with its VACUUM)",
+        delete_ms / retire_ms.max(0.001),
+        (delete_ms + vacuum_ms) / retire_ms.max(0.001),
+        delete_wal as f64 / drop_wal.max(1) as f64,
+        (delete_wal + vacuum_wal) as f64 / drop_wal.max(1) as f64
+    );
+    println!();
+    println!(
+        "single-Event ingest ({} clients) while a day of {rows} Events is retired:",
+        args.concurrency
+    );
+    println!();
+    println!("| | window (ms) | requests in it | p99 (ms) |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| batched DELETE | {:.0} | {during_delete_n} | {during_delete_p99:.1} |",
+        (delete_window.1 - delete_window.0).as_secs_f64() * 1e3
+    );
+    println!("| retention pass | {pass_ms:.0} | {during_pass_n} | {during_pass_p99:.1} |");
+    println!("| nothing (day {} run) | | | {quiet_p99:.1} |", args.days);
     Ok(())
+}
+
+/// Deletes `day`'s rows from the unpartitioned copies, 5,000 a statement (the way a
+/// retention job on unpartitioned tables must, to keep its locks and transactions short).
+/// Returns the time and WAL it took and the rows it deleted (each a dead tuple until the
+/// next VACUUM).
+async fn delete_day(pool: &PgPool, day: NaiveDate) -> anyhow::Result<(Duration, i64, u64)> {
+    let started = Instant::now();
+    let mut total = 0;
+    let wal0 = wal_lsn(pool).await?;
+    for (table, prefix, column) in [
+        ("attempts_flat", "dlv_", "delivery_id"),
+        ("deliveries_flat", "dlv_", "id"),
+        ("events_flat", "evt_", "id"),
+    ] {
+        loop {
+            let deleted = sqlx::query(&format!(
+                "DELETE FROM {table} WHERE ctid IN (
+                     SELECT ctid FROM {table}
+                     WHERE {column} < railhook_ulid_floor('{prefix}', $1::date::timestamp AT TIME ZONE 'UTC')
+                     LIMIT 5000)"
+            ))
+            .bind(day + Days::new(1))
+            .execute(pool)
+            .await?
+            .rows_affected();
+            if deleted == 0 {
+                break;
+            }
+            total += deleted;
+        }
+    }
+    Ok((started.elapsed(), wal_lsn(pool).await? - wal0, total))
 }

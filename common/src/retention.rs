@@ -151,6 +151,9 @@ pub struct Report {
     pub held_back: Vec<String>,
     /// Another process held the pass lock: this pass did nothing.
     pub skipped: bool,
+    /// Time spent detaching, checking and dropping expired days (the rest of a pass is
+    /// reading the catalogue and creating partitions ahead).
+    pub retiring: Duration,
 }
 
 /// The retention task's metrics, on their own registry (served by the process that runs it).
@@ -424,9 +427,11 @@ async fn pass(
     {
         report.held_back.push(p.name.clone());
     }
+    let started = std::time::Instant::now();
     for day in days {
         retire_day(&mut *conn, day, &partitions, &mut report).await?;
     }
+    report.retiring = started.elapsed();
     if let Some(m) = metrics {
         observe(&mut *conn, now, retention_days, m, &report).await?;
     }

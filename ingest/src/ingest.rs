@@ -10,7 +10,7 @@
 //!          INSERT deliveries    one per matching endpoint, for the Events inserted
 //!          INSERT outbox        one per Delivery (reason CREATED)
 //!        ─────────────────────▶ 201
-//!        (with Idempotency-Keys: in a transaction, after a lock on each key)
+//!        (railhook_ingest(): first a lock on each Idempotency-Key, then the inserts)
 //!     4. Events skipped in 3 (their Idempotency-Key exists): looked up; the same request
 //!        gets 200 + that Event, a different one 409
 //!     5. after the commit: refund what was reserved and not created, Sequence Numbers
@@ -29,7 +29,8 @@
 //! contains the partition key (the id), so no index can make a key unique. Instead every
 //! request that carries keys first takes a transaction-scoped advisory lock per key (in one
 //! order, so two batches cannot deadlock), and only then, in a new statement and so with a
-//! new snapshot, inserts the Events whose key holds no Event of the window. Two concurrent
+//! new snapshot, inserts the Events whose key holds no Event of the window (both inside the
+//! function `railhook_ingest`, migrations/…_ingest_function.sql: one round trip). Two concurrent
 //! retries queue on the lock; the second sees the first's committed Event, inserts nothing
 //! (nor that Event's Deliveries), and answers with the winner's Event. The window bounds the
 //! lookup to the newest partitions (the id carries the time), whatever the retention is.
@@ -125,8 +126,8 @@ impl DeliveryPlan {
 ///
 /// There is no lookup of the Idempotency-Keys before the write: the write itself skips an
 /// Event whose key exists, and only those are looked up afterwards. A retry therefore costs
-/// what a new Event costs; a key adds the lock statement and a transaction (three round
-/// trips more than a keyless Event, measured in docs/BENCHMARKS.md). The
+/// what a new Event costs, and a key costs no extra round trip (the lock is taken inside
+/// the statement's function). The
 /// one place a lookup comes first is a request the quota would refuse: if every Event in it
 /// already exists, it is a retry and gets its Events back rather than a 429.
 pub async fn ingest(
@@ -355,32 +356,27 @@ async fn write_events(
     events: &[NewEvent],
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
     let draft = Draft::new(events, subs);
-    let keyed = events.iter().any(|e| e.idempotency_key.is_some());
-    // One Event without a key: one statement, atomic by itself. Otherwise the same statement
-    // in a transaction: a batch is all or nothing, an Idempotency-Key reused with another
-    // payload (found only once the statement skipped it) must undo the rest, and the keys'
-    // locks must be held until the commit.
-    let (inserted, results) =
-        if events.len() == 1 && !keyed && !state.faults.trip_ingest_before_commit() {
-            let inserted = insert_all(&state.pool, project, events, &draft).await?;
-            let results = outcomes(&state.pool, project, events, &draft, &inserted).await?;
-            (inserted, results)
-        } else {
-            let mut tx = state.pool.begin().await?;
-            if keyed {
-                lock_keys(&mut *tx, project, events).await?;
-            }
-            let inserted = insert_all(&mut *tx, project, events, &draft).await?;
-            let results = outcomes(&mut *tx, project, events, &draft, &inserted).await?;
-            if state.faults.trip_ingest_before_commit() {
-                // The crash test's fault point: everything written, never committed.
-                return Err(ApiError::Internal(InternalError::Fault(
-                    "ingest_before_commit",
-                )));
-            }
-            tx.commit().await?;
-            (inserted, results)
-        };
+    // One Event: one statement, atomic by itself (its key's lock is held until it ends).
+    // Several: the same statement in a transaction, because a batch is all or nothing and an
+    // Idempotency-Key reused with another payload (found only once the statement skipped
+    // it) must undo the rest.
+    let (inserted, results) = if events.len() == 1 && !state.faults.trip_ingest_before_commit() {
+        let inserted = insert_all(&state.pool, project, events, &draft).await?;
+        let results = outcomes(&state.pool, project, events, &draft, &inserted).await?;
+        (inserted, results)
+    } else {
+        let mut tx = state.pool.begin().await?;
+        let inserted = insert_all(&mut *tx, project, events, &draft).await?;
+        let results = outcomes(&mut *tx, project, events, &draft, &inserted).await?;
+        if state.faults.trip_ingest_before_commit() {
+            // The crash test's fault point: everything written, never committed.
+            return Err(ApiError::Internal(InternalError::Fault(
+                "ingest_before_commit",
+            )));
+        }
+        tx.commit().await?;
+        (inserted, results)
+    };
     let written = draft.plan.keep(|event| inserted.contains_key(event));
     state.metrics.events_created.inc_by(inserted.len() as u64);
     state
@@ -446,30 +442,6 @@ fn created(
     }
 }
 
-/// Takes the transaction-scoped advisory lock of each distinct Idempotency-Key of `events`,
-/// in the order of the locks' numbers so that two batches sharing keys cannot deadlock. A
-/// collision of two keys' numbers only makes their requests queue; it cannot merge them.
-async fn lock_keys(
-    db: impl sqlx::PgExecutor<'_>,
-    project: &Project,
-    events: &[NewEvent],
-) -> Result<(), sqlx::Error> {
-    let keys: Vec<&str> = events
-        .iter()
-        .filter_map(|e| e.idempotency_key.as_deref())
-        .collect();
-    sqlx::query!(
-        r#"SELECT pg_advisory_xact_lock(k) AS "locked!: ()"
-           FROM (SELECT DISTINCT hashtextextended($1 || '/' || key, 0) AS k
-                 FROM unnest($2::text[]) AS key ORDER BY 1) AS ordered_keys"#,
-        project.id.as_str(),
-        &keys as &[&str]
-    )
-    .fetch_all(db)
-    .await?;
-    Ok(())
-}
-
 /// Step 3, the one statement: the Events, the Deliveries of those actually inserted and one
 /// Outbox row per Delivery. A single statement is atomic on its own (Postgres runs it in one
 /// implicit transaction), so it needs no BEGIN/COMMIT round trips: the Event, its Deliveries
@@ -491,33 +463,11 @@ async fn insert_all(
         .collect();
     let payloads: Vec<String> = events.iter().map(|e| e.payload.get().to_owned()).collect();
     let keys: Vec<Option<String>> = events.iter().map(|e| e.idempotency_key.clone()).collect();
+    // The statement lives in migrations/…_ingest_function.sql: it takes the keys' locks
+    // and then inserts, each with its own snapshot, in one round trip.
     let rows = sqlx::query!(
-        r#"WITH ev AS (
-               INSERT INTO events (id, project_id, event_type, payload, idempotency_key)
-               SELECT x.id, $1, x.event_type, x.payload::jsonb, x.key
-               FROM (SELECT u.*, row_number() OVER (PARTITION BY u.key ORDER BY u.n) AS nth
-                     FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
-                          WITH ORDINALITY AS u(id, event_type, payload, key, n)) AS x
-               WHERE x.key IS NULL
-                  OR (x.nth = 1 AND NOT EXISTS (
-                        SELECT 1 FROM events e
-                        WHERE e.project_id = $1 AND e.idempotency_key = x.key
-                          AND e.id >= railhook_ulid_floor('evt_', now() - make_interval(hours => $11))))
-               ORDER BY x.n
-               RETURNING id, created_at
-           ), d AS (
-               INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, ordered)
-               SELECT x.id, $1, x.event_id, x.endpoint_id, x.subscription_id, x.ordered
-               FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::bool[])
-                    WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, ordered, n)
-               WHERE x.event_id IN (SELECT id FROM ev)
-               ORDER BY x.n
-               RETURNING id, endpoint_id
-           ), announced AS (
-               INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
-               SELECT d.id, d.endpoint_id, $1, 'CREATED' FROM d ORDER BY d.id
-           )
-           SELECT id AS "id!", created_at AS "created_at!" FROM ev"#,
+        r#"SELECT id AS "id!", created_at AS "created_at!"
+           FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"#,
         project.id.as_str(),
         &ids,
         &types,
