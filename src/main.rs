@@ -266,10 +266,13 @@ async fn relay(settings: &Settings) -> anyhow::Result<()> {
         shutdown_signal(),
     );
     tracing::info!(metrics = %settings.metrics_addr, "relay starting");
-    tokio::select! {
-        r = relay => r.context("relay")?,
-        r = metrics_server => r.with_context(|| format!("metrics on {}", settings.metrics_addr))?,
-    }
+    // Both end on SIGTERM; the relay only after its drain, so the metrics server ending first
+    // must not end the process under it (an error in either still ends it at once).
+    tokio::try_join!(async { relay.await.context("relay") }, async {
+        metrics_server
+            .await
+            .with_context(|| format!("metrics on {}", settings.metrics_addr))
+    })?;
     Ok(())
 }
 

@@ -520,3 +520,96 @@ async fn a_standby_takes_over_after_the_active_relay_is_killed() {
     drop(relays);
     fx.drop_slot().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_sent_sigterm_drains_and_its_standby_resends_nothing() {
+    let brokers = shared_brokers();
+    let fx = RelayFixture::new(&brokers).await;
+    let mut relays = [
+        RelayProcess::start(&fx, &brokers),
+        RelayProcess::start(&fx, &brokers),
+    ];
+    let deadline = Instant::now() + WAIT;
+    let active = loop {
+        let states = [relays[0].active().await, relays[1].active().await];
+        if states.iter().all(Option::is_some)
+            && states.iter().filter(|s| **s == Some(true)).count() == 1
+        {
+            break usize::from(states[1] == Some(true));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no single active relay: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let standby = 1 - active;
+    let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
+
+    // SIGTERM mid-stream: transactions of 100 rows keep committing while the active relay
+    // is told to stop.
+    let writer = {
+        let pool = fx.pool.clone();
+        tokio::spawn(async move {
+            for chunk in 0..60i64 {
+                sqlx::query(
+                    "INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+                     SELECT 'dlv_' || g, 'ep_' || (g % 7), 'proj_t', 'CREATED' FROM generate_series($1, $2 - 1) g",
+                )
+                .bind(chunk * 100)
+                .bind(chunk * 100 + 100)
+                .execute(&pool)
+                .await
+                .expect("insert");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = relays[active].child.id().to_string();
+    let signalled = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    assert!(signalled.success());
+    let stopped_at = Instant::now();
+    let status = loop {
+        if let Some(status) = relays[active].child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            stopped_at.elapsed() < WAIT,
+            "the relay did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let exited = stopped_at.elapsed();
+    assert!(status.success(), "the relay exited with {status}");
+    while relays[standby].active().await != Some(true) {
+        assert!(stopped_at.elapsed() < WAIT, "the standby never took over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let takeover = stopped_at.elapsed();
+    writer.await.expect("writer");
+    assert!(
+        reader.read_all(0..6_000, WAIT),
+        "lost: {}",
+        6_000 - reader.seen.len()
+    );
+    // A named window for a late resend to show up before counting.
+    reader.read_until(Duration::from_secs(2), |_| false);
+    let duplicates: usize = reader.seen.values().map(|n| n - 1).sum();
+    println!(
+        "SIGTERM: relay exited after {} ms, standby active after {} ms, {duplicates} duplicates",
+        exited.as_millis(),
+        takeover.as_millis()
+    );
+    assert_eq!(duplicates, 0, "a drained relay's standby resent messages");
+    assert!(
+        takeover < Duration::from_secs(10),
+        "takeover took {takeover:?}"
+    );
+    eventually_confirmed_past(&fx, fx.current_wal_lsn().await).await;
+    drop(relays);
+    fx.drop_slot().await;
+}

@@ -170,6 +170,10 @@ pub struct Settings {
     /// this long; Claims still running then go back to PENDING at once. Kubernetes'
     /// `terminationGracePeriodSeconds` must be longer.
     pub worker_drain_seconds: u64,
+    /// On SIGTERM the active relay stops reading the Slot (after the transaction it is in),
+    /// waits up to this long for Kafka to acknowledge what it sent, confirms it and ends its
+    /// replication connection, so the standby takes the Slot at once and resends nothing.
+    pub relay_drain_seconds: u64,
     /// Days of Events, Deliveries and Attempts kept (`RAILHOOK_RETENTION_DAYS`): a day's
     /// partitions are dropped once the day ended this long ago (common/src/retention.rs).
     /// Never shorter than [`crate::retention::minimum_days`].

@@ -27,6 +27,8 @@ pub struct RelayConfig {
     pub heartbeat_interval: Duration,
     pub status_interval: Duration,
     pub outbox_retention: Duration,
+    /// How long a relay told to stop waits for its last acks (see [`crate::run`]).
+    pub drain_timeout: Duration,
 }
 
 impl RelayConfig {
@@ -64,6 +66,7 @@ impl RelayConfig {
             heartbeat_interval: Duration::from_millis(s.relay_heartbeat_ms),
             status_interval: Duration::from_millis(s.relay_status_ms),
             outbox_retention: Duration::from_secs(s.outbox_retention_seconds),
+            drain_timeout: Duration::from_secs(s.relay_drain_seconds),
         })
     }
 }

@@ -24,6 +24,13 @@
 //! session when it can. Only a configuration error (a certificate the URL's `sslmode`
 //! refuses) ends `run` with an error.
 //!
+//! Told to stop (SIGTERM), the active relay drains: it reads on to the end of the
+//! transaction it is in, then stops reading, waits for Kafka to acknowledge everything it
+//! sent (at most `RELAY_DRAIN_SECONDS`), confirms it, waits until Postgres has been told, and
+//! ends its replication connection cleanly. The standby then takes the Slot at once and
+//! starts exactly where this relay's last acknowledged message ended: nothing is sent twice.
+//! A relay killed outright, or one whose drain times out, leaves the usual duplicates.
+//!
 //! Two relays may run: the Slot is the lock. Postgres lets one connection stream a Slot; the
 //! other gets SQLSTATE 55006 ("replication slot is active") and waits as a standby, trying
 //! again every `STANDBY_RETRY` until the active one's connection is gone.
@@ -131,12 +138,19 @@ impl Relay {
 
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<(), RelayError> {
         tokio::pin!(shutdown);
+        let (stop, stopping) = watch::channel(false);
         let mut backoff = Backoff::default();
         loop {
             let sessions_before = self.metrics.sessions.get();
+            let session = self.session(stopping.clone());
+            tokio::pin!(session);
             let outcome = tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                outcome = self.session() => outcome,
+                outcome = &mut session => outcome,
+                _ = &mut shutdown => {
+                    let _ = stop.send(true);
+                    self.drain(session).await;
+                    return Ok(());
+                }
             };
             self.metrics.active.set(0);
             self.metrics.in_flight_messages.set(0);
@@ -186,6 +200,23 @@ impl Relay {
         }
     }
 
+    /// Lets a session that was told to stop finish its drain, for at most the drain
+    /// timeout. A session still connecting or standing by just ends.
+    async fn drain(&self, session: Pin<&mut impl Future<Output = Result<(), RelayError>>>) {
+        let slot = &self.config.slot;
+        match tokio::time::timeout(self.config.drain_timeout, session).await {
+            Ok(Ok(())) | Ok(Err(RelayError::SlotBusy)) => tracing::info!(%slot, "relay stopped"),
+            Ok(Err(e)) => {
+                tracing::warn!(%slot, error = %e, "relay stopped during its drain; the next relay resumes from the confirmed LSN")
+            }
+            Err(_) => tracing::warn!(
+                %slot,
+                "relay drain timed out; the next relay resumes from the confirmed LSN and resends what was not confirmed"
+            ),
+        }
+        self.metrics.active.set(0);
+    }
+
     fn replication_config(&self) -> ReplicationConfig {
         let pg = &self.config.postgres;
         ReplicationConfig::new(
@@ -204,8 +235,8 @@ impl Relay {
         .with_application_name("railhook-relay")
     }
 
-    /// One replication session, from connect to whatever ends it.
-    async fn session(&self) -> Result<(), RelayError> {
+    /// One replication session, from connect to whatever ends it (a stop ends it `Ok`).
+    async fn session(&self, stopping: watch::Receiver<bool>) -> Result<(), RelayError> {
         let mut control = slot::connect(&self.config.postgres).await?;
         self.deps.up(REPLICATION);
         slot::ensure_usable(&mut control, &self.config.slot, &self.config.publication).await?;
@@ -255,7 +286,9 @@ impl Relay {
         };
         let _prune = AbortOnDrop(tokio::spawn(pruner.run(confirmed)));
         let mut s = Session::new(&self.config, producer, prune_up_to);
-        let result = self.stream(&mut stream, &mut control, &mut s).await;
+        let result = self
+            .stream(&mut stream, &mut control, &mut s, stopping)
+            .await;
         // Dropping the client ends the connection; an aborted session never confirms more.
         stream.abort();
         result
@@ -266,22 +299,38 @@ impl Relay {
         stream: &mut ReplicationClient,
         control: &mut PgConnection,
         s: &mut Session,
+        mut stopping: watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let mut acks: FuturesUnordered<AckFuture> = FuturesUnordered::new();
         let mut heartbeat = tokio::time::interval(self.config.heartbeat_interval);
         let mut status = tokio::time::interval(self.config.status_interval);
+        let mut draining = *stopping.borrow();
         loop {
+            // Drained: nothing half read, nothing unacknowledged, so everything read is
+            // confirmed (each ack confirmed what it completed).
+            if draining && s.current.is_none() && s.window.messages() == 0 {
+                return self.end_drained(stream, s).await;
+            }
+            // A drain still reads to the end of the transaction it is in: stopping inside
+            // one would leave its published part unconfirmed, to be sent again.
+            let read = s.window.has_room() && (!draining || s.current.is_some());
             tokio::select! {
                 Some((seq, bytes, delivered)) = acks.next() => {
                     self.on_ack(stream, s, seq, bytes, delivered)?;
                 }
-                event = stream.recv(), if s.window.has_room() => {
+                event = stream.recv(), if read => {
                     match event.map_err(stream_error)? {
                         Some(event) => self.on_event(stream, s, &mut acks, event)?,
                         None => return Err(RelayError::StreamEnded),
                     }
                 }
-                _ = heartbeat.tick() => {
+                changed = stopping.changed(), if !draining => {
+                    draining = changed.is_err() || *stopping.borrow();
+                    if draining {
+                        tracing::info!(slot = %self.config.slot, in_flight = s.window.messages(), "relay draining");
+                    }
+                }
+                _ = heartbeat.tick(), if !draining => {
                     if let Err(e) = slot::heartbeat(&mut *control).await {
                         tracing::warn!(error = %e, "heartbeat not written");
                     }
@@ -293,6 +342,23 @@ impl Relay {
                 .set(s.window.messages() as i64);
             self.metrics.in_flight_bytes.set(s.window.bytes() as i64);
         }
+    }
+
+    /// The end of a drain: waits until the feedback that carries the confirmed LSN has gone
+    /// to Postgres (the client sends it within its status interval), then ends the stream
+    /// with CopyDone, which frees the Slot for the standby at once.
+    async fn end_drained(
+        &self,
+        stream: &mut ReplicationClient,
+        s: &Session,
+    ) -> Result<(), RelayError> {
+        let sent = stream.metrics();
+        while sent.last_applied_lsn() < s.confirmed {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stream.shutdown().await.map_err(stream_error)?;
+        tracing::info!(slot = %self.config.slot, confirmed = %s.confirmed, "relay drained: every message it read was acknowledged and confirmed");
+        Ok(())
     }
 
     fn on_event(
