@@ -115,6 +115,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
         )
         .await
         .expect("b")
+        .wrote
     );
     let retry = Decision::RetryAfter(Duration::from_secs(60));
     let late = report(Outcome::Retry { retry_after: None });
@@ -122,6 +123,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
         !store::finalise(&app.pool, &a, &late, &retry, &STREAK)
             .await
             .expect("a")
+            .wrote
     );
     let (status, count): (String, i32) =
         sqlx::query_as("SELECT status, attempt_count FROM deliveries WHERE id = $1")
@@ -155,6 +157,7 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
         )
         .await
         .expect("f")
+        .wrote
     );
     tokio::time::sleep(Duration::from_millis(20)).await;
     // Two schedulers race: one gets the row, the other nothing (SKIP LOCKED + status).
@@ -215,7 +218,8 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
             &STREAK
         )
         .await
-        .expect("stale"),
+        .expect("stale")
+        .wrote,
         "a swept Claim's token still finalised"
     );
     assert!(
@@ -227,7 +231,8 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
             &STREAK
         )
         .await
-        .expect("live"),
+        .expect("live")
+        .wrote,
         "the Claim that took the row back could not finalise"
     );
 }

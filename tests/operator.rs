@@ -295,6 +295,9 @@ async fn an_endpoint_that_keeps_failing_is_disabled_with_a_reason_and_comes_back
     assert!(reason.contains("every Attempt failed since"), "{reason}");
     assert!(health["consecutive_failures"].as_i64().expect("streak") >= 3);
     let d = p.wait_status(&delivery, "FAILED", WAIT).await;
+    // Counted once, for the alert (RailhookEndpointsDisabled): the disabling turn counted
+    // it before the later one that failed the Delivery.
+    assert_eq!(p.worker_metrics.endpoints_disabled.get(), 1);
     assert!(
         d["failure_reason"]
             .as_str()

@@ -7,6 +7,7 @@ use prometheus::{
 pub const ATTEMPTS_TOTAL: &str = "railhook_worker_attempts_total";
 pub const CLAIM_MISSES_TOTAL: &str = "railhook_worker_claim_misses_total";
 pub const FENCE_REJECTIONS_TOTAL: &str = "railhook_worker_fence_rejections_total";
+pub const ENDPOINTS_DISABLED_TOTAL: &str = "railhook_worker_endpoints_disabled_total";
 pub const RETRIES_SCHEDULED_TOTAL: &str = "railhook_worker_retries_published_total";
 pub const SWEPT_TOTAL: &str = "railhook_worker_swept_total";
 pub const FAILED_MESSAGES_TOTAL: &str = "railhook_worker_failed_messages_total";
@@ -44,6 +45,7 @@ pub struct WorkerMetrics {
     pub attempts: IntCounterVec,
     pub claim_misses: IntCounter,
     pub fence_rejections: IntCounter,
+    pub endpoints_disabled: IntCounter,
     pub retries_published: IntCounter,
     /// `sweep`: `processing` or `stranded`.
     pub swept: IntCounterVec,
@@ -101,6 +103,10 @@ impl WorkerMetrics {
             fence_rejections: counter(
                 FENCE_REJECTIONS_TOTAL,
                 "Outcomes refused by the Fence: the worker had lost its Claim.",
+            ),
+            endpoints_disabled: counter(
+                ENDPOINTS_DISABLED_TOTAL,
+                "Endpoints disabled by an Attempt's outcome: a 410 Gone, or a failure streak past the policy.",
             ),
             retries_published: counter(
                 RETRIES_SCHEDULED_TOTAL,

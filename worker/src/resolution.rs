@@ -49,7 +49,11 @@ pub(crate) async fn write_resolution(
 ) -> sqlx::Result<bool> {
     match what {
         Resolution::Outcome(report, decision) => {
-            store::finalise(db, claimed, report, decision, &shared.streak).await
+            let done = store::finalise(db, claimed, report, decision, &shared.streak).await?;
+            if done.disabled {
+                shared.metrics.endpoints_disabled.inc();
+            }
+            Ok(done.wrote)
         }
         Resolution::Unsent(reason) => store::fail_unsent(db, claimed, reason).await,
     }

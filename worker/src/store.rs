@@ -64,6 +64,15 @@ fn outcome_name(o: &Outcome) -> &'static str {
     }
 }
 
+/// What [`finalise`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finalised {
+    /// The Fence let the write through.
+    pub wrote: bool,
+    /// This outcome disabled the endpoint (a 410, or a failure streak past the policy).
+    pub disabled: bool,
+}
+
 /// Invariant 3 (the Fence): writes the Decision only where the row still carries our token,
 /// and says whether it wrote. The caller queues no successor (next retry, ordering release)
 /// unless it did. Invariant 6: an Attempt row is written for every request that was sent,
@@ -74,7 +83,7 @@ pub async fn finalise(
     report: &Report,
     decision: &Decision,
     streak: &StreakPolicy,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Finalised, sqlx::Error> {
     let (status, wait, reason, disable) = match decision {
         Decision::Succeeded => ("SUCCEEDED", None, None, false),
         Decision::RetryAfter(d) => ("PENDING", Some(d.as_secs_f64()), None, false),
@@ -93,7 +102,7 @@ pub async fn finalise(
     // The endpoint row is written only when something changes: on a failure, or on the
     // first success after failures. A healthy endpoint's Attempts never touch it, so
     // workers delivering to one busy endpoint do not queue on its row lock.
-    sqlx::query_scalar!(
+    let row = sqlx::query!(
         r#"WITH upd AS (
                UPDATE deliveries
                SET status = $3, claim_token = NULL, attempt_count = attempt_count + $4,
@@ -105,6 +114,7 @@ pub async fn finalise(
                RETURNING id
            ), streak AS (
                SELECT e.id,
+                      e.enabled AS was_enabled,
                       $8::bool AS gone,
                       NOT $17 AND e.enabled
                           AND coalesce(e.failing_since, now()) <= now() - make_interval(secs => $18)
@@ -129,7 +139,7 @@ pub async fn finalise(
                    updated_at = now()
                FROM streak s
                WHERE e.id = s.id
-               RETURNING e.id
+               RETURNING e.id, s.was_enabled AND (s.gone OR s.worn_out) AS disabled
            ), attempt AS (
                INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at,
                                      status_code, outcome, duration_ms, error_class,
@@ -140,7 +150,8 @@ pub async fn finalise(
                WHERE $16
                RETURNING id
            )
-           SELECT EXISTS (SELECT 1 FROM upd) AS "wrote!""#,
+           SELECT EXISTS (SELECT 1 FROM upd) AS "wrote!",
+                  EXISTS (SELECT 1 FROM health WHERE disabled) AS "disabled!""#,
         claimed.id,
         claimed.token,
         status,
@@ -162,7 +173,11 @@ pub async fn finalise(
         i32::try_from(streak.min_failures).unwrap_or(i32::MAX)
     )
     .fetch_one(db)
-    .await
+    .await?;
+    Ok(Finalised {
+        wrote: row.wrote,
+        disabled: row.disabled,
+    })
 }
 
 /// When a failing endpoint is disabled: after `disable_after` of nothing but failed
