@@ -12,6 +12,7 @@ fi
 command -v promtool >/dev/null || apt_install prometheus
 check-jsonschema --builtin-schema vendor.compose-spec deploy/docker-compose.yml
 kubernetes-validate --strict --quiet --kubernetes-version 1.30 deploy/k8s/*.yaml
+python3 deploy/k8s/check_restricted.py >/dev/null
 promtool check config deploy/prometheus/prometheus.yml >/dev/null
 (cd deploy/prometheus && promtool test rules alerts_test.yml >/dev/null)
 # Every file the compose file mounts exists.
@@ -20,4 +21,4 @@ grep -oE '\./(prometheus|grafana)/[^:]+' deploy/docker-compose.yml | while read 
 done
 grep -q '^FROM .* AS build$' Dockerfile && grep -q '^USER 10001' Dockerfile \
   || die "Dockerfile: expected a build stage and a non-root USER"
-log "deployment files valid (compose schema, k8s 1.30 strict, promtool)"
+log "deployment files valid (compose schema, k8s 1.30 strict, restricted pod security, promtool rules and their tests)"
