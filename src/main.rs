@@ -512,7 +512,7 @@ async fn ingest_with(
     )?;
     first_contact(&deps, &pool).await?;
     // Partitions ahead and retention: every ingest process runs the task, and a session
-    // advisory lock lets one pass run at a time (common/src/retention.rs).
+    // advisory lock lets one pass run at a time (common/src/retention/).
     let retention_metrics = retention::RetentionMetrics::new();
     let mut other_registries = other_registries;
     other_registries.push(retention_metrics.registry.clone());

@@ -1,6 +1,6 @@
 //! `railhook retention [--dry-run]`: the day partitions of events, deliveries and attempts,
 //! with their size and what a retention pass does with each; without `--dry-run` it runs
-//! that pass (the same code as the task in the ingest role, common/src/retention.rs).
+//! that pass (the same code as the task in the ingest role, common/src/retention/).
 
 use anyhow::Context;
 use chrono::Utc;

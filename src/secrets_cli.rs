@@ -74,23 +74,14 @@ async fn reseal_table(pool: &PgPool, keyring: &Keyring, table: &str) -> anyhow::
             if !stale {
                 continue;
             }
-            let new_secret = keyring.seal(
-                &id,
-                &keyring
-                    .open(&id, &secret)
-                    .with_context(|| format!("{table} {id}"))?,
-            );
-            let new_prev = match &prev {
-                Some(p) => Some(
-                    keyring.seal(
-                        &id,
-                        &keyring
-                            .open(&id, p)
-                            .with_context(|| format!("{table} {id}"))?,
-                    ),
-                ),
-                None => None,
-            };
+            let new_secret = keyring
+                .reseal(&id, &secret)
+                .with_context(|| format!("{table} {id}"))?;
+            let new_prev = prev
+                .as_deref()
+                .map(|p| keyring.reseal(&id, p))
+                .transpose()
+                .with_context(|| format!("{table} {id}"))?;
             let set_previous = if table == "endpoints" {
                 ", previous_secret = $4"
             } else {

@@ -36,7 +36,7 @@ fn exported() -> BTreeSet<String> {
         "relay/src/metrics.rs",
         "worker/src/metrics.rs",
         "common/src/db.rs",
-        "common/src/retention.rs",
+        "common/src/retention/metrics.rs",
     ]
     .iter()
     .flat_map(|f| {

@@ -449,6 +449,24 @@ impl Drop for RelayProcess {
     }
 }
 
+/// Waits until both relays answer and exactly one holds the Slot; returns its index.
+async fn single_active(relays: &[RelayProcess; 2]) -> usize {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let states = [relays[0].active().await, relays[1].active().await];
+        if states.iter().all(Option::is_some)
+            && states.iter().filter(|s| **s == Some(true)).count() == 1
+        {
+            return usize::from(states[1] == Some(true));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no single active relay: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_after_the_active_relay_is_killed() {
     let brokers = shared_brokers();
@@ -457,20 +475,7 @@ async fn a_standby_takes_over_after_the_active_relay_is_killed() {
         RelayProcess::start(&fx, &brokers),
         RelayProcess::start(&fx, &brokers),
     ];
-    let deadline = Instant::now() + WAIT;
-    let active = loop {
-        let states = [relays[0].active().await, relays[1].active().await];
-        if states.iter().all(Option::is_some)
-            && states.iter().filter(|s| **s == Some(true)).count() == 1
-        {
-            break usize::from(states[1] == Some(true));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no single active relay: {states:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let active = single_active(&relays).await;
     let standby = 1 - active;
     fx.insert(0, 500).await;
     let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
@@ -529,20 +534,7 @@ async fn a_relay_sent_sigterm_drains_and_its_standby_resends_nothing() {
         RelayProcess::start(&fx, &brokers),
         RelayProcess::start(&fx, &brokers),
     ];
-    let deadline = Instant::now() + WAIT;
-    let active = loop {
-        let states = [relays[0].active().await, relays[1].active().await];
-        if states.iter().all(Option::is_some)
-            && states.iter().filter(|s| **s == Some(true)).count() == 1
-        {
-            break usize::from(states[1] == Some(true));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no single active relay: {states:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let active = single_active(&relays).await;
     let standby = 1 - active;
     let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
 

@@ -1,6 +1,6 @@
 //! Retention by day partitions, against real Postgres, travelling in time the honest way:
 //! partitions are created with bounds in the past, rows are written into them with ids of
-//! that time, and the real pass runs at the real "now" (common/src/retention.rs).
+//! that time, and the real pass runs at the real "now" (common/src/retention/).
 
 mod support;
 

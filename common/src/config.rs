@@ -175,7 +175,7 @@ pub struct Settings {
     /// replication connection, so the standby takes the Slot at once and resends nothing.
     pub relay_drain_seconds: u64,
     /// Days of Events, Deliveries and Attempts kept (`RAILHOOK_RETENTION_DAYS`): a day's
-    /// partitions are dropped once the day ended this long ago (common/src/retention.rs).
+    /// partitions are dropped once the day ended this long ago (common/src/retention/).
     /// Never shorter than [`crate::retention::minimum_days`].
     pub retention_days: u32,
     /// Seconds between two retention passes (creating partitions ahead, dropping expired).

@@ -30,7 +30,7 @@ macro_rules! prefixed_id {
             }
 
             /// An id whose time is `at`: what a row created then would have. The day
-            /// partitions are keyed by it (common/src/retention.rs); tests and benchmarks
+            /// partitions are keyed by it (common/src/retention/); tests and benchmarks
             /// use it to write into past days.
             pub fn generate_at(at: std::time::SystemTime) -> Self {
                 Self(format!("{}{}", $prefix, ulid::Ulid::from_datetime(at).to_string().to_lowercase()))

@@ -139,6 +139,23 @@ impl Keyring {
         String::from_utf8(plain.to_vec()).map_err(|_| OpenError::Damaged)
     }
 
+    /// An endpoint's current secret and, during a rotation, its previous one, opened.
+    pub fn open_pair(
+        &self,
+        row_id: &str,
+        current: &str,
+        previous: Option<&str>,
+    ) -> Result<(String, Option<String>), OpenError> {
+        let previous = previous.map(|p| self.open(row_id, p)).transpose()?;
+        Ok((self.open(row_id, current)?, previous))
+    }
+
+    /// `stored` opened and sealed again with the first key (rotation, or a plaintext secret
+    /// written before any key was configured).
+    pub fn reseal(&self, row_id: &str, stored: &str) -> Result<String, OpenError> {
+        Ok(self.seal(row_id, &self.open(row_id, stored)?))
+    }
+
     /// Whether `stored` should be sealed again: plaintext while a key is configured, or
     /// sealed with a key that is not the first.
     pub fn needs_reseal(&self, stored: &str) -> bool {

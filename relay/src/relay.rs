@@ -35,17 +35,16 @@
 //! other gets SQLSTATE 55006 ("replication slot is active") and waits as a standby, trying
 //! again every `STANDBY_RETRY` until the active one's connection is gone.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::channel::oneshot::Canceled;
 use futures::stream::FuturesUnordered;
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
 use railhook_common::announcement::Announcement;
 use railhook_common::health::{Backoff, Dependencies};
 use rdkafka::error::KafkaError;
@@ -55,10 +54,10 @@ use sqlx::PgConnection;
 use tokio::sync::watch;
 
 use crate::metrics::RelayMetrics;
-use crate::pgoutput::{self, PgOutput, Relation};
+use crate::pgoutput::{self, PgOutput};
 use crate::prune::{AbortOnDrop, Pruner};
 use crate::slot::{self, SlotError};
-use crate::window::{Committed, Window};
+use crate::window::Committed;
 use railhook_common::kafka as producer;
 
 pub use crate::config::RelayConfig;
@@ -66,6 +65,12 @@ use crate::config::replication_tls;
 pub use crate::error::RelayError;
 use crate::error::stream_error;
 use crate::outbox::announcement;
+
+mod drain;
+mod session;
+mod status;
+
+use session::{Current, Session, seconds_since_pg_micros};
 
 /// How often a standby asks for the Slot again.
 const STANDBY_RETRY: Duration = Duration::from_millis(500);
@@ -77,8 +82,6 @@ const RESTART_BACKOFF: Duration = Duration::from_secs(1);
 pub const REPLICATION: &str = "postgres_replication";
 /// How often a relay waiting for a missing or lost Slot looks again.
 const SLOT_RETRY: Duration = Duration::from_secs(2);
-/// Seconds between the Unix epoch and Postgres' epoch (2000-01-01).
-const PG_EPOCH_OFFSET_SECS: i64 = 946_684_800;
 
 /// Fault points for crash tests. Nothing in configuration can set them.
 #[derive(Debug, Default)]
@@ -198,23 +201,6 @@ impl Relay {
                 _ = tokio::time::sleep(pause) => {}
             }
         }
-    }
-
-    /// Lets a session that was told to stop finish its drain, for at most the drain
-    /// timeout. A session still connecting or standing by just ends.
-    async fn drain(&self, session: Pin<&mut impl Future<Output = Result<(), RelayError>>>) {
-        let slot = &self.config.slot;
-        match tokio::time::timeout(self.config.drain_timeout, session).await {
-            Ok(Ok(())) | Ok(Err(RelayError::SlotBusy)) => tracing::info!(%slot, "relay stopped"),
-            Ok(Err(e)) => {
-                tracing::warn!(%slot, error = %e, "relay stopped during its drain; the next relay resumes from the confirmed LSN")
-            }
-            Err(_) => tracing::warn!(
-                %slot,
-                "relay drain timed out; the next relay resumes from the confirmed LSN and resends what was not confirmed"
-            ),
-        }
-        self.metrics.active.set(0);
     }
 
     fn replication_config(&self) -> ReplicationConfig {
@@ -342,23 +328,6 @@ impl Relay {
                 .set(s.window.messages() as i64);
             self.metrics.in_flight_bytes.set(s.window.bytes() as i64);
         }
-    }
-
-    /// The end of a drain: waits until the feedback that carries the confirmed LSN has gone
-    /// to Postgres (the client sends it within its status interval), then ends the stream
-    /// with CopyDone, which frees the Slot for the standby at once.
-    async fn end_drained(
-        &self,
-        stream: &mut ReplicationClient,
-        s: &Session,
-    ) -> Result<(), RelayError> {
-        let sent = stream.metrics();
-        while sent.last_applied_lsn() < s.confirmed {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        stream.shutdown().await.map_err(stream_error)?;
-        tracing::info!(slot = %self.config.slot, confirmed = %s.confirmed, "relay drained: every message it read was acknowledged and confirmed");
-        Ok(())
     }
 
     fn on_event(
@@ -507,102 +476,4 @@ impl Relay {
             .set(seconds_since_pg_micros(committed.commit_time_micros));
         Ok(())
     }
-
-    async fn report_status(
-        &self,
-        control: &mut PgConnection,
-        s: &Session,
-    ) -> Result<(), RelayError> {
-        let status = slot::status(&mut *control, &self.config.slot)
-            .await?
-            .ok_or_else(|| SlotError::Missing(self.config.slot.clone()))?;
-        self.metrics
-            .slot_lag_bytes
-            .set(status.lag_bytes.unwrap_or(0));
-        self.metrics
-            .retained_wal_bytes
-            .set(status.retained_bytes.unwrap_or(0));
-        self.metrics
-            .safe_wal_size_bytes
-            .set(status.safe_wal_size.unwrap_or(-1));
-        self.metrics.set_wal_status(status.wal_status.as_deref());
-        if status.wal_status.as_deref() == Some("lost") {
-            return Err(SlotError::Invalidated(self.config.slot.clone()).into());
-        }
-        if let Some(hb) = s.last_heartbeat_micros {
-            self.metrics
-                .heartbeat_age_seconds
-                .set(seconds_since_pg_micros(hb));
-        }
-        let confirmed = s.confirmed.as_u64();
-        slot::record_seen(
-            &mut *control,
-            &self.config.slot,
-            s.last_heartbeat_micros,
-            confirmed,
-        )
-        .await?;
-        // The prune job (its own task) prunes up to here; the loop never waits on it.
-        s.prune_up_to.send_replace(s.last_confirmed_commit_micros);
-        Ok(())
-    }
-}
-
-/// What one session knows; dropped with it.
-struct Session {
-    producer: FutureProducer,
-    window: Window,
-    relations: HashMap<u32, Relation>,
-    current: Option<Current>,
-    confirmed: Lsn,
-    last_confirmed_commit_micros: Option<i64>,
-    last_heartbeat_micros: Option<i64>,
-    /// The newest confirmed commit, for the prune job.
-    prune_up_to: watch::Sender<Option<i64>>,
-}
-
-/// The transaction being read (between Begin and Commit).
-struct Current {
-    seq: u64,
-    commit_lsn: Lsn,
-    heartbeat: bool,
-}
-
-impl Session {
-    fn new(
-        config: &RelayConfig,
-        producer: FutureProducer,
-        prune_up_to: watch::Sender<Option<i64>>,
-    ) -> Self {
-        Self {
-            producer,
-            window: Window::new(config.max_in_flight, config.max_in_flight_bytes),
-            relations: HashMap::new(),
-            current: None,
-            confirmed: Lsn(0),
-            last_confirmed_commit_micros: None,
-            last_heartbeat_micros: None,
-            prune_up_to,
-        }
-    }
-
-    /// LSNs only move forward: a position at or behind the last confirmed one is ignored
-    /// (a keepalive may report a position the last Commit already passed).
-    fn confirm(&mut self, stream: &ReplicationClient, metrics: &RelayMetrics, lsn: Lsn) {
-        if lsn <= self.confirmed {
-            return;
-        }
-        self.confirmed = lsn;
-        stream.update_applied_lsn(lsn);
-        metrics.confirmed_lsn.set(lsn.as_u64() as i64);
-    }
-}
-
-fn seconds_since_pg_micros(micros: i64) -> f64 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0);
-    let then = micros + PG_EPOCH_OFFSET_SECS * 1_000_000;
-    ((now - then) as f64 / 1e6).max(0.0)
 }

@@ -210,7 +210,12 @@ async fn deliver(
     }
     // Secrets are stored sealed; a worker started without the key that sealed one defers
     // the Delivery (never an Attempt, never FAILED) and says why, once per Claim.
-    match open_secrets(&shared.keyring, &claimed.endpoint_id, &target) {
+    let opened = shared.keyring.open_pair(
+        &claimed.endpoint_id,
+        &target.secret,
+        target.previous_secret.as_deref(),
+    );
+    match opened {
         Ok((secret, previous)) => (target.secret, target.previous_secret) = (secret, previous),
         Err(e) => {
             tracing::error!(delivery = %claimed.id, endpoint = %claimed.endpoint_id, error = %e,
@@ -334,20 +339,6 @@ fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &store::Target) -
 
 /// How long a Delivery whose secret this worker cannot open waits before another try.
 const SECRET_UNAVAILABLE_WAIT: Duration = Duration::from_secs(60);
-
-/// The endpoint's current and previous signing secrets, opened.
-fn open_secrets(
-    keyring: &railhook_common::sealing::Keyring,
-    endpoint_id: &str,
-    target: &store::Target,
-) -> Result<(String, Option<String>), railhook_common::sealing::OpenError> {
-    let current = keyring.open(endpoint_id, &target.secret)?;
-    let previous = match &target.previous_secret {
-        Some(p) => Some(keyring.open(endpoint_id, p)?),
-        None => None,
-    };
-    Ok((current, previous))
-}
 
 fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
     let mut keys = vec![SigningKey::parse(&target.secret).ok()?];

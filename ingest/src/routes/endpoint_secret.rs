@@ -42,10 +42,13 @@ pub async fn secret(
     .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
-    let open = |s: &str| state.keyring.open(id.as_str(), s);
+    let (key, previous_key) =
+        state
+            .keyring
+            .open_pair(id.as_str(), &row.secret, row.previous_secret.as_deref())?;
     Ok(Json(EndpointSecret {
-        key: open(&row.secret)?,
-        previous_key: row.previous_secret.as_deref().map(open).transpose()?,
+        key,
+        previous_key,
         previous_key_expires_at: row.previous_expires,
     }))
 }
@@ -90,10 +93,13 @@ pub async fn rotate_secret(
     .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
-    let open = |s: &str| state.keyring.open(id.as_str(), s);
+    let (key, previous_key) =
+        state
+            .keyring
+            .open_pair(id.as_str(), &row.secret, row.previous_secret.as_deref())?;
     Ok(Json(EndpointSecret {
-        key: open(&row.secret)?,
-        previous_key: row.previous_secret.as_deref().map(open).transpose()?,
+        key,
+        previous_key,
         previous_key_expires_at: row.previous_secret_expires_at,
     }))
 }
