@@ -3,12 +3,15 @@
 # needed at build time); the runtime stage is Debian slim with CA certificates and a non-root
 # user, nothing else.
 #
-#   docker build -t railhook .
+#   docker build -t railhook --build-arg RAILHOOK_GIT_SHA=$(git rev-parse HEAD) .
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # librdkafka is built from source by rdkafka-sys (make, gcc, zlib: all in the rust image).
 COPY . .
 ENV SQLX_OFFLINE=true
+# Shown as the `commit` label of railhook_build_info.
+ARG RAILHOOK_GIT_SHA=unknown
+ENV RAILHOOK_GIT_SHA=${RAILHOOK_GIT_SHA}
 RUN cargo build --release --locked --bin railhook \
     && strip target/release/railhook
 

@@ -252,10 +252,24 @@ async fn relay(settings: &Settings) -> anyhow::Result<()> {
             ..Probes::default()
         },
     )?;
+    // The relay connects as the tables' owner (it needs REPLICATION; docs/OPERATIONS.md,
+    // Roles), so it also runs the retention task: with ingest and workers on a
+    // least-privilege role, it is the long-lived process that can. Its pool is lazy and
+    // the pass uses two connections at most; the advisory lock keeps one pass at a time
+    // across ingest and relay processes.
+    let retention_metrics = retention::RetentionMetrics::new();
+    tokio::spawn(retention::task(
+        connect(settings)?,
+        settings.retention_days,
+        Duration::from_secs(settings.retention_interval_seconds),
+        retention_metrics.clone(),
+        shutdown_signal(),
+    ));
     let metrics_server = metrics_http::serve(
         settings.metrics_addr,
-        vec![metrics.registry.clone()],
+        vec![metrics.registry.clone(), retention_metrics.registry.clone()],
         deps.clone(),
+        metrics_http::MetricsAccess::from_settings(settings),
         shutdown_signal(),
     );
     let relay = railhook_relay::run(
@@ -295,6 +309,7 @@ async fn worker(settings: &Settings) -> anyhow::Result<()> {
         settings.metrics_addr,
         vec![metrics.registry.clone()],
         deps.clone(),
+        metrics_http::MetricsAccess::from_settings(settings),
         shutdown_signal(),
     );
     let config = WorkerConfig::from_settings(settings)?;
@@ -511,8 +526,9 @@ async fn ingest_with(
         },
     )?;
     first_contact(&deps, &pool).await?;
-    // Partitions ahead and retention: every ingest process runs the task, and a session
-    // advisory lock lets one pass run at a time (common/src/retention/).
+    // Partitions ahead and retention: every ingest (and relay) process runs the task, and a
+    // session advisory lock lets one pass run at a time; a process whose role does not own
+    // the tables leaves it to one that does (common/src/retention/).
     let retention_metrics = retention::RetentionMetrics::new();
     let mut other_registries = other_registries;
     other_registries.push(retention_metrics.registry.clone());
@@ -531,7 +547,31 @@ async fn ingest_with(
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, "ingest listening");
-    railhook_ingest::serve(listener, state, shutdown_signal()).await?;
+    // With /metrics off the API port, the metrics port serves it (and the probes) instead.
+    let metrics_port = async {
+        if settings.api_metrics {
+            return Ok(());
+        }
+        let mut registries = vec![state.metrics.registry().clone()];
+        registries.extend(state.other_registries.iter().cloned());
+        metrics_http::serve(
+            settings.metrics_addr,
+            registries,
+            state.deps.clone(),
+            state.metrics_access.clone(),
+            shutdown_signal(),
+        )
+        .await
+        .with_context(|| format!("metrics on {}", settings.metrics_addr))
+    };
+    tokio::try_join!(
+        async {
+            railhook_ingest::serve(listener, state.clone(), shutdown_signal())
+                .await
+                .context("ingest")
+        },
+        metrics_port,
+    )?;
     Ok(())
 }
 

@@ -374,3 +374,42 @@ async fn an_announcement_of_a_newer_version_is_claimed_not_dropped() {
     assert_eq!(p.worker_metrics.bad_hints.get(), 0);
     p.stop().await;
 }
+
+/// The ages behind `railhook_worker_oldest_unclaimed_age_seconds` and
+/// `railhook_worker_oldest_due_retry_age_seconds`, read from real rows: a Delivery waiting
+/// for its first hint counts as unclaimed from its last update; one with a retry time that
+/// has passed counts as a due retry from that time; each is 0 once nothing waits.
+#[tokio::test]
+async fn the_oldest_waiting_ages_follow_the_rows() {
+    let (app, id) = one_pending_delivery().await;
+    let set = |sql: &'static str| {
+        let pool = app.state.pool.clone();
+        let id = id.clone();
+        async move {
+            sqlx::query(sql)
+                .bind(id)
+                .execute(&pool)
+                .await
+                .expect("update");
+        }
+    };
+    set("UPDATE deliveries SET updated_at = now() - interval '100 seconds' WHERE id = $1").await;
+    let (due, unclaimed) = store::oldest_waiting(&app.state.pool).await.expect("ages");
+    assert_eq!(due, 0);
+    assert!((100..110).contains(&unclaimed), "{unclaimed}");
+    set("UPDATE deliveries SET next_retry_at = now() - interval '50 seconds' WHERE id = $1").await;
+    let (due, unclaimed) = store::oldest_waiting(&app.state.pool).await.expect("ages");
+    assert!((50..60).contains(&due), "{due}");
+    assert_eq!(unclaimed, 0);
+    // A retry scheduled for later is not due yet.
+    set("UPDATE deliveries SET next_retry_at = now() + interval '1 hour' WHERE id = $1").await;
+    assert_eq!(
+        store::oldest_waiting(&app.state.pool).await.expect("ages"),
+        (0, 0)
+    );
+    set("UPDATE deliveries SET status = 'SUCCEEDED', next_retry_at = NULL WHERE id = $1").await;
+    assert_eq!(
+        store::oldest_waiting(&app.state.pool).await.expect("ages"),
+        (0, 0)
+    );
+}

@@ -37,6 +37,7 @@ fn exported() -> BTreeSet<String> {
         "worker/src/metrics.rs",
         "common/src/db.rs",
         "common/src/retention/metrics.rs",
+        "common/src/metrics_http.rs",
     ]
     .iter()
     .flat_map(|f| {
@@ -206,6 +207,27 @@ async fn a_live_metrics_page_passes_promtool() {
             "{pool} pool missing"
         );
     }
+    // Every page carries the build and process series, and one final-outcome family whose
+    // series come from two roles (ingest counts expunged, the worker the rest).
+    assert!(page.contains("railhook_build_info{commit=\"unknown\",version=\""));
+    assert!(page.contains("process_resident_memory_bytes"));
+    assert!(page.contains("process_start_time_seconds"));
+    for outcome in ["succeeded", "failed", "expunged"] {
+        assert!(
+            page.contains(&format!(
+                "railhook_deliveries_final_total{{outcome=\"{outcome}\"}}"
+            )),
+            "{outcome}"
+        );
+    }
+    assert_eq!(
+        page.matches("# TYPE railhook_deliveries_final_total counter")
+            .count(),
+        1
+    );
+    assert!(page.contains(
+        "railhook_worker_attempt_duration_seconds_bucket{result=\"http_5xx\",le=\"0.075\"}"
+    ));
     assert_eq!(
         page.matches("# TYPE railhook_db_pool_connections gauge")
             .count(),
@@ -330,4 +352,81 @@ async fn spans_go_to_an_otlp_collector_when_one_is_configured() {
         "no OTLP export with the request span arrived ({} posts)",
         bodies.lock().expect("lock").len()
     );
+}
+
+/// `/metrics` can leave the public API port and ask for a token: with
+/// `RAILHOOK_API_METRICS=false` the real binary answers 404 problem+json there and serves
+/// the page on the metrics port instead, and with `RAILHOOK_METRICS_TOKEN` set that page is
+/// 401 without the bearer token (or with a wrong one) and complete with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_leave_the_api_port_and_ask_for_a_token_when_configured() {
+    const TOKEN: &str = "scrape-token-0123456789";
+    let database_url = support::fresh_database().await;
+    let port = support::free_port();
+    let metrics_port = support::free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_railhook"))
+        .arg("ingest")
+        .env("DATABASE_URL", &database_url)
+        .env("REDIS_URL", support::local_setting("REDIS_URL"))
+        .env("RAILHOOK_ADMIN_TOKEN", support::ADMIN_TOKEN)
+        .env("RAILHOOK_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .env("RAILHOOK_METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
+        .env("RAILHOOK_API_METRICS", "false")
+        .env("RAILHOOK_METRICS_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("railhook ingest");
+    let api = format!("http://127.0.0.1:{port}");
+    let scrape = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let http = reqwest::Client::new();
+    support::eventually(
+        "both ports answer",
+        std::time::Duration::from_secs(30),
+        || async {
+            let api_up = http.get(format!("{api}/healthz")).send().await.ok()?;
+            let metrics_up = http
+                .get(format!("http://127.0.0.1:{metrics_port}/healthz"))
+                .send()
+                .await
+                .ok()?;
+            (api_up.status().is_success() && metrics_up.status().is_success()).then_some(())
+        },
+    )
+    .await;
+    let on_api = http
+        .get(format!("{api}/metrics"))
+        .send()
+        .await
+        .expect("api");
+    assert_eq!(on_api.status(), 404);
+    assert_eq!(on_api.headers()["content-type"], "application/problem+json");
+    let bare = http.get(&scrape).send().await.expect("scrape");
+    assert_eq!(bare.status(), 401);
+    let wrong = http
+        .get(&scrape)
+        .bearer_auth("scrape-token-0123456788")
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(wrong.status(), 401);
+    let page = http
+        .get(&scrape)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.expect("page");
+    let _ = child.kill();
+    let _ = child.wait();
+    for name in [
+        "railhook_build_info",
+        "railhook_http_requests_total",
+        "railhook_deliveries_final_total{outcome=\"expunged\"}",
+        "railhook_retention_",
+        "process_cpu_seconds_total",
+    ] {
+        assert!(page.contains(name), "{name} missing from the metrics port");
+    }
 }

@@ -428,6 +428,16 @@ impl RelayProcess {
         }
     }
 
+    /// `/readyz` (with `query`): the status code and the JSON body.
+    async fn readyz(&self, query: &str) -> (u16, serde_json::Value) {
+        let url = self
+            .metrics_url
+            .replace("/metrics", &format!("/readyz{query}"));
+        let r = reqwest::get(&url).await.expect("readyz");
+        let code = r.status().as_u16();
+        (code, r.json().await.expect("readyz json"))
+    }
+
     /// `Some(true)` when active, `Some(false)` when standing by, `None` when not answering.
     async fn active(&self) -> Option<bool> {
         let body = reqwest::get(&self.metrics_url)
@@ -477,6 +487,20 @@ async fn a_standby_takes_over_after_the_active_relay_is_killed() {
     ];
     let active = single_active(&relays).await;
     let standby = 1 - active;
+    // Readiness: both relays are ready (the standby takes over within a second, so rollouts
+    // count it); the body names each one's role, and `?role=active` finds the streaming one.
+    for (i, role) in [(active, "active"), (standby, "standby")] {
+        // Dependencies are probed on their own clocks; wait for this relay's to be in.
+        let relay = &relays[i];
+        let body = support::eventually(&format!("the {role} relay ready"), WAIT, || async move {
+            let (code, body) = relay.readyz("").await;
+            (code == 200).then_some(body)
+        })
+        .await;
+        assert_eq!(body["role"], role, "{body}");
+        let (code, _) = relays[i].readyz("?role=active").await;
+        assert_eq!(code, if role == "active" { 200 } else { 503 }, "{role}");
+    }
     fx.insert(0, 500).await;
     let mut reader = KafkaReader::new(&brokers, &fx.config.topic, 3);
     assert!(reader.read_all(0..500, WAIT));

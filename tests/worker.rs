@@ -77,7 +77,22 @@ async fn an_event_arrives_once_signed_with_standard_webhooks_headers() {
     let h = &p.worker_metrics.delivery_latency;
     assert_eq!(h.get_sample_count(), 1);
     assert!(h.get_sample_sum() > 0.0 && h.get_sample_sum() <= latency.as_secs_f64() + 0.05);
+    // The SLO series: one Attempt timed as a receiver's success, one Delivery final.
+    let m = &p.worker_metrics;
+    assert_eq!(attempt_results(m, "success"), 1);
+    assert_eq!(attempt_results(m, "http_5xx"), 0);
+    assert_eq!(
+        m.deliveries_final.with_label_values(&["succeeded"]).get(),
+        1
+    );
     p.stop().await;
+}
+
+/// Attempts timed under `result` in `railhook_worker_attempt_duration_seconds`.
+fn attempt_results(m: &railhook_worker::WorkerMetrics, result: &str) -> u64 {
+    m.attempt_duration
+        .with_label_values(&[result])
+        .get_sample_count()
 }
 
 /// Verifies a received request's v1a signature with Node's crypto (tests/verify_v1a.mjs).
@@ -229,6 +244,14 @@ async fn the_full_ladder_ends_in_failed_messages_after_seven_attempts() {
     let d = p.wait_status(&delivery, "FAILED", WAIT).await;
     assert_eq!(receiver.count(), 7);
     assert_eq!(d["attempt_count"], json!(7));
+    assert_eq!(attempt_results(&p.worker_metrics, "http_5xx"), 7);
+    assert_eq!(
+        p.worker_metrics
+            .deliveries_final
+            .with_label_values(&["failed"])
+            .get(),
+        1
+    );
     assert!(
         d["failure_reason"]
             .as_str()
@@ -280,6 +303,11 @@ async fn client_errors_fail_at_once_and_410_disables_the_endpoint() {
         )
         .await;
     assert_eq!(ep.body["enabled"], json!(false));
+    assert_eq!(
+        attempt_results(&p.worker_metrics, "http_4xx"),
+        (bad_request.count() + gone.count()) as u64
+    );
+    assert_eq!(attempt_results(&p.worker_metrics, "success"), 0);
     assert!(
         ep.body["disabled_reason"]
             .as_str()
@@ -343,6 +371,21 @@ async fn timeouts_and_resets_are_retried() {
         "{classes:?}"
     );
     assert_eq!(classes[2], serde_json::Value::Null);
+    // The receiver's failures are told apart in the Attempt histogram by their cause.
+    let m = &p.worker_metrics;
+    assert_eq!(attempt_results(m, "timeout"), 1);
+    assert_eq!(
+        attempt_results(m, "reset") + attempt_results(m, "request"),
+        1
+    );
+    assert_eq!(attempt_results(m, "success"), 1);
+    assert!(
+        m.attempt_duration
+            .with_label_values(&["timeout"])
+            .get_sample_sum()
+            >= 0.9,
+        "a timed-out Attempt is timed to its 1 s timeout"
+    );
     p.stop().await;
 }
 

@@ -78,8 +78,16 @@ pub struct Settings {
     kafka_checked: crate::kafka::KafkaConnection,
     /// Where the REST API listens.
     pub http_addr: SocketAddr,
-    /// Where roles without the REST API serve `/metrics`.
+    /// Where roles without the REST API serve `/metrics` (and ingest too, when
+    /// `api_metrics` is off).
     pub metrics_addr: SocketAddr,
+    /// Whether the API port serves `/metrics` (`RAILHOOK_API_METRICS`, default true). Off,
+    /// the ingest and `all` roles serve it on `metrics_addr` instead, which a NetworkPolicy
+    /// can keep to the monitoring namespace.
+    pub api_metrics: bool,
+    /// A bearer token every `/metrics` asks for when set (`RAILHOOK_METRICS_TOKEN`).
+    #[serde(default)]
+    pub metrics_token: Option<SecretString>,
     /// Bearer token for tenant management (`/v1/organizations`, `/v1/projects`).
     pub admin_token: Option<SecretString>,
     /// A second admin token accepted beside `admin_token` while callers move to a new one

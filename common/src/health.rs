@@ -64,6 +64,9 @@ pub struct DependencyState {
 #[derive(Clone)]
 pub struct Dependencies {
     states: Arc<Mutex<BTreeMap<&'static str, DependencyState>>>,
+    /// What this process is doing in a set of peers, where that differs: a relay is
+    /// `active` (it holds the Slot) or `standby`. Shown on `/readyz`.
+    role: Arc<Mutex<Option<&'static str>>>,
     up_gauge: IntGaugeVec,
     registry: Registry,
 }
@@ -78,6 +81,9 @@ impl Default for Dependencies {
 pub struct Readiness {
     /// `ready` or `unready`.
     pub status: &'static str,
+    /// `active` or `standby` for a relay; absent for roles without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
     pub dependencies: BTreeMap<&'static str, DependencyState>,
 }
 
@@ -102,9 +108,19 @@ impl Dependencies {
             .expect("unique metric");
         Self {
             states: Arc::default(),
+            role: Arc::default(),
             up_gauge,
             registry,
         }
+    }
+
+    /// Records the process's current role among its peers (`active`, `standby`).
+    pub fn set_role(&self, role: &'static str) {
+        *self.role.lock().unwrap_or_else(|p| p.into_inner()) = Some(role);
+    }
+
+    pub fn role(&self) -> Option<&'static str> {
+        *self.role.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The registry holding `railhook_dependency_up`, for a `/metrics` page.
@@ -182,6 +198,7 @@ impl Dependencies {
         let ready = dependencies.values().all(|s| s.up || !s.required);
         Readiness {
             status: if ready { "ready" } else { "unready" },
+            role: self.role(),
             dependencies,
         }
     }

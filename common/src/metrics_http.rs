@@ -27,7 +27,11 @@ pub fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Reg
 /// merged, since a page with the same family twice is refused by Prometheus.
 pub fn render(registries: &[&Registry]) -> Vec<u8> {
     let mut families: Vec<prometheus::proto::MetricFamily> = Vec::new();
-    for mut family in registries.iter().flat_map(|r| r.gather()) {
+    let all = registries
+        .iter()
+        .copied()
+        .chain(std::iter::once(process_registry()));
+    for mut family in all.flat_map(|r| r.gather()) {
         match families.iter_mut().find(|f| f.name() == family.name()) {
             Some(seen) => {
                 let more = std::mem::take(family.mut_metric());
@@ -41,14 +45,71 @@ pub fn render(registries: &[&Registry]) -> Vec<u8> {
     buf
 }
 
+pub const BUILD_INFO: &str = "railhook_build_info";
+pub const DELIVERIES_FINAL_TOTAL: &str = "railhook_deliveries_final_total";
+/// `outcome` label values of [`DELIVERIES_FINAL_TOTAL`].
+pub const FINAL_OUTCOMES: [&str; 3] = ["succeeded", "failed", "expunged"];
+
+/// Deliveries that reached a final state, by `outcome`: the worker counts `succeeded` and
+/// `failed`, the ingest counts those its payload expunge ended (`expunged`). Each role
+/// registers the same family in its own registry; [`render`] merges them in `railhook all`.
+pub fn deliveries_final(registry: &Registry) -> prometheus::IntCounterVec {
+    register(
+        registry,
+        prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                DELIVERIES_FINAL_TOTAL,
+                "Deliveries that reached a final state, by outcome (succeeded, failed, expunged).",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric"),
+    )
+}
+
+/// What every `/metrics` page carries whatever the role: `railhook_build_info` (1, labelled
+/// with the version and the commit it was built from) and the standard `process_*` series
+/// (CPU seconds, resident memory, open file descriptors, start time), so dashboards can
+/// show restarts and per-pod cost without a separate exporter.
+pub fn process_registry() -> &'static Registry {
+    static REGISTRY: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let r = Registry::new();
+        let info = register(
+            &r,
+            prometheus::IntGaugeVec::new(
+                prometheus::Opts::new(BUILD_INFO, "1, labelled with the running build."),
+                &["version", "commit"],
+            )
+            .expect("valid metric"),
+        );
+        // RAILHOOK_GIT_SHA is set at build time by the Dockerfile's build argument.
+        let commit = option_env!("RAILHOOK_GIT_SHA").unwrap_or("unknown");
+        info.with_label_values(&[env!("CARGO_PKG_VERSION"), commit])
+            .set(1);
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("unique metric");
+        r
+    })
+}
+
 /// How long a scraper has to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `/readyz`'s answer: 200 when every required dependency is up, else 503; the body names
-/// each dependency and its last error either way.
-pub fn readiness(deps: &Dependencies) -> axum::response::Response {
+/// each dependency and its last error either way, and the role where the process has one.
+///
+/// A relay standing by is ready: it is healthy and will take the Slot within a second of the
+/// active one leaving, so rollouts and disruption budgets must count it. `?role=active`
+/// asks the stricter question (503 on a standby), for a check or Service that must find
+/// the one relay streaming.
+pub fn readiness(deps: &Dependencies, wanted_role: Option<&str>) -> axum::response::Response {
     let readiness = deps.readiness();
-    let status = if readiness.status == "ready" {
+    let role_ok = wanted_role.is_none_or(|w| readiness.role == Some(w));
+    let status = if readiness.status == "ready" && role_ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -61,28 +122,94 @@ pub fn readiness(deps: &Dependencies) -> axum::response::Response {
         .into_response()
 }
 
+/// The query of `/readyz`.
+#[derive(serde::Deserialize)]
+pub struct ReadyQuery {
+    pub role: Option<String>,
+}
+
+/// Who may read `/metrics`: anyone (`None`), or a scraper sending
+/// `Authorization: Bearer <RAILHOOK_METRICS_TOKEN>`. Series carry no ids or payloads, but
+/// volumes and endpoint health are still a tenant's business on a public API port.
+#[derive(Clone, Default)]
+pub struct MetricsAccess {
+    pub token: Option<secrecy::SecretString>,
+}
+
+impl MetricsAccess {
+    pub fn from_settings(settings: &crate::config::Settings) -> Self {
+        Self {
+            token: settings.metrics_token.clone(),
+        }
+    }
+
+    fn allows(&self, headers: &axum::http::HeaderMap) -> bool {
+        use secrecy::ExposeSecret;
+        use subtle::ConstantTimeEq;
+        let Some(token) = &self.token else {
+            return true;
+        };
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| {
+                token
+                    .expose_secret()
+                    .as_bytes()
+                    .ct_eq(given.as_bytes())
+                    .into()
+            })
+    }
+
+    /// The `/metrics` answer: the page, or 401 without the token.
+    pub fn respond(
+        &self,
+        headers: &axum::http::HeaderMap,
+        registries: &[&Registry],
+    ) -> axum::response::Response {
+        if !self.allows(headers) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "metrics need the bearer token (RAILHOOK_METRICS_TOKEN)\n",
+            )
+                .into_response();
+        }
+        (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            render(registries),
+        )
+            .into_response()
+    }
+}
+
 /// Serves the registries (and the dependencies' gauge) until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,
     mut registries: Vec<Registry>,
     deps: Dependencies,
+    access: MetricsAccess,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     registries.push(deps.registry().clone());
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(move || async move { readiness(&deps) }))
+        .route(
+            "/readyz",
+            get(move |q: axum::extract::Query<ReadyQuery>| async move {
+                readiness(&deps, q.role.as_deref())
+            }),
+        )
         .route(
             "/metrics",
-            get(move || {
+            get(move |headers: axum::http::HeaderMap| {
                 let registries = registries.clone();
+                let access = access.clone();
                 async move {
                     let refs: Vec<&Registry> = registries.iter().collect();
-                    (
-                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                        render(&refs),
-                    )
+                    access.respond(&headers, &refs)
                 }
             }),
         );

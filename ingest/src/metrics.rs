@@ -28,6 +28,9 @@ pub struct IngestMetrics {
     pub idempotent_replays: IntCounter,
     /// `DELETE /v1/events/{id}/payload` calls that found their Event.
     pub payloads_expunged: IntCounter,
+    /// `railhook_deliveries_final_total`; the ingest counts `expunged` (Deliveries its
+    /// payload expunge ended FAILED), the worker the rest.
+    pub deliveries_final: IntCounterVec,
     /// Labelled by `stage`: `check` (the reservation), `refund` (Events reserved and not created)
     /// or `charge` (after the commit, when the reservation could not be made).
     pub quota_charge_skipped: IntCounterVec,
@@ -65,7 +68,8 @@ impl IngestMetrics {
                 "Time to answer an API request, by route template.",
             )
             .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5,
+                5.0,
             ]),
             &["route"],
         )
@@ -125,6 +129,11 @@ impl IngestMetrics {
                 "Provider webhooks refused with 401 before anything was stored, by provider and reason.",
                 &["provider", "reason"],
             ),
+            deliveries_final: {
+                let c = railhook_common::metrics_http::deliveries_final(&registry);
+                c.with_label_values(&["expunged"]);
+                c
+            },
             registry,
         }
     }

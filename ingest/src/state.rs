@@ -34,6 +34,10 @@ pub struct AppState {
     pub senders: crate::auth::SenderCache,
     /// What `/readyz` reports; `railhook all` shares one with the other roles.
     pub deps: Dependencies,
+    /// Whether the API port serves `/metrics` (`RAILHOOK_API_METRICS`).
+    pub api_metrics: bool,
+    /// The bearer token `/metrics` asks for, if any.
+    pub metrics_access: railhook_common::metrics_http::MetricsAccess,
 }
 
 /// The windows that turn an endpoint's failure streak into `warning` and then `disabled`
@@ -127,6 +131,8 @@ impl AppState {
             slot: settings.slot.clone(),
             senders: crate::auth::SenderCache::default(),
             deps,
+            api_metrics: settings.api_metrics,
+            metrics_access: railhook_common::metrics_http::MetricsAccess::from_settings(settings),
         })
     }
 }

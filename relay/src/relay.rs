@@ -130,6 +130,7 @@ impl Relay {
         deps.declare(REPLICATION, true);
         deps.declare("kafka", true);
         deps.declare("slot", true);
+        deps.set_role("standby");
         Self {
             config,
             metrics,
@@ -156,6 +157,7 @@ impl Relay {
                 }
             };
             self.metrics.active.set(0);
+            self.deps.set_role("standby");
             self.metrics.in_flight_messages.set(0);
             self.metrics.in_flight_bytes.set(0);
             // A session that streamed resets the back-off: the next failure is a new one.
@@ -251,6 +253,7 @@ impl Relay {
             .map_err(stream_error)?;
         stream.wait_started().await.map_err(stream_error)?;
         self.metrics.active.set(1);
+        self.deps.set_role("active");
         self.metrics.sessions.inc();
         tracing::info!(slot = %self.config.slot, "relay holds the slot; streaming");
         // A fresh producer (a fresh producer id) per session. A session ends when an ack

@@ -97,6 +97,21 @@ pub struct Report {
     pub sent: bool,
 }
 
+impl Report {
+    /// The `result` label of `railhook_worker_attempt_duration_seconds`: what the receiver
+    /// did, or why nothing came back (`metrics::ATTEMPT_RESULTS`).
+    pub fn result_label(&self) -> &'static str {
+        match (self.status, self.error) {
+            (Some(s), _) if (200..300).contains(&s) => "success",
+            (Some(s), _) if (400..500).contains(&s) => "http_4xx",
+            (Some(s), _) if s >= 500 => "http_5xx",
+            (Some(_), _) => "http_other",
+            (None, Some(e)) => e.as_str(),
+            (None, None) => "request",
+        }
+    }
+}
+
 /// Invariant 4: the one place an Attempt's result becomes an outcome.
 pub fn classify(
     status: Option<StatusCode>,

@@ -1,7 +1,8 @@
 //! Worker metrics: names, help texts and label sets in one place. No ids as labels.
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 pub const ATTEMPTS_TOTAL: &str = "railhook_worker_attempts_total";
@@ -25,6 +26,35 @@ pub const CONSUMER_LAG: &str = "railhook_worker_consumer_lag";
 pub const GROUP_REJOINS_TOTAL: &str = "railhook_worker_group_rejoins_total";
 pub const REBALANCES_TOTAL: &str = "railhook_worker_rebalances_total";
 pub const HINTS_WAITING: &str = "railhook_worker_hints_waiting";
+pub const ATTEMPT_DURATION_SECONDS: &str = "railhook_worker_attempt_duration_seconds";
+pub const INTERNAL_ERRORS_TOTAL: &str = "railhook_worker_internal_errors_total";
+pub const OLDEST_DUE_RETRY_AGE_SECONDS: &str = "railhook_worker_oldest_due_retry_age_seconds";
+pub const OLDEST_UNCLAIMED_AGE_SECONDS: &str = "railhook_worker_oldest_unclaimed_age_seconds";
+
+/// `result` label values of [`ATTEMPT_DURATION_SECONDS`]: what the receiver did
+/// (`success`, `http_4xx`, `http_5xx`, `http_other` for 1xx/3xx, `timeout`, `connect`,
+/// `reset`, `request`), or `target_refused` when the SSRF guard kept the request from being
+/// sent (the endpoint's configuration, not Railhook's fault). Railhook's own failures are in
+/// [`INTERNAL_ERRORS_TOTAL`] instead, so a receiver's bad day and ours never share a series.
+pub const ATTEMPT_RESULTS: [&str; 9] = [
+    "success",
+    "http_4xx",
+    "http_5xx",
+    "http_other",
+    "timeout",
+    "connect",
+    "reset",
+    "request",
+    "target_refused",
+];
+/// `kind` label values of [`INTERNAL_ERRORS_TOTAL`]: an Attempt's outcome that could not
+/// be written (Postgres away past the retries; the sweep hands the Delivery back), and a
+/// Delivery deferred because no configured key opens its endpoint's secret.
+pub const INTERNAL_ERROR_KINDS: [&str; 2] = ["outcome_not_written", "secret_unavailable"];
+/// Buckets for request latencies, fine around a 100 ms objective.
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 /// `kind` label values of [`REBALANCES_TOTAL`].
 pub const REBALANCE_KINDS: [&str; 3] = ["assign", "revoke", "error"];
@@ -78,6 +108,16 @@ pub struct WorkerMetrics {
     /// Hints read from Kafka and not yet claimed, per `lane`: they wait for a free in-flight
     /// permit, and the lane's topic is paused while too many wait.
     pub hints_waiting: IntGaugeVec,
+    /// Each Attempt's request time by `result` (one of [`ATTEMPT_RESULTS`]).
+    pub attempt_duration: HistogramVec,
+    /// Final states reached by this worker's writes: `succeeded` or `failed`.
+    pub deliveries_final: IntCounterVec,
+    /// `kind`: one of [`INTERNAL_ERROR_KINDS`].
+    pub internal_errors: IntCounterVec,
+    /// Seconds since the oldest due retry became due (0 when none is due); from the sweeps.
+    pub oldest_due_retry_age: IntGauge,
+    /// Seconds since the oldest never-tried PENDING Delivery was created (0 when none).
+    pub oldest_unclaimed_age: IntGauge,
 }
 
 use railhook_common::metrics_http::register as reg;
@@ -131,9 +171,13 @@ impl WorkerMetrics {
                         DELIVERY_LATENCY_SECONDS,
                         "Event commit to the 2xx of its Delivery.",
                     )
-                    .buckets(vec![
-                        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 300.0, 3600.0,
-                    ]),
+                    .buckets(
+                        LATENCY_BUCKETS
+                            .iter()
+                            .copied()
+                            .chain([60.0, 300.0, 3600.0])
+                            .collect(),
+                    ),
                 )
                 .expect("valid metric"),
             ),
@@ -238,8 +282,57 @@ impl WorkerMetrics {
                 )
                 .expect("valid metric"),
             ),
+            attempt_duration: reg(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        ATTEMPT_DURATION_SECONDS,
+                        "Time from an Attempt's request to its response (or error), by result.",
+                    )
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                    &["result"],
+                )
+                .expect("valid metric"),
+            ),
+            deliveries_final: railhook_common::metrics_http::deliveries_final(&r),
+            internal_errors: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        INTERNAL_ERRORS_TOTAL,
+                        "Railhook's own failures on the delivery path (not the receiver's), by kind.",
+                    ),
+                    &["kind"],
+                )
+                .expect("valid metric"),
+            ),
+            oldest_due_retry_age: reg(
+                &r,
+                IntGauge::new(
+                    OLDEST_DUE_RETRY_AGE_SECONDS,
+                    "Seconds the oldest due retry has waited past its time (refreshed by the sweeps).",
+                )
+                .expect("valid metric"),
+            ),
+            oldest_unclaimed_age: reg(
+                &r,
+                IntGauge::new(
+                    OLDEST_UNCLAIMED_AGE_SECONDS,
+                    "Age in seconds of the oldest PENDING Delivery never tried yet (refreshed by the sweeps).",
+                )
+                .expect("valid metric"),
+            ),
             registry: r,
         };
+        for result in ATTEMPT_RESULTS {
+            m.attempt_duration.with_label_values(&[result]);
+        }
+        for outcome in ["succeeded", "failed"] {
+            m.deliveries_final.with_label_values(&[outcome]);
+        }
+        for kind in INTERNAL_ERROR_KINDS {
+            m.internal_errors.with_label_values(&[kind]);
+        }
         for kind in REBALANCE_KINDS {
             m.rebalances.with_label_values(&[kind]);
         }

@@ -19,6 +19,11 @@ pub(crate) async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) ->
             released,
         }) => {
             shared.metrics.failed_messages.inc();
+            shared
+                .metrics
+                .deliveries_final
+                .with_label_values(&["failed"])
+                .inc();
             released
         }
         _ => None,

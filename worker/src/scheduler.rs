@@ -208,6 +208,10 @@ pub(crate) async fn sweeps(shared: &Shared, config: &WorkerConfig) {
         backlog.with_label_values(&["scheduled"]).set(scheduled);
         backlog.with_label_values(&["due"]).set(due);
     }
+    if let Ok((due, unclaimed)) = store::oldest_waiting(&shared.pool).await {
+        shared.metrics.oldest_due_retry_age.set(due);
+        shared.metrics.oldest_unclaimed_age.set(unclaimed);
+    }
     if let Ok(counts) = store::breaker_counts(&shared.pool).await {
         for state in crate::metrics::BREAKER_STATES {
             let n = counts

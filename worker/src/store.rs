@@ -449,6 +449,24 @@ pub async fn retry_backlog(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
     .await
 }
 
+/// Seconds the oldest due retry has waited past its time, and the age of the oldest
+/// PENDING Delivery waiting for its first hint (no retry time: fresh, or handed back by a
+/// sweep); 0 when there is none. Each is the first entry of a partial index
+/// (`deliveries_due_idx`, `deliveries_stranded_idx`), so the sweep reads two index tuples
+/// per partition, not the backlog.
+pub async fn oldest_waiting(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
+    let r = sqlx::query!(
+        r#"SELECT
+             coalesce(extract(epoch FROM now() - (SELECT min(next_retry_at) FROM deliveries
+                 WHERE status = 'PENDING' AND next_retry_at <= now()))::bigint, 0) AS "due!",
+             coalesce(extract(epoch FROM now() - (SELECT min(updated_at) FROM deliveries
+                 WHERE status = 'PENDING' AND next_retry_at IS NULL))::bigint, 0) AS "unclaimed!""#
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((r.due.max(0), r.unclaimed.max(0)))
+}
+
 /// The retry scheduler's Claim: due rows, in batches, skipping rows another scheduler holds.
 /// Returns (delivery id, endpoint id, scheduler token) per row.
 pub async fn claim_due(

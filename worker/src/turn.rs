@@ -220,6 +220,11 @@ async fn deliver(
         Err(e) => {
             tracing::error!(delivery = %claimed.id, endpoint = %claimed.endpoint_id, error = %e,
                 "cannot open the endpoint's signing secret; deferred");
+            shared
+                .metrics
+                .internal_errors
+                .with_label_values(&["secret_unavailable"])
+                .inc();
             let _ = store::defer(&shared.pool, &claimed, SECRET_UNAVAILABLE_WAIT).await;
             return None;
         }
@@ -288,6 +293,11 @@ async fn deliver(
     if report.sent {
         shared.metrics.attempts.with_label_values(&[label]).inc();
     }
+    shared
+        .metrics
+        .attempt_duration
+        .with_label_values(&[report.result_label()])
+        .observe(report.duration.as_secs_f64());
     match finalise_with_retry(shared, &claimed, &report, &decision).await {
         Some(Resolved {
             wrote: true,
@@ -300,8 +310,20 @@ async fn deliver(
                     .delivery_latency
                     .observe(since_commit.to_std().unwrap_or_default().as_secs_f64());
             }
+            if decision == Decision::Succeeded {
+                shared
+                    .metrics
+                    .deliveries_final
+                    .with_label_values(&["succeeded"])
+                    .inc();
+            }
             if matches!(decision, Decision::Failed { .. }) {
                 shared.metrics.failed_messages.inc();
+                shared
+                    .metrics
+                    .deliveries_final
+                    .with_label_values(&["failed"])
+                    .inc();
             }
             released
         }
@@ -311,6 +333,11 @@ async fn deliver(
             None
         }
         None => {
+            shared
+                .metrics
+                .internal_errors
+                .with_label_values(&["outcome_not_written"])
+                .inc();
             tracing::error!(delivery_id = %claimed.id, "outcome not written; the sweep will hand the delivery back");
             None
         }

@@ -167,10 +167,30 @@ pub async fn task(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
+    let mut said_not_owner = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = &mut shutdown => return,
+        }
+        // A process connected as a least-privilege role (docs/OPERATIONS.md, Roles) cannot
+        // create or drop partitions; it leaves the pass to one that owns the tables (the
+        // relay, connected as the owner) instead of failing every turn.
+        match owns_tables(&pool).await {
+            Ok(true) => said_not_owner = false,
+            Ok(false) => {
+                if !said_not_owner {
+                    tracing::info!(
+                        "retention: this process's database role does not own the partitioned tables; a process connected as their owner (the relay, `railhook retention`) runs the passes"
+                    );
+                    said_not_owner = true;
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::health::postgres_reason(&e), "retention: cannot read the tables' owner; trying again next time");
+                continue;
+            }
         }
         match run(&pool, Utc::now(), retention_days, Some(&metrics)).await {
             Ok(r) if r.skipped => tracing::debug!("retention: another process runs the pass"),
@@ -185,6 +205,19 @@ pub async fn task(
             }
         }
     }
+}
+
+/// Whether the connection's role may run a pass: it is (or is a member of) the owner of
+/// the three partitioned tables, which creating, detaching and dropping partitions needs.
+pub async fn owns_tables(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT coalesce(bool_and(pg_has_role(current_user, c.relowner, 'USAGE')), false) AS "owns!"
+           FROM pg_class c
+           WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'p'
+             AND c.relname IN ('events', 'deliveries', 'attempts')"#
+    )
+    .fetch_one(pool)
+    .await
 }
 
 #[cfg(test)]

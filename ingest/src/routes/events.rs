@@ -361,6 +361,11 @@ pub async fn expunge(
     .await?;
     tx.commit().await?;
     state.metrics.payloads_expunged.inc();
+    state
+        .metrics
+        .deliveries_final
+        .with_label_values(&["expunged"])
+        .inc_by(u64::try_from(deliveries_failed).unwrap_or(0));
     Ok(Json(Expunged {
         id: id.as_str().to_owned(),
         expunged_at,
