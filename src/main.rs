@@ -466,6 +466,9 @@ fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
     db::connect(settings).context("configuration: database_url")
 }
 
+/// Times `railhook migrate` tries again after a lock timeout before it fails.
+const MIGRATE_LOCK_RETRIES: u32 = 5;
+
 async fn migrate(settings: &Settings) -> anyhow::Result<()> {
     let pool = connect(settings)?;
     // A migration is a one-shot job: it waits for Postgres a while (it may start alongside
@@ -481,10 +484,23 @@ async fn migrate(settings: &Settings) -> anyhow::Result<()> {
             )
         })?
         .context("cannot connect to Postgres (check DATABASE_URL)")?;
-    db::MIGRATOR
-        .run(&pool)
-        .await
-        .context("applying migrations")?;
+    // Each statement waits at most MIGRATION_LOCK_TIMEOUT for its lock (db::migrate says
+    // why); a timed-out migration rolled back whole, so it is simply tried again.
+    let mut tries = 0;
+    loop {
+        match db::migrate(settings, db::MIGRATION_LOCK_TIMEOUT).await {
+            Ok(()) => break,
+            Err(e) if db::is_lock_timeout(&e) && tries < MIGRATE_LOCK_RETRIES => {
+                tries += 1;
+                tracing::warn!(
+                    attempt = tries,
+                    "a migration waited too long for a lock (a long transaction holds it); trying again"
+                );
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            Err(e) => return Err(e).context("applying migrations"),
+        }
+    }
     db::ensure_publication(&pool, &settings.publication)
         .await
         .context("creating the outbox publication")?;

@@ -10,6 +10,42 @@ use crate::config::Settings;
 /// The schema, compiled into the binary so `railhook migrate` needs no files beside it.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
+/// The longest a migration statement waits for a lock in `railhook migrate`.
+pub const MIGRATION_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Applies the pending migrations on one connection with `lock_timeout` set.
+///
+/// Why: a DDL statement waiting for its lock (an `ALTER TABLE` wants ACCESS EXCLUSIVE) queues
+/// every later reader and writer of that table behind it, so a migration that meets one long
+/// transaction would stall the whole API for as long as that transaction lives. With the
+/// timeout it fails instead (SQLSTATE 55P03), its transaction rolls back and records nothing,
+/// and `railhook migrate` tries again ([`is_lock_timeout`]); the Job's own retries come after.
+pub async fn migrate(
+    settings: &Settings,
+    lock_timeout: Duration,
+) -> Result<(), sqlx::migrate::MigrateError> {
+    use sqlx::Connection;
+    let options = settings
+        .postgres()
+        .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?
+        .sqlx_options()?
+        .options([("lock_timeout", format!("{}ms", lock_timeout.as_millis()))]);
+    let mut conn = sqlx::PgConnection::connect_with(&options).await?;
+    let applied = MIGRATOR.run(&mut conn).await;
+    let _ = conn.close().await;
+    applied
+}
+
+/// Whether a migration failed because a lock was not granted within `lock_timeout`.
+pub fn is_lock_timeout(e: &sqlx::migrate::MigrateError) -> bool {
+    let db = match e {
+        sqlx::migrate::MigrateError::Execute(sqlx::Error::Database(db))
+        | sqlx::migrate::MigrateError::ExecuteMigration(sqlx::Error::Database(db), _) => db,
+        _ => return false,
+    };
+    db.code().as_deref() == Some("55P03")
+}
+
 /// A pooled connection idle for longer than this is pinged before it is handed out.
 const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
