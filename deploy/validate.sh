@@ -12,7 +12,7 @@ if ! command -v check-jsonschema >/dev/null || ! command -v kubernetes-validate 
 fi
 command -v promtool >/dev/null || apt_install prometheus
 check-jsonschema --builtin-schema vendor.compose-spec deploy/docker-compose.yml
-kubernetes-validate --strict --quiet --kubernetes-version 1.30 deploy/k8s/*.yaml
+kubernetes-validate --strict --quiet --kubernetes-version 1.30 deploy/k8s/*.yaml deploy/k8s/examples/*.yaml
 python3 deploy/k8s/check_restricted.py >/dev/null
 python3 deploy/check_migrations.py --self-test >/dev/null
 python3 deploy/check_migrations.py >/dev/null

@@ -67,7 +67,12 @@ enum SlotAction {
     /// Slot, holder, confirmed/restart LSN, lag, retained WAL, wal_status, safe_wal_size.
     Status,
     /// Create the Slot (pgoutput) if missing. A new Slot starts at "now".
-    Create,
+    Create {
+        /// A PostgreSQL 17 failover Slot, synchronised to the standbys named in
+        /// `synchronized_standby_slots` (refused by older servers).
+        #[arg(long)]
+        failover: bool,
+    },
     /// Drop the Slot. Postgres frees its WAL; the relay stops until it is created again.
     Drop,
 }
@@ -399,8 +404,8 @@ async fn slot(settings: &Settings, action: SlotAction) -> anyhow::Result<()> {
         .context("cannot connect to Postgres")?;
     let name = &settings.slot;
     match action {
-        SlotAction::Create => {
-            let created = slot::create(&mut client, name).await?;
+        SlotAction::Create { failover } => {
+            let created = slot::create_with(&mut client, name, failover).await?;
             println!(
                 "slot {name}: {}",
                 if created { "created" } else { "already exists" }

@@ -279,7 +279,37 @@ async fn migrate_is_safe_to_run_twice_and_creates_the_publication_and_slot() {
     assert!(String::from_utf8_lossy(&dropped.stdout).contains("dropped"));
     let missing = railhook(&["slot", "status"], &env);
     assert_eq!(missing.status.code(), Some(3));
+    // A failover Slot needs PostgreSQL 17: an older server refuses the flag by name and
+    // creates nothing; on 17 or later the Slot is created with failover set.
     let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    let failover = railhook(&["slot", "create", "--failover"], &env);
+    if version < 170_000 {
+        assert!(!failover.status.success());
+        assert!(
+            String::from_utf8_lossy(&failover.stderr).contains("failover slots need PostgreSQL 17"),
+            "{}",
+            String::from_utf8_lossy(&failover.stderr)
+        );
+        let missing = railhook(&["slot", "status"], &env);
+        assert_eq!(missing.status.code(), Some(3), "nothing was created");
+    } else {
+        assert!(failover.status.success());
+        let flagged: bool =
+            sqlx::query_scalar("SELECT failover FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(&slot)
+                .fetch_one(&pool)
+                .await
+                .expect("slot");
+        assert!(flagged);
+        railhook(&["slot", "drop"], &env);
+    }
+    let created = railhook(&["slot", "create"], &env);
+    assert!(String::from_utf8_lossy(&created.stdout).contains("created"));
+    railhook(&["slot", "drop"], &env);
     let publishes: (bool, bool, bool) = sqlx::query_as(
         "SELECT pubinsert, pubdelete, pubupdate FROM pg_publication WHERE pubname = 'railhook_outbox'",
     )

@@ -26,6 +26,10 @@ pub enum SlotError {
     Invalidated(String),
     #[error("publication '{0}' does not exist: run `railhook migrate`")]
     NoPublication(String),
+    #[error(
+        "failover slots need PostgreSQL 17 or later; this server is {0}: create an ordinary slot and follow the lost-slot recovery after a failover (docs/OPERATIONS.md)"
+    )]
+    FailoverUnsupported(i32),
 }
 
 /// A control connection (TLS as the URL says); closed when dropped.
@@ -111,10 +115,37 @@ pub async fn ensure_usable(
 
 /// Creates the Slot (pgoutput) if missing; returns whether it created one.
 pub async fn create(conn: &mut PgConnection, slot: &str) -> Result<bool, SlotError> {
+    create_with(conn, slot, false).await
+}
+
+/// [`create`], optionally as a PostgreSQL 17 failover Slot: Postgres then synchronises it
+/// to physical standbys listed in `synchronized_standby_slots`, so a promoted standby has
+/// the Slot at a position the relay can resume from. An older server refuses the flag here,
+/// by name, rather than creating an ordinary Slot the operator believes will survive a
+/// failover. An existing Slot is left as it is (its failover flag cannot be changed here).
+pub async fn create_with(
+    conn: &mut PgConnection,
+    slot: &str,
+    failover: bool,
+) -> Result<bool, SlotError> {
+    if failover {
+        let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+            .fetch_one(&mut *conn)
+            .await?;
+        if version < 170_000 {
+            return Err(SlotError::FailoverUnsupported(version / 10_000));
+        }
+    }
     if status(&mut *conn, slot).await?.is_some() {
         return Ok(false);
     }
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')::text")
+    let statement = if failover {
+        // name, plugin, temporary, two_phase, failover (PostgreSQL 17).
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)::text"
+    } else {
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')::text"
+    };
+    sqlx::query(statement)
         .bind(slot)
         .execute(&mut *conn)
         .await?;
