@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
-use reqwest::{StatusCode, redirect};
+use reqwest::{Method, StatusCode, redirect};
 use serde_json::json;
 use support::pipeline::Pipeline;
 use support::receiver::{Behaviour, Receiver};
@@ -287,4 +287,45 @@ async fn sessions_are_scoped_to_one_project_and_actions_need_the_csrf_token() {
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let (status, _, _) = page(&cookie, format!("{}/dashboard/deliveries", app.base)).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn the_event_type_catalogue_page_lists_only_the_projects_types() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let (_, other_key) = app.project().await;
+    for body in [
+        json!({"name": "order.paid", "description": "Paid orders", "schema": {"type": "object"}}),
+        json!({"name": "order.legacy", "description": "Old orders"}),
+    ] {
+        let r = app
+            .call(Method::POST, "/v1/event-types", Some(&key), Some(body))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    }
+    app.call(
+        Method::POST,
+        "/v1/event-types/order.legacy/deprecate",
+        Some(&key),
+        None,
+    )
+    .await;
+    let (cookie, _) = sign_in(&app, &key).await;
+    let (status, html, _) = page(&cookie, format!("{}/dashboard/event-types", app.base)).await;
+    assert_eq!(status, StatusCode::OK);
+    for text in [
+        "order.paid",
+        "Paid orders",
+        "version 1",
+        "order.legacy",
+        "deprecated",
+    ] {
+        assert!(html.contains(text), "{text} missing");
+    }
+    let (other_cookie, _) = sign_in(&app, &other_key).await;
+    let (_, html, _) = page(&other_cookie, format!("{}/dashboard/event-types", app.base)).await;
+    assert!(
+        !html.contains("order.paid"),
+        "another project's catalogue leaks"
+    );
 }

@@ -53,6 +53,9 @@ pub struct Args {
     /// Only phase 1 (for profiling and before/after comparisons).
     #[arg(long)]
     single_only: bool,
+    /// Only the schema phase: the same load without and with a JSON Schema on the type.
+    #[arg(long)]
+    schema_only: bool,
 }
 
 const PAYLOAD: &str = r#"{"order_id": 1, "amount_cents": 4200, "currency": "EUR"}"#;
@@ -408,7 +411,62 @@ async fn fill(api: &Api, target: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The event-type catalogue's cost: single Events (c=16) and batches of `batch_size`, one
+/// endpoint, first with no schema on `order.paid`, then with one that the bench's payload
+/// satisfies (so every Event is validated and accepted), on the same database.
+async fn schema_phase(args: &Args) -> anyhow::Result<()> {
+    let api = start_api(1).await?;
+    let n = args.batch_size;
+    println!(
+        "## Event-type schema: without and with, 1 endpoint, {} s each\n\n{HEADER}",
+        args.seconds
+    );
+    let mut runs = Vec::new();
+    for with_schema in [false, true] {
+        if with_schema {
+            let schema = json!({
+                "type": "object",
+                "required": ["order_id", "amount_cents", "currency"],
+                "properties": {
+                    "order_id": {"type": "integer", "minimum": 1},
+                    "amount_cents": {"type": "integer", "minimum": 0},
+                    "currency": {"type": "string", "enum": ["EUR", "USD", "GBP"]}
+                },
+                "additionalProperties": false
+            });
+            let r = reqwest::Client::new()
+                .post(format!("{}/v1/event-types", api.base))
+                .bearer_auth(&api.key)
+                .json(&json!({"name": "order.paid", "schema": schema}))
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 201, "event type: {}", r.status());
+        }
+        let label = if with_schema {
+            "with schema"
+        } else {
+            "no schema"
+        };
+        checkpoint(&api.pool).await;
+        let mut single = closed_loop(&api, Shape::Single, 16, args.seconds).await;
+        checkpoint(&api.pool).await;
+        let mut batch = closed_loop(&api, Shape::Batch(n), 16, args.seconds).await;
+        row(&format!("single, c=16, {label}"), &mut single);
+        row(&format!("batch of {n}, c=16, {label}"), &mut batch);
+        runs.push((single.events_per_s(), batch.events_per_s()));
+    }
+    println!(
+        "| ratio with ÷ without schema: single **{:.0} %**, batch **{:.0} %** | | | | | |",
+        runs[1].0 / runs[0].0 * 100.0,
+        runs[1].1 / runs[0].1 * 100.0
+    );
+    Ok(())
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.schema_only {
+        return schema_phase(&args).await;
+    }
     let mut peak_single = 0.0f64;
     if !args.growth_only {
         println!(

@@ -13,6 +13,7 @@ use subtle::ConstantTimeEq;
 
 use crate::ingest::{LIVE_SUBSCRIPTIONS_JSON, parse_candidates};
 use crate::problem::ApiError;
+use crate::schemas::SCHEMA_IDS_JSON;
 use crate::state::AppState;
 
 fn bearer(parts: &Parts) -> Option<&str> {
@@ -93,6 +94,8 @@ impl FromRequestParts<AppState> for Project {
 pub struct Sender {
     pub project: Project,
     pub subscriptions: std::sync::Arc<Vec<crate::ingest::Candidate>>,
+    /// Event types of the project that have a schema: name → schema id (`crate::schemas`).
+    pub schemas: std::sync::Arc<std::collections::HashMap<String, i64>>,
 }
 
 /// Senders by key hash, for one second (docs/BENCHMARKS.md: with the lookup on every POST,
@@ -137,7 +140,8 @@ impl FromRequestParts<AppState> for Sender {
         }
         let row = sqlx::query(&format!(
             "SELECT p.id AS project_id, p.organization_id, o.monthly_quota,
-                    {LIVE_SUBSCRIPTIONS_JSON} AS subscriptions
+                    {LIVE_SUBSCRIPTIONS_JSON} AS subscriptions,
+                    {SCHEMA_IDS_JSON} AS schemas
              FROM api_keys k
              JOIN projects p ON p.id = k.project_id
              JOIN organizations o ON o.id = p.organization_id
@@ -151,6 +155,10 @@ impl FromRequestParts<AppState> for Sender {
             parse_candidates(row.get("subscriptions")).ok_or(ApiError::Internal(
                 crate::problem::InternalError::Fault("unreadable subscriptions"),
             ))?;
+        let schemas: std::collections::HashMap<String, i64> =
+            serde_json::from_str(row.get("schemas")).map_err(|_| {
+                ApiError::Internal(crate::problem::InternalError::Fault("unreadable schemas"))
+            })?;
         let sender = Sender {
             project: Project {
                 id: ProjectId::from_trusted(row.get("project_id")),
@@ -158,6 +166,7 @@ impl FromRequestParts<AppState> for Sender {
                 monthly_quota: row.get("monthly_quota"),
             },
             subscriptions: std::sync::Arc::new(subscriptions),
+            schemas: std::sync::Arc::new(schemas),
         };
         state.senders.0.insert(hash, sender.clone());
         Ok(sender)

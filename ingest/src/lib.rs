@@ -16,6 +16,7 @@ pub mod problem;
 pub mod quota;
 pub mod replay;
 pub mod routes;
+pub mod schemas;
 pub mod state;
 
 use std::future::Future;
@@ -35,8 +36,8 @@ use tracing::Instrument;
 use crate::incoming::routes as sources;
 use crate::problem::ApiError;
 use crate::routes::{
-    admin, deliveries, endpoint_secret, endpoint_state, endpoints, events, failed, health, replays,
-    subscriptions,
+    admin, deliveries, endpoint_secret, endpoint_state, endpoints, event_types, events, failed,
+    health, replays, subscriptions,
 };
 pub use crate::state::AppState;
 
@@ -48,8 +49,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub fn router(state: AppState) -> Router {
     let single_limit = state.limits.max_payload_bytes + ENVELOPE_BYTES;
     let batch_limit = state.limits.max_batch_body_bytes();
-    // Changes to keys, endpoints and subscriptions: each successful one clears the cache of
-    // senders (`auth::SenderCache`), after it committed.
+    // Changes to keys, endpoints, subscriptions and event types: each successful one clears
+    // the cache of senders (`auth::SenderCache`), after it committed.
     let management = Router::new()
         .route(
             "/v1/api-keys/{id}",
@@ -82,6 +83,21 @@ pub fn router(state: AppState) -> Router {
             get(subscriptions::get)
                 .patch(subscriptions::update)
                 .delete(subscriptions::delete),
+        )
+        // The catalogue's schemas travel with the sender, so its changes clear the cache too.
+        .route(
+            "/v1/event-types",
+            post(event_types::create).get(event_types::list),
+        )
+        .route(
+            "/v1/event-types/{name}",
+            get(event_types::get)
+                .patch(event_types::update)
+                .delete(event_types::delete),
+        )
+        .route(
+            "/v1/event-types/{name}/deprecate",
+            post(event_types::deprecate),
         )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

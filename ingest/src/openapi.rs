@@ -6,8 +6,8 @@ use utoipa::{Modify, OpenApi};
 
 use crate::incoming::{self, routes as sources};
 use crate::routes::{
-    admin, deliveries, endpoint_secret, endpoint_state, endpoints, events, failed, replays,
-    subscriptions,
+    admin, deliveries, endpoint_secret, endpoint_state, endpoints, event_types, events, failed,
+    replays, subscriptions,
 };
 
 struct BearerSchemes;
@@ -80,6 +80,8 @@ impl Modify for ProblemAnswers {
         endpoint_state::disable, endpoint_state::enable,
         subscriptions::create, subscriptions::list, subscriptions::get, subscriptions::update,
         subscriptions::delete,
+        event_types::create, event_types::list, event_types::get, event_types::update,
+        event_types::deprecate, event_types::delete,
         events::create, events::create_batch, events::get, events::list, events::expunge,
         deliveries::list, deliveries::get, deliveries::attempts, deliveries::retry,
         failed::list, failed::retry,

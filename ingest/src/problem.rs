@@ -29,6 +29,18 @@ pub enum ApiError {
     IdempotencyConflict,
     #[error("{0}")]
     InvalidState(&'static str),
+    #[error("{0} already exists")]
+    AlreadyExists(&'static str),
+    /// A catalogue schema that is not valid draft 2020-12 or needs a fetch.
+    #[error("{0}")]
+    InvalidSchema(String),
+    /// A payload that breaks its type's schema; `pointer` is the failing JSON Pointer.
+    #[error("{detail}")]
+    SchemaViolation {
+        field: String,
+        pointer: String,
+        detail: String,
+    },
     #[error("the organization's monthly event quota is used up")]
     QuotaExceeded,
     #[error("invalid cursor")]
@@ -85,6 +97,11 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::IdempotencyConflict => (StatusCode::CONFLICT, "idempotency_key_reused"),
             ApiError::InvalidState(_) => (StatusCode::CONFLICT, "invalid_state"),
+            ApiError::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
+            ApiError::InvalidSchema(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_schema"),
+            ApiError::SchemaViolation { .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "schema_violation")
+            }
             ApiError::QuotaExceeded => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
             ApiError::InvalidCursor => (StatusCode::BAD_REQUEST, "invalid_cursor"),
             ApiError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
@@ -104,6 +121,9 @@ pub struct Problem {
     pub code: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// For `schema_violation`: the JSON Pointer, inside the payload, of the failing value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pointer: Option<String>,
 }
 
 fn title(status: StatusCode) -> &'static str {
@@ -145,9 +165,13 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(e) = &self {
             log_internal(e);
         }
-        let field = match &self {
-            ApiError::Validation { field, .. } => Some(field.clone()),
-            _ => None,
+        let (field, pointer) = match &self {
+            ApiError::Validation { field, .. } => (Some(field.clone()), None),
+            ApiError::SchemaViolation { field, pointer, .. } => {
+                (Some(field.clone()), Some(pointer.clone()))
+            }
+            ApiError::InvalidSchema(_) => (Some("schema".to_owned()), None),
+            _ => (None, None),
         };
         let body = Problem {
             type_uri: format!("https://railhook.dev/problems/{code}"),
@@ -156,6 +180,7 @@ impl IntoResponse for ApiError {
             detail: self.to_string(),
             code,
             field,
+            pointer,
         };
         let mut response = (status, Json(body)).into_response();
         response.headers_mut().insert(

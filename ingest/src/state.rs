@@ -32,6 +32,8 @@ pub struct AppState {
     pub slot: String,
     /// Who posts Events, cached for a second (`auth::SenderCache`).
     pub senders: crate::auth::SenderCache,
+    /// Compiled JSON Schemas of the event-type catalogue (`crate::schemas`).
+    pub schemas: crate::schemas::SchemaCache,
     /// What `/readyz` reports; `railhook all` shares one with the other roles.
     pub deps: Dependencies,
     /// Whether the API port serves `/metrics` (`RAILHOOK_API_METRICS`).
@@ -130,6 +132,7 @@ impl AppState {
             },
             slot: settings.slot.clone(),
             senders: crate::auth::SenderCache::default(),
+            schemas: crate::schemas::SchemaCache::default(),
             deps,
             api_metrics: settings.api_metrics,
             metrics_access: railhook_common::metrics_http::MetricsAccess::from_settings(settings),

@@ -10,6 +10,7 @@
 //! time) on top of the SameSite cookie; a POST without it changes nothing. Every response
 //! carries a strict Content-Security-Policy (no scripts at all) and `Cache-Control: no-store`.
 
+mod catalogue_page;
 mod endpoint_pages;
 mod pages;
 mod relay_page;
@@ -71,6 +72,7 @@ pub fn router() -> Router<AppState> {
             post(endpoint_pages::endpoint_action),
         )
         .route("/dashboard/relay", get(relay_page::relay))
+        .route("/dashboard/event-types", get(catalogue_page::event_types))
         .layer(middleware::from_fn(harden))
 }
 
@@ -246,6 +248,7 @@ pub fn layout_with(
         ("failed", "/dashboard/failed", "Failed messages"),
         ("replays", "/dashboard/replays", "Time Machine"),
         ("endpoints", "/dashboard/endpoints", "Endpoints"),
+        ("event-types", "/dashboard/event-types", "Event types"),
         ("relay", "/dashboard/relay", "Relay"),
     ];
     let page = html! {

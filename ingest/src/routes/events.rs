@@ -171,6 +171,10 @@ pub async fn create(
         key,
         state.limits.max_payload_bytes,
     )?;
+    state
+        .schemas
+        .check(&state.pool, &sender.schemas, &[(String::new(), &event)])
+        .await?;
     let accepted = ingest(&state, &sender.project, &sender.subscriptions, vec![event])
         .await?
         .pop()
@@ -228,6 +232,15 @@ pub async fn create_batch(
             max_payload,
         )?);
     }
+    let checked: Vec<(String, &NewEvent)> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (format!("events[{i}]."), e))
+        .collect();
+    state
+        .schemas
+        .check(&state.pool, &sender.schemas, &checked)
+        .await?;
     let accepted = ingest(&state, &sender.project, &sender.subscriptions, events).await?;
     let data = accepted
         .into_iter()

@@ -5,6 +5,7 @@ pub mod deliveries;
 pub mod endpoint_secret;
 pub mod endpoint_state;
 pub mod endpoints;
+pub mod event_types;
 pub mod events;
 pub mod failed;
 pub mod health;

@@ -1,0 +1,307 @@
+//! The event-type catalogue: `/v1/event-types` (create, list, get, update, deprecate,
+//! delete). A type may carry a JSON Schema (draft 2020-12) that `POST /v1/events` and the
+//! batch route enforce (`crate::schemas`).
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use railhook_common::EventType;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+use crate::auth::Project;
+use crate::extract::{ApiJson, ApiQuery};
+use crate::pagination::{Listing, PageRequest};
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::schemas;
+use crate::state::AppState;
+
+const MAX_DESCRIPTION: usize = 1_000;
+/// A schema is a contract, not a payload: 64 KiB is plenty and bounds compile time.
+const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EventTypeBody {
+    /// The exact type Events carry, e.g. `order.paid`.
+    pub name: String,
+    pub description: String,
+    /// The JSON Schema (draft 2020-12) payloads of this type must match, if any.
+    #[schema(value_type = Option<Object>)]
+    pub schema: Option<Value>,
+    /// 1 when created, plus one per schema change.
+    pub schema_version: i32,
+    /// Deprecated types are still accepted; the flag is for senders and the dashboard.
+    pub deprecated: bool,
+    pub deprecated_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+struct Row {
+    name: String,
+    description: String,
+    schema: Option<Value>,
+    schema_version: i32,
+    deprecated_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<Row> for EventTypeBody {
+    fn from(r: Row) -> Self {
+        Self {
+            name: r.name,
+            description: r.description,
+            schema: r.schema,
+            schema_version: r.schema_version,
+            deprecated: r.deprecated_at.is_some(),
+            deprecated_at: r.deprecated_at,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+fn parse_name(raw: &str) -> ApiResult<String> {
+    EventType::parse(raw)
+        .map(|t| t.as_str().to_owned())
+        .map_err(|e| ApiError::validation("name", format!("name {e}")))
+}
+
+/// A name in a path: one that cannot be a type is simply not in the catalogue.
+fn path_name(raw: &str) -> ApiResult<String> {
+    parse_name(raw).map_err(|_| ApiError::NotFound("event type"))
+}
+
+fn check_description(d: &str) -> ApiResult<()> {
+    if d.chars().count() > MAX_DESCRIPTION {
+        return Err(ApiError::validation(
+            "description",
+            format!("description must be at most {MAX_DESCRIPTION} characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a schema that is too large, not valid draft 2020-12, or not usable offline.
+fn check_schema(schema: &Value) -> ApiResult<()> {
+    let size = serde_json::to_vec(schema).map_or(usize::MAX, |v| v.len());
+    if size > MAX_SCHEMA_BYTES {
+        return Err(ApiError::validation(
+            "schema",
+            format!("schema is {size} bytes; the limit is {MAX_SCHEMA_BYTES}"),
+        ));
+    }
+    schemas::compile(schema)
+        .map(|_| ())
+        .map_err(ApiError::InvalidSchema)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEventType {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[schema(value_type = Option<Object>)]
+    pub schema: Option<Value>,
+}
+
+#[utoipa::path(post, path = "/v1/event-types", tag = "event-types",
+    request_body = CreateEventType,
+    responses((status = 201, body = EventTypeBody),
+              (status = 409, description = "a type of that name exists", body = Problem),
+              (status = 422, description = "a bad name, description or schema (`invalid_schema`)", body = Problem)),
+    security(("api_key" = [])))]
+pub async fn create(
+    project: Project,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateEventType>,
+) -> ApiResult<(StatusCode, Json<EventTypeBody>)> {
+    let name = parse_name(&body.name)?;
+    check_description(&body.description)?;
+    if let Some(s) = &body.schema {
+        check_schema(s)?;
+    }
+    let row = sqlx::query_as!(
+        Row,
+        r#"INSERT INTO event_types (project_id, name, description, schema)
+           VALUES ($1, $2, $3, $4)
+           ON CONFLICT (project_id, name) DO NOTHING
+           RETURNING name, description, schema, schema_version, deprecated_at,
+                     created_at, updated_at"#,
+        project.id.as_str(),
+        name,
+        body.description,
+        body.schema
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::AlreadyExists("event type"))?;
+    Ok((StatusCode::CREATED, Json(row.into())))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    /// Include deprecated types (default true).
+    pub include_deprecated: Option<bool>,
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/event-types", tag = "event-types", params(ListQuery),
+    responses((status = 200, body = Listing<EventTypeBody>)), security(("api_key" = [])))]
+pub async fn list(
+    project: Project,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Listing<EventTypeBody>>> {
+    let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    let rows = sqlx::query_as!(
+        Row,
+        r#"SELECT name, description, schema, schema_version, deprecated_at, created_at, updated_at
+           FROM event_types
+           WHERE project_id = $1 AND ($2 OR deprecated_at IS NULL)
+             AND ($3::text IS NULL OR name > $3)
+           ORDER BY name LIMIT $4"#,
+        project.id.as_str(),
+        q.include_deprecated.unwrap_or(true),
+        page.after,
+        page.fetch()
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    let rows: Vec<EventTypeBody> = rows.into_iter().map(Into::into).collect();
+    Ok(Json(page.finish(rows, |t: &EventTypeBody| &t.name)))
+}
+
+#[utoipa::path(get, path = "/v1/event-types/{name}", tag = "event-types",
+    params(("name" = String, Path)),
+    responses((status = 200, body = EventTypeBody), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn get(
+    project: Project,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<EventTypeBody>> {
+    let name = path_name(&name)?;
+    let row = sqlx::query_as!(
+        Row,
+        r#"SELECT name, description, schema, schema_version, deprecated_at, created_at, updated_at
+           FROM event_types WHERE project_id = $1 AND name = $2"#,
+        project.id.as_str(),
+        name
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("event type"))?;
+    Ok(Json(row.into()))
+}
+
+/// Absent: unchanged; `null`: removed; a value: set. (serde folds absent and `null` into
+/// `None` for a plain `Option`; this keeps them apart.)
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<Value>>, D::Error> {
+    Option::<Value>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateEventType {
+    pub description: Option<String>,
+    /// A new schema (its version goes up by one), or `null` to remove it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Object>)]
+    pub schema: Option<Option<Value>>,
+}
+
+#[utoipa::path(patch, path = "/v1/event-types/{name}", tag = "event-types",
+    params(("name" = String, Path)), request_body = UpdateEventType,
+    responses((status = 200, body = EventTypeBody), (status = 404, body = Problem),
+              (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn update(
+    project: Project,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<UpdateEventType>,
+) -> ApiResult<Json<EventTypeBody>> {
+    let name = path_name(&name)?;
+    if let Some(d) = &body.description {
+        check_description(d)?;
+    }
+    if let Some(Some(s)) = &body.schema {
+        check_schema(s)?;
+    }
+    // A schema change (set or removed) bumps the version and draws a new schema_id, so no
+    // replica's cached validator can stand for the new schema.
+    let row = sqlx::query_as!(
+        Row,
+        r#"UPDATE event_types
+           SET description = coalesce($3, description),
+               schema = CASE WHEN $4 THEN $5 ELSE schema END,
+               schema_version = schema_version + CASE WHEN $4 THEN 1 ELSE 0 END,
+               schema_id = CASE WHEN $4 THEN nextval('event_type_schema_ids') ELSE schema_id END,
+               updated_at = now()
+           WHERE project_id = $1 AND name = $2
+           RETURNING name, description, schema, schema_version, deprecated_at,
+                     created_at, updated_at"#,
+        project.id.as_str(),
+        name,
+        body.description,
+        body.schema.is_some(),
+        body.schema.flatten()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("event type"))?;
+    Ok(Json(row.into()))
+}
+
+#[utoipa::path(post, path = "/v1/event-types/{name}/deprecate", tag = "event-types",
+    params(("name" = String, Path)),
+    responses((status = 200, body = EventTypeBody), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn deprecate(
+    project: Project,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<EventTypeBody>> {
+    let name = path_name(&name)?;
+    let row = sqlx::query_as!(
+        Row,
+        r#"UPDATE event_types
+           SET deprecated_at = coalesce(deprecated_at, now()), updated_at = now()
+           WHERE project_id = $1 AND name = $2
+           RETURNING name, description, schema, schema_version, deprecated_at,
+                     created_at, updated_at"#,
+        project.id.as_str(),
+        name
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("event type"))?;
+    Ok(Json(row.into()))
+}
+
+#[utoipa::path(delete, path = "/v1/event-types/{name}", tag = "event-types",
+    params(("name" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem)), security(("api_key" = [])))]
+pub async fn delete(
+    project: Project,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    let name = path_name(&name)?;
+    let deleted = sqlx::query!(
+        "DELETE FROM event_types WHERE project_id = $1 AND name = $2",
+        project.id.as_str(),
+        name
+    )
+    .execute(&state.pool)
+    .await?;
+    if deleted.rows_affected() == 0 {
+        return Err(ApiError::NotFound("event type"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
