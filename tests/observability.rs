@@ -271,19 +271,14 @@ async fn a_live_metrics_page_passes_promtool() {
     );
 }
 
-/// With `RAILHOOK_OTLP_ENDPOINT` set, the real binary exports its spans over OTLP/HTTP: a
-/// loopback collector receives protobuf at `/v1/traces` holding the request span with the
-/// caller's request id and the role's service name.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spans_go_to_an_otlp_collector_when_one_is_configured() {
-    use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
+/// (content type, body) of each export the collector received.
+type Exports = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
 
-    /// (content type, body) of each export the collector received.
-    type Exports = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
-    let bodies: Exports = Arc::default();
+/// A loopback OTLP/HTTP collector: its base URL and what it received.
+async fn collector() -> (String, Exports) {
+    let bodies: Exports = Exports::default();
     let seen = bodies.clone();
-    let collector = axum::Router::new().route(
+    let app = axum::Router::new().route(
         "/v1/traces",
         axum::routing::post(
             move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
@@ -303,9 +298,19 @@ async fn spans_go_to_an_otlp_collector_when_one_is_configured() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let otlp = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, collector).await });
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, bodies)
+}
 
+/// With `RAILHOOK_OTLP_ENDPOINT` set, the real binary exports its spans over OTLP/HTTP: a
+/// loopback collector receives protobuf at `/v1/traces` holding the request span with the
+/// caller's request id and the role's service name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_go_to_an_otlp_collector_when_one_is_configured() {
+    use std::time::{Duration, Instant};
+
+    let (otlp, bodies) = collector().await;
     let database_url = support::fresh_database().await;
     let port = support::free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_railhook"))
@@ -428,5 +433,221 @@ async fn metrics_leave_the_api_port_and_ask_for_a_token_when_configured() {
         "process_cpu_seconds_total",
     ] {
         assert!(page.contains(name), "{name} missing from the metrics port");
+    }
+}
+
+/// One trace from the sender's request to the receiver's, through the real processes: a
+/// `traceparent` on `POST /v1/events` is stored with the Event and its Outbox row; the relay
+/// publishes under it, the worker's Attempt continues it, and the receiver gets
+/// `traceparent` with the sender's trace id and a new parent id (plus the `tracestate`).
+/// The loopback collector receives spans of that trace from all three services. An Event
+/// posted without one gets a trace Railhook started, and the API shows its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_runs_from_the_api_call_through_relay_and_worker_to_the_receiver() {
+    use std::time::Duration;
+    use support::receiver::{Behaviour, Receiver};
+
+    const WAIT: Duration = Duration::from_secs(60);
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const SENDER_SPAN: &str = "00f067aa0ba902b7";
+    let (otlp, bodies) = collector().await;
+    let database_url = support::fresh_database().await;
+    let unique = ulid::Ulid::new().to_string().to_lowercase();
+    let api_port = support::free_port();
+    let api = format!("http://127.0.0.1:{api_port}");
+    let env = |metrics_port: u16| -> Vec<(String, String)> {
+        [
+            ("DATABASE_URL", database_url.clone()),
+            ("REDIS_URL", support::local_setting("REDIS_URL")),
+            ("KAFKA_BROKERS", support::local_setting("KAFKA_BROKERS")),
+            ("RAILHOOK_ADMIN_TOKEN", support::ADMIN_TOKEN.to_owned()),
+            ("RAILHOOK_SLOT", format!("rh_{unique}")),
+            ("RAILHOOK_TOPIC_PREFIX", format!("t{unique}.")),
+            ("RAILHOOK_WORKER_GROUP", format!("g{unique}")),
+            ("RAILHOOK_KAFKA_PARTITIONS", "3".to_owned()),
+            ("RAILHOOK_ALLOW_PRIVATE_TARGETS", "127.0.0.0/8".to_owned()),
+            ("RAILHOOK_HTTP_ADDR", format!("127.0.0.1:{api_port}")),
+            ("RAILHOOK_METRICS_ADDR", format!("127.0.0.1:{metrics_port}")),
+            ("RAILHOOK_OTLP_ENDPOINT", otlp.clone()),
+            // Export each batch of spans within half a second.
+            ("OTEL_BSP_SCHEDULE_DELAY", "500".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    };
+    let migrate = Command::new(env!("CARGO_BIN_EXE_railhook"))
+        .arg("migrate")
+        .envs(env(support::free_port()))
+        .output()
+        .expect("migrate");
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let mut processes: Vec<std::process::Child> = ["ingest", "relay", "worker"]
+        .iter()
+        .map(|role| {
+            Command::new(env!("CARGO_BIN_EXE_railhook"))
+                .arg(role)
+                .envs(env(support::free_port()))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("railhook")
+        })
+        .collect();
+    let http = reqwest::Client::new();
+    support::eventually("ingest ready", WAIT, || async {
+        http.get(format!("{api}/readyz"))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
+    })
+    .await;
+    let admin = |path: &'static str, body: serde_json::Value| {
+        let (http, api) = (http.clone(), api.clone());
+        async move {
+            let r = http
+                .post(format!("{api}{path}"))
+                .bearer_auth(support::ADMIN_TOKEN)
+                .json(&body)
+                .send()
+                .await
+                .expect("admin");
+            r.json::<serde_json::Value>().await.expect("json")
+        }
+    };
+    let org = admin(
+        "/v1/organizations",
+        json!({"name": "t", "monthly_quota": 1000}),
+    )
+    .await;
+    let project = admin(
+        "/v1/projects",
+        json!({"organization_id": org["id"], "name": "t"}),
+    )
+    .await;
+    let key = project["api_key"].as_str().expect("key").to_owned();
+    let receiver = Receiver::start(vec![], Behaviour::Status(204)).await;
+    let post = |path: &'static str, body: serde_json::Value, trace: Option<&'static str>| {
+        let (http, api, key) = (http.clone(), api.clone(), key.clone());
+        async move {
+            let mut req = http
+                .post(format!("{api}{path}"))
+                .bearer_auth(&key)
+                .json(&body);
+            if let Some(tp) = trace {
+                req = req
+                    .header("traceparent", tp)
+                    .header("tracestate", "rojo=00f067aa0ba902b7");
+            }
+            let r = req.send().await.expect("post");
+            assert!(r.status().is_success(), "{path}: {}", r.status());
+            r.json::<serde_json::Value>().await.expect("json")
+        }
+    };
+    let ep = post(
+        "/v1/endpoints",
+        json!({"url": receiver.url, "timeout_ms": 5000}),
+        None,
+    )
+    .await;
+    post(
+        "/v1/subscriptions",
+        json!({"endpoint_id": ep["id"], "event_types": ["*"]}),
+        None,
+    )
+    .await;
+    let traced = post(
+        "/v1/events",
+        json!({"type": "order.paid", "payload": {"n": 1}}),
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    )
+    .await;
+    let first = support::eventually("the traced delivery", WAIT, || async {
+        receiver.requests().into_iter().next()
+    })
+    .await;
+    let got = railhook_common::trace_context::TraceParent::parse(&first.headers["traceparent"])
+        .expect("a valid traceparent at the receiver");
+    assert_eq!(got.trace_id_hex(), TRACE);
+    assert_ne!(
+        got.to_string().split('-').nth(2),
+        Some(SENDER_SPAN),
+        "the receiver's parent is the Attempt, not the sender"
+    );
+    assert_eq!(first.headers["tracestate"], "rojo=00f067aa0ba902b7");
+    let stored = http
+        .get(format!(
+            "{api}/v1/events/{}",
+            traced["id"].as_str().expect("id")
+        ))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("get")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    assert_eq!(stored["trace_id"], TRACE);
+
+    // Spans of that trace from each of the three processes reach the collector.
+    let trace_bytes: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&TRACE[i * 2..i * 2 + 2], 16).expect("hex"))
+        .collect();
+    for service in ["railhook-ingest", "railhook-relay", "railhook-worker"] {
+        support::eventually(
+            &format!("a span of the trace from {service}"),
+            WAIT,
+            || async {
+                bodies
+                    .lock()
+                    .expect("lock")
+                    .iter()
+                    .any(|(_, body)| {
+                        body.windows(service.len()).any(|w| w == service.as_bytes())
+                            && body.windows(16).any(|w| w == trace_bytes.as_slice())
+                    })
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
+    // Without a traceparent, Railhook starts a trace and the receiver joins it.
+    let untraced = post(
+        "/v1/events",
+        json!({"type": "order.paid", "payload": {"n": 2}}),
+        None,
+    )
+    .await;
+    let second = support::eventually("the untraced delivery", WAIT, || async {
+        receiver.requests().into_iter().nth(1)
+    })
+    .await;
+    let started =
+        railhook_common::trace_context::TraceParent::parse(&second.headers["traceparent"])
+            .expect("a traceparent Railhook started");
+    assert_ne!(started.trace_id_hex(), TRACE);
+    assert!(!second.headers.contains_key("tracestate"));
+    let stored = http
+        .get(format!(
+            "{api}/v1/events/{}",
+            untraced["id"].as_str().expect("id")
+        ))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("get")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    assert_eq!(stored["trace_id"], started.trace_id_hex());
+    for p in &mut processes {
+        let _ = p.kill();
+        let _ = p.wait();
     }
 }

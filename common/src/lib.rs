@@ -21,6 +21,7 @@ pub mod sealing;
 pub mod secrets;
 pub mod signing;
 pub mod telemetry;
+pub mod trace_context;
 
 pub use event_type::{EventType, EventTypePattern};
 

@@ -1,4 +1,5 @@
-//! Request extractors whose rejections speak problem+json.
+//! Request extractors whose rejections speak problem+json, and the trace context a request
+//! hands to the Events it stores.
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -54,4 +55,24 @@ where
             .map(|q| ApiQuery(q.0))
             .map_err(|e: QueryRejection| ApiError::validation("query", e.body_text()))
     }
+}
+
+/// The trace context to store with the request's Events: the request span's own (its parent
+/// is the caller's `traceparent`, set by the API's middleware), so the relay and the worker
+/// continue the caller's trace; a new trace when the caller sent none. `tracestate` is kept
+/// as sent (`railhook_common::trace_context`).
+pub fn trace_of_request(headers: &axum::http::HeaderMap) -> (String, Option<String>) {
+    use railhook_common::trace_context::{TraceParent, handed_on, tracestate};
+    let incoming = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse);
+    let state = incoming.and_then(|_| {
+        headers
+            .get("tracestate")
+            .and_then(|v| v.to_str().ok())
+            .and_then(tracestate)
+    });
+    let own = handed_on(&tracing::Span::current(), incoming.as_ref());
+    (own.to_string(), state)
 }

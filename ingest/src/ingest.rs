@@ -58,6 +58,10 @@ pub struct NewEvent {
     pub event_type: EventType,
     pub payload: Box<RawValue>,
     pub idempotency_key: Option<String>,
+    /// The request span's W3C trace context, stored with the Event and its Outbox rows
+    /// (`railhook_common::trace_context`).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// A Delivery as reported back to the sender.
@@ -463,11 +467,14 @@ async fn insert_all(
         .collect();
     let payloads: Vec<String> = events.iter().map(|e| e.payload.get().to_owned()).collect();
     let keys: Vec<Option<String>> = events.iter().map(|e| e.idempotency_key.clone()).collect();
-    // The statement lives in migrations/…_ingest_function.sql: it takes the keys' locks
-    // and then inserts, each with its own snapshot, in one round trip.
+    let traceparents: Vec<Option<String>> = events.iter().map(|e| e.traceparent.clone()).collect();
+    let tracestates: Vec<Option<String>> = events.iter().map(|e| e.tracestate.clone()).collect();
+    // The statement lives in migrations/…_ingest_function.sql (with the trace context:
+    // …_trace_context.sql): it takes the keys' locks and then inserts, each with its own
+    // snapshot, in one round trip.
     let rows = sqlx::query!(
         r#"SELECT id AS "id!", created_at AS "created_at!"
-           FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"#,
+           FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"#,
         project.id.as_str(),
         &ids,
         &types,
@@ -478,7 +485,9 @@ async fn insert_all(
         &plan.endpoint_ids,
         &plan.subscription_ids,
         &plan.ordered,
-        IDEMPOTENCY_WINDOW_HOURS
+        IDEMPOTENCY_WINDOW_HOURS,
+        &traceparents as &[Option<String>],
+        &tracestates as &[Option<String>]
     )
     .fetch_all(db)
     .await?;

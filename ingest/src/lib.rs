@@ -200,6 +200,20 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map_or_else(|| ulid::Ulid::new().to_string(), str::to_owned);
     let span = tracing::info_span!("request", %method, %route, %request_id);
+    // A caller's W3C `traceparent` makes this request a span of the caller's trace (what
+    // Events store and pass on: routes/events.rs, `trace_of_request`).
+    if let Some(parent) = request
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(railhook_common::trace_context::TraceParent::parse)
+    {
+        let state = request
+            .headers()
+            .get("tracestate")
+            .and_then(|v| v.to_str().ok());
+        railhook_common::trace_context::adopt(&span, &parent, state);
+    }
     let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
     if let Ok(v) = axum::http::HeaderValue::from_str(&request_id) {

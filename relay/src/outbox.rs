@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use pgwire_replication::Lsn;
 use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
+use railhook_common::trace_context::TraceParent;
 
 use crate::error::RelayError;
 use crate::pgoutput::{self, Column, Relation};
@@ -16,14 +17,19 @@ fn text<'a>(row: &HashMap<&str, &'a Column>, column: &'static str) -> Result<&'a
     }
 }
 
-/// The Announcement for one decoded Outbox row.
+/// The Announcement for one decoded Outbox row, and the trace context the row carries (rows
+/// written before migration 20261204000013, and rows of other reasons, carry none).
 pub(crate) fn announcement(
     relation: &Relation,
     tuple: &[Column],
     commit_lsn: Lsn,
-) -> Result<Announcement, RelayError> {
+) -> Result<(Announcement, Option<TraceParent>), RelayError> {
     let row = pgoutput::named(relation, tuple);
-    Ok(Announcement {
+    let trace = match row.get("traceparent") {
+        Some(Column::Text(v)) => TraceParent::parse(v),
+        _ => None,
+    };
+    let announcement = Announcement {
         v: ANNOUNCEMENT_VERSION,
         delivery_id: text(&row, "delivery_id")?.to_owned(),
         endpoint_id: text(&row, "endpoint_id")?.to_owned(),
@@ -33,5 +39,6 @@ pub(crate) fn announcement(
             .parse()
             .map_err(|_| RelayError::OutboxRow("id"))?,
         commit_lsn: commit_lsn.to_pg_string(),
-    })
+    };
+    Ok((announcement, trace))
 }

@@ -47,7 +47,9 @@ use futures::stream::FuturesUnordered;
 use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
 use railhook_common::announcement::Announcement;
 use railhook_common::health::{Backoff, Dependencies};
+use railhook_common::trace_context::{self, TraceParent};
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgConnection;
@@ -359,11 +361,13 @@ impl Relay {
                         .ok_or(RelayError::UnknownRelation(relation_id))?;
                     if relation.name == "outbox" {
                         let current = s.current.as_ref().ok_or(RelayError::StreamEnded)?;
-                        let announcement = announcement(relation, &tuple, current.commit_lsn)?;
+                        let (announcement, trace) =
+                            announcement(relation, &tuple, current.commit_lsn)?;
                         if self.faults.crash_before_produce.load(Ordering::SeqCst) {
                             return Err(RelayError::InjectedCrash("before produce"));
                         }
-                        let (ack, bytes) = self.produce(&s.producer, &announcement, current.seq)?;
+                        let (ack, bytes) =
+                            self.produce(&s.producer, &announcement, trace, current.seq)?;
                         acks.push(ack);
                         s.window.sent(current.seq, bytes);
                     }
@@ -409,18 +413,42 @@ impl Relay {
         Ok(())
     }
 
-    /// Hands one Announcement to the producer; returns its ack future and its size.
+    /// Hands one Announcement to the producer; returns its ack future and its size. A row
+    /// with a trace context is published in a `publish` span of that trace, whose context
+    /// rides along as the message's `traceparent` header (common/src/trace_context.rs).
     fn produce(
         &self,
         producer: &FutureProducer,
         announcement: &Announcement,
+        trace: Option<TraceParent>,
         seq: u64,
     ) -> Result<(AckFuture, usize), RelayError> {
         let payload = announcement.encode();
         let bytes = payload.len();
-        let record = FutureRecord::to(&self.config.topic)
+        let span = match &trace {
+            Some(parent) => {
+                let span = tracing::info_span!(
+                    "publish",
+                    delivery_id = %announcement.delivery_id,
+                    endpoint_id = %announcement.endpoint_id,
+                    reason = %announcement.reason,
+                );
+                trace_context::adopt(&span, parent, None);
+                span
+            }
+            None => tracing::Span::none(),
+        };
+        let _entered = span.enter();
+        let header = trace.map(|parent| trace_context::handed_on(&span, Some(&parent)).to_string());
+        let mut record = FutureRecord::to(&self.config.topic)
             .key(announcement.key())
             .payload(&payload);
+        if let Some(value) = &header {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: "traceparent",
+                value: Some(value.as_str()),
+            }));
+        }
         match producer.send_result(record) {
             Ok(delivery) => Ok((Box::pin(async move { (seq, bytes, delivery.await) }), bytes)),
             Err((e, _)) => {

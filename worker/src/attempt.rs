@@ -51,6 +51,10 @@ pub struct Attempt {
     pub sequence_number: Option<i64>,
     /// The body's media type; `application/json` unless a forwarded webhook said otherwise.
     pub content_type: Option<String>,
+    /// W3C trace context for the receiver: the Event's trace, this Attempt as the parent
+    /// (common/src/trace_context.rs), and the `tracestate` the sender gave.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// How an Attempt ended, decided by [`classify`].
@@ -231,6 +235,12 @@ impl Runner {
         set("x-event-type", a.event_type.clone());
         if let Some(seq) = a.sequence_number {
             set("x-sequence-number", seq.to_string());
+        }
+        if let Some(tp) = &a.traceparent {
+            set("traceparent", tp.clone());
+        }
+        if let Some(ts) = &a.tracestate {
+            set("tracestate", ts.clone());
         }
         let content_type = a
             .content_type

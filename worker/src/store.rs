@@ -54,6 +54,9 @@ pub struct Target {
     pub forward_headers: Option<serde_json::Value>,
     /// The Event's payload was expunged: nothing may be sent.
     pub expunged: bool,
+    /// The trace context stored with the Event (common/src/trace_context.rs).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 fn outcome_name(o: &Outcome) -> &'static str {
@@ -217,6 +220,8 @@ struct ClaimRow {
     raw_body: Option<Vec<u8>>,
     forward_headers: Option<serde_json::Value>,
     expunged: bool,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 impl ClaimRow {
@@ -251,6 +256,8 @@ impl ClaimRow {
             raw_body: self.raw_body,
             forward_headers: self.forward_headers,
             expunged: self.expunged,
+            traceparent: self.traceparent,
+            tracestate: self.tracestate,
         };
         (claimed, target)
     }
@@ -296,7 +303,7 @@ pub async fn claim_batch(
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
                   v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
                   v.created_at AS event_created_at, v.raw_body, v.forward_headers,
-                  v.expunged_at IS NOT NULL AS "expunged!"
+                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            JOIN events v ON v.id = c.event_id"#,
@@ -345,7 +352,7 @@ pub async fn swap_batch(
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
                   v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
                   v.created_at AS event_created_at, v.raw_body, v.forward_headers,
-                  v.expunged_at IS NOT NULL AS "expunged!"
+                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            JOIN events v ON v.id = c.event_id"#,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use railhook_common::config::PROCESSING_MARGIN;
 use railhook_common::retry::Ladder;
 use railhook_common::signing::SigningKey;
+use railhook_common::trace_context::{self, TraceParent};
 use tracing::Instrument;
 
 use crate::attempt::{Attempt, Outcome};
@@ -44,6 +45,11 @@ pub(crate) async fn turns(
             attempt = claimed.attempt_count + 1,
             direction = %claimed.direction,
         );
+        // The Attempt continues the Event's trace: its span's parent is the context stored
+        // with the Event (the ingest request), whichever hint brought the Delivery here.
+        if let Some(parent) = target.traceparent.as_deref().and_then(TraceParent::parse) {
+            trace_context::adopt(&span, &parent, target.tracestate.as_deref());
+        }
         let released = deliver(shared, claimed, target, stamped)
             .instrument(span)
             .await;
@@ -233,6 +239,11 @@ async fn deliver(
         return give_up(shared, &claimed, "the endpoint's URL or secret is invalid").await;
     };
     attempt.timeout = attempt.timeout.min(shared.endpoint_timeout_max);
+    // Inside the Attempt's span: the receiver's parent is this Attempt.
+    let stored = target.traceparent.as_deref().and_then(TraceParent::parse);
+    attempt.traceparent =
+        Some(trace_context::handed_on(&tracing::Span::current(), stored.as_ref()).to_string());
+    attempt.tracestate = target.tracestate.clone();
     let lease = admit(shared, &mut claimed, &target).await?;
     attempt.sequence_number = claimed.sequence_number;
     // Invariant: a Claim is never older than its sweep window allows when its request
@@ -405,5 +416,7 @@ fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
         timeout: Duration::from_millis(u64::try_from(target.timeout_ms).unwrap_or(30_000)),
         sequence_number: claimed.sequence_number,
         content_type,
+        traceparent: None,
+        tracestate: None,
     })
 }

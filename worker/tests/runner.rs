@@ -52,6 +52,8 @@ fn attempt(url: &str, keys: Vec<SigningKey>, timeout: Duration) -> Attempt {
         timeout,
         sequence_number: Some(7),
         content_type: None,
+        traceparent: None,
+        tracestate: None,
     }
 }
 

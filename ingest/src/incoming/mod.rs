@@ -240,6 +240,7 @@ pub async fn receive(
     let payload = json.unwrap_or_else(|| Value::from(String::from_utf8_lossy(&body).into_owned()));
 
     let event_id = EventId::generate();
+    let (traceparent, tracestate) = crate::extract::trace_of_request(&headers);
     let mut tx = state.pool.begin().await?;
     if let Some(provider_id) = &identity.provider_event_id {
         // Held until the commit: a concurrent resend of the same provider id waits here, then
@@ -254,8 +255,8 @@ pub async fn receive(
     }
     let inserted = sqlx::query_scalar!(
         r#"INSERT INTO events (id, project_id, event_type, payload, source_id, provider_event_id,
-                               raw_body, forward_headers)
-           SELECT $1, $2, $3, $4, $5, $6, $7, $8
+                               raw_body, forward_headers, traceparent, tracestate)
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $10, $11
            WHERE $6::text IS NULL OR NOT EXISTS (
                SELECT 1 FROM events
                WHERE source_id = $5 AND provider_event_id = $6
@@ -269,7 +270,9 @@ pub async fn receive(
         identity.provider_event_id,
         &body[..],
         Value::Object(forward),
-        DEDUPLICATION_WINDOW_HOURS
+        DEDUPLICATION_WINDOW_HOURS,
+        traceparent,
+        tracestate
     )
     .fetch_optional(&mut *tx)
     .await?;
@@ -321,12 +324,13 @@ pub async fn receive(
                    FROM unnest($3::text[], $4::text[]) AS x(id, endpoint_id)
                    RETURNING id, endpoint_id
                )
-               INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
-               SELECT id, endpoint_id, $1, 'CREATED' FROM d"#,
+               INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason, traceparent)
+               SELECT id, endpoint_id, $1, 'CREATED', $5 FROM d"#,
             source.project_id,
             event_id,
             &delivery_ids,
-            &destinations
+            &destinations,
+            traceparent
         )
         .execute(&mut *tx)
         .await?;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::auth::{Project, Sender};
-use crate::extract::{ApiJson, ApiQuery};
+use crate::extract::{ApiJson, ApiQuery, trace_of_request};
 use crate::ingest::{AcceptedEvent, NewEvent, ingest};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
@@ -145,6 +145,8 @@ fn validate_event(
         event_type,
         payload,
         idempotency_key,
+        traceparent: None,
+        tracestate: None,
     })
 }
 
@@ -164,13 +166,17 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateEvent>,
 ) -> ApiResult<(StatusCode, Json<AcceptedEvent>)> {
     let key = idempotency_key(&headers)?;
-    let event = validate_event(
+    let mut event = validate_event(
         "",
         &body.event_type,
         body.payload,
         key,
         state.limits.max_payload_bytes,
     )?;
+    (event.traceparent, event.tracestate) = {
+        let (tp, ts) = trace_of_request(&headers);
+        (Some(tp), ts)
+    };
     state
         .schemas
         .check(&state.pool, &sender.schemas, &[(String::new(), &event)])
@@ -197,8 +203,10 @@ pub async fn create(
 pub async fn create_batch(
     sender: Sender,
     State(state): State<AppState>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<CreateBatch>,
 ) -> ApiResult<(StatusCode, Json<BatchResult>)> {
+    let (traceparent, tracestate) = trace_of_request(&headers);
     let max = state.limits.max_batch_size;
     if body.events.is_empty() || body.events.len() > max {
         return Err(ApiError::validation(
@@ -224,13 +232,10 @@ pub async fn create_batch(
             ));
         }
         let max_payload = state.limits.max_payload_bytes;
-        events.push(validate_event(
-            &field,
-            &item.event_type,
-            item.payload,
-            key,
-            max_payload,
-        )?);
+        let mut event = validate_event(&field, &item.event_type, item.payload, key, max_payload)?;
+        event.traceparent = Some(traceparent.clone());
+        event.tracestate.clone_from(&tracestate);
+        events.push(event);
     }
     let checked: Vec<(String, &NewEvent)> = events
         .iter()
@@ -271,6 +276,9 @@ pub struct Event {
     pub created_at: DateTime<Utc>,
     /// When the payload was expunged (`DELETE /v1/events/{id}/payload`), if it was.
     pub expunged_at: Option<DateTime<Utc>>,
+    /// The W3C trace id this Event's deliveries continue (the caller's, or one Railhook
+    /// started); absent for Events stored before trace context was kept.
+    pub trace_id: Option<String>,
     pub deliveries: Vec<DeliverySummary>,
 }
 
@@ -285,7 +293,7 @@ pub async fn get(
     let id = EventId::parse(&id).map_err(|_| ApiError::NotFound("event"))?;
     let row = sqlx::query!(
         r#"SELECT id, event_type, payload::text AS "payload!", idempotency_key, created_at,
-                  expunged_at
+                  expunged_at, traceparent
            FROM events WHERE id = $1 AND project_id = $2"#,
         id.as_str(),
         project.id.as_str()
@@ -313,6 +321,11 @@ pub async fn get(
         idempotency_key: row.idempotency_key,
         created_at: row.created_at,
         expunged_at: row.expunged_at,
+        trace_id: row
+            .traceparent
+            .as_deref()
+            .and_then(railhook_common::trace_context::TraceParent::parse)
+            .map(|t| t.trace_id_hex()),
         deliveries,
     }))
 }

@@ -68,6 +68,8 @@ const RESERVED_HEADERS: &[&str] = &[
     "x-event-id",
     "x-event-type",
     "x-sequence-number",
+    "traceparent",
+    "tracestate",
 ];
 
 pub const MAX_CUSTOM_HEADERS: usize = 20;
