@@ -18,6 +18,7 @@ use support::spawn_app;
 const STREAK: store::StreakPolicy = store::StreakPolicy {
     disable_after: Duration::from_secs(5 * 24 * 3600),
     min_failures: 5,
+    failing_after: 4,
 };
 
 fn report(outcome: Outcome) -> Report {

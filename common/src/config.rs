@@ -207,6 +207,9 @@ pub struct Settings {
     pub endpoint_disable_after_seconds: u64,
     /// … and only once the streak counts at least this many failed Attempts.
     pub endpoint_disable_min_failures: u32,
+    /// A Delivery whose Attempts failed this many times in a row triggers the operational
+    /// webhook `message.attempt.failing` (and a later success `message.attempt.recovered`).
+    pub operational_failing_after: u32,
     /// A failure streak older than this shows the endpoint as `warning`.
     pub endpoint_warn_after_seconds: u64,
     /// Sets `Secure` on the dashboard's session cookie. Leave on behind TLS; the local demo

@@ -11,6 +11,7 @@ pub mod incoming;
 pub mod ingest;
 pub mod metrics;
 pub mod openapi;
+pub mod operational;
 pub mod pagination;
 pub mod problem;
 pub mod quota;
@@ -37,7 +38,7 @@ use crate::incoming::routes as sources;
 use crate::problem::ApiError;
 use crate::routes::{
     admin, deliveries, endpoint_secret, endpoint_state, endpoints, event_types, events, failed,
-    health, replays, subscriptions,
+    health, operational_endpoints, replays, subscriptions,
 };
 pub use crate::state::AppState;
 
@@ -98,6 +99,24 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/v1/event-types/{name}/deprecate",
             post(event_types::deprecate),
+        )
+        .route(
+            "/v1/operational-endpoints",
+            post(operational_endpoints::create).get(operational_endpoints::list),
+        )
+        .route(
+            "/v1/operational-endpoints/{id}",
+            get(operational_endpoints::get)
+                .patch(operational_endpoints::update)
+                .delete(operational_endpoints::delete),
+        )
+        .route(
+            "/v1/operational-endpoints/{id}/secret",
+            get(operational_endpoints::secret),
+        )
+        .route(
+            "/v1/operational-endpoints/{id}/secret/rotate",
+            post(operational_endpoints::rotate_secret),
         )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

@@ -7,7 +7,7 @@ use utoipa::{Modify, OpenApi};
 use crate::incoming::{self, routes as sources};
 use crate::routes::{
     admin, deliveries, endpoint_secret, endpoint_state, endpoints, event_types, events, failed,
-    replays, subscriptions,
+    operational_endpoints, replays, subscriptions,
 };
 
 struct BearerSchemes;
@@ -82,6 +82,8 @@ impl Modify for ProblemAnswers {
         subscriptions::delete,
         event_types::create, event_types::list, event_types::get, event_types::update,
         event_types::deprecate, event_types::delete,
+        operational_endpoints::create, operational_endpoints::list, operational_endpoints::get, operational_endpoints::update,
+        operational_endpoints::delete, operational_endpoints::secret, operational_endpoints::rotate_secret,
         events::create, events::create_batch, events::get, events::list, events::expunge,
         deliveries::list, deliveries::get, deliveries::attempts, deliveries::retry,
         failed::list, failed::retry,

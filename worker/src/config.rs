@@ -90,6 +90,7 @@ impl WorkerConfig {
             streak: store::StreakPolicy {
                 disable_after: Duration::from_secs(s.endpoint_disable_after_seconds),
                 min_failures: s.endpoint_disable_min_failures,
+                failing_after: s.operational_failing_after,
             },
             keyring: s.keyring(),
         })

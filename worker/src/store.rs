@@ -114,7 +114,7 @@ pub async fn finalise(
                    failure_reason = $6, last_status_code = coalesce($11, last_status_code),
                    updated_at = now(), version = version + 1
                WHERE id = $1 AND claim_token = $2
-               RETURNING id
+               RETURNING id, project_id, event_id, attempt_count
            ), streak AS (
                SELECT e.id,
                       e.enabled AS was_enabled,
@@ -142,7 +142,34 @@ pub async fn finalise(
                    updated_at = now()
                FROM streak s
                WHERE e.id = s.id
-               RETURNING e.id, s.was_enabled AND (s.gone OR s.worn_out) AS disabled
+               RETURNING e.id, s.was_enabled AND (s.gone OR s.worn_out) AS disabled,
+                         e.disabled_reason, e.disabled_at
+           ), ops AS (
+               -- Operational webhooks, in this same statement so they exist exactly when
+               -- this outcome commits (never for an operational endpoint's own Deliveries).
+               SELECT railhook_emit_operational(u.project_id, t.kind, t.data) AS n
+               FROM upd u
+               JOIN endpoints ep ON ep.id = $7 AND ep.kind = 'webhook'
+               CROSS JOIN LATERAL (VALUES
+                   ('message.attempt.exhausted', $3 = 'FAILED' AND $16),
+                   ('message.attempt.failing',
+                    $3 = 'PENDING' AND $16 AND NOT $17 AND u.attempt_count = $20),
+                   ('message.attempt.recovered', $17 AND u.attempt_count > $20),
+                   ('endpoint.disabled', EXISTS (SELECT 1 FROM health h WHERE h.disabled))
+               ) AS t0(kind, fire)
+               CROSS JOIN LATERAL (SELECT t0.kind, CASE
+                   WHEN t0.kind = 'endpoint.disabled' THEN
+                       (SELECT jsonb_build_object('endpoint_id', h.id, 'reason', h.disabled_reason,
+                                                  'disabled_at', h.disabled_at)
+                        FROM health h)
+                   ELSE jsonb_build_object(
+                       'endpoint_id', $7::text, 'event_id', u.event_id, 'delivery_id', u.id,
+                       'attempt_count', u.attempt_count,
+                       'last_attempt', jsonb_build_object('status_code', $11::int,
+                           'finished_at', $10::timestamptz, 'duration_ms', $13::int,
+                           'error', $14::text))
+                   END AS data) AS t
+               WHERE t0.fire
            ), attempt AS (
                INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at,
                                      status_code, outcome, duration_ms, error_class,
@@ -154,7 +181,8 @@ pub async fn finalise(
                RETURNING id
            )
            SELECT EXISTS (SELECT 1 FROM upd) AS "wrote!",
-                  EXISTS (SELECT 1 FROM health WHERE disabled) AS "disabled!""#,
+                  EXISTS (SELECT 1 FROM health WHERE disabled) AS "disabled!",
+                  (SELECT coalesce(sum(n), 0) FROM ops)::int AS "operational!""#,
         claimed.id,
         claimed.token,
         status,
@@ -173,7 +201,8 @@ pub async fn finalise(
         report.sent,
         delivered,
         streak.disable_after.as_secs_f64(),
-        i32::try_from(streak.min_failures).unwrap_or(i32::MAX)
+        i32::try_from(streak.min_failures).unwrap_or(i32::MAX),
+        i32::try_from(streak.failing_after).unwrap_or(i32::MAX)
     )
     .fetch_one(db)
     .await?;
@@ -189,6 +218,8 @@ pub async fn finalise(
 pub struct StreakPolicy {
     pub disable_after: std::time::Duration,
     pub min_failures: u32,
+    /// Failed Attempts in a row after which a Delivery is reported `message.attempt.failing`.
+    pub failing_after: u32,
 }
 
 /// One row of [`claim_batch`] or [`swap_batch`]: the Claim and what its Attempt needs.

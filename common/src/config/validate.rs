@@ -165,10 +165,13 @@ impl Settings {
                 "and deferral_max_seconds must be at least 1",
             ));
         }
-        if self.endpoint_disable_min_failures == 0 || self.dashboard_session_seconds == 0 {
+        if self.endpoint_disable_min_failures == 0
+            || self.dashboard_session_seconds == 0
+            || self.operational_failing_after == 0
+        {
             return Err(invalid(
                 "endpoint_disable_min_failures",
-                "and dashboard_session_seconds must be at least 1",
+                "dashboard_session_seconds and operational_failing_after must be at least 1",
             ));
         }
         Ok(())

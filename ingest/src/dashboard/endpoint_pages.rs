@@ -34,7 +34,7 @@ pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageR
     let rows: Vec<EndpointRow> = sqlx::query_as(
         "SELECT id, url, enabled, disabled_reason, breaker_state, consecutive_failures,
                 failing_since, source_id
-         FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL ORDER BY id",
+         FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL AND kind = 'webhook' ORDER BY id",
     )
     .bind(session.project.id.as_str())
     .fetch_all(&state.pool)

@@ -30,14 +30,26 @@ pub async fn secret(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<EndpointSecret>> {
-    let id = parse_id(&id)?;
+    read(&state, &project, &id, "webhook").await
+}
+
+/// The secret of an endpoint of `kind` (`webhook`, or `operational` for
+/// `/v1/operational-endpoints`): each route sees only its own kind.
+pub(crate) async fn read(
+    state: &AppState,
+    project: &Project,
+    id: &str,
+    kind: &str,
+) -> ApiResult<Json<EndpointSecret>> {
+    let id = parse_id(id)?;
     let row = sqlx::query!(
         r#"SELECT secret,
                   CASE WHEN previous_secret_expires_at > now() THEN previous_secret END AS previous_secret,
                   CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END AS previous_expires
-           FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
+           FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = $3"#,
         id.as_str(),
-        project.id.as_str()
+        project.id.as_str(),
+        kind
     )
     .fetch_optional(&state.pool)
     .await?
@@ -64,13 +76,25 @@ pub async fn rotate_secret(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<EndpointSecret>> {
-    let id = parse_id(&id)?;
+    rotate(&state, &project, &id, "webhook").await
+}
+
+/// Rotates the secret of an endpoint of `kind` (see [`read`]).
+pub(crate) async fn rotate(
+    state: &AppState,
+    project: &Project,
+    id: &str,
+    kind: &str,
+) -> ApiResult<Json<EndpointSecret>> {
+    let id = parse_id(id)?;
     let overlap = state.limits.secret_rotation_overlap.as_secs_f64();
     // A rotation keeps the endpoint's scheme.
     let current = sqlx::query_scalar!(
-        "SELECT secret FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
+        "SELECT secret FROM endpoints
+         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = $3",
         id.as_str(),
-        project.id.as_str()
+        project.id.as_str(),
+        kind
     )
     .fetch_optional(&state.pool)
     .await?

@@ -76,7 +76,7 @@ pub async fn health(
            FROM endpoints e
            LEFT JOIN deliveries d ON d.endpoint_id = e.id
            LEFT JOIN attempts a ON a.delivery_id = d.id AND a.started_at > now() - interval '24 hours'
-           WHERE e.id = $1 AND e.project_id = $2 AND e.deleted_at IS NULL
+           WHERE e.id = $1 AND e.project_id = $2 AND e.deleted_at IS NULL AND e.kind = 'webhook'
            GROUP BY e.id"#,
         id.as_str(),
         project.id.as_str()
@@ -170,6 +170,18 @@ pub async fn set_enabled(
     enabled: bool,
     reason: Option<String>,
 ) -> ApiResult<Json<Endpoint>> {
+    // The change and its operational webhook commit together (crate::operational).
+    let mut tx = state.pool.begin().await?;
+    let was_enabled = sqlx::query_scalar!(
+        "SELECT enabled FROM endpoints
+         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
+         FOR UPDATE",
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
     let row = sqlx::query_as!(
         EndpointRow,
         r#"UPDATE endpoints
@@ -187,9 +199,24 @@ pub async fn set_enabled(
         enabled,
         reason
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
+    if enabled != was_enabled {
+        let kind = if enabled {
+            "endpoint.enabled"
+        } else {
+            "endpoint.disabled"
+        };
+        crate::operational::emit(
+            &mut *tx,
+            project.id.as_str(),
+            kind,
+            serde_json::json!({"endpoint_id": row.id, "reason": row.disabled_reason}),
+        )
+        .await?;
+    }
+    tx.commit().await?;
     // The dashboard comes here without the API's router layer.
     state.senders.invalidate();
     Ok(Json(row.view(&state.keyring)))

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
+use crate::operational;
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::{double_option, validate_headers, validate_url};
@@ -241,6 +242,7 @@ pub(crate) async fn insert(
     };
     let headers = serde_json::to_value(&body.headers).unwrap_or_default();
     let id = EndpointId::generate();
+    let mut tx = state.pool.begin().await?;
     let row = sqlx::query_as!(
         EndpointRow,
         r#"INSERT INTO endpoints (id, project_id, url, description, secret, enabled, timeout_ms,
@@ -266,8 +268,16 @@ pub(crate) async fn insert(
         body.rate_limit_burst,
         source_id
     )
-    .fetch_one(&state.pool)
+    .fetch_one(&mut *tx)
     .await?;
+    operational::emit(
+        &mut *tx,
+        project.id.as_str(),
+        "endpoint.created",
+        operational::endpoint_data(&row.id, &row.url, &row.description),
+    )
+    .await?;
+    tx.commit().await?;
     Ok(CreatedEndpoint {
         endpoint: row.view(&state.keyring),
         secret,
@@ -310,7 +320,8 @@ pub async fn list(
                   source_id,
                   created_at, updated_at
            FROM endpoints
-           WHERE project_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR id < $2)
+           WHERE project_id = $1 AND deleted_at IS NULL AND kind = 'webhook'
+             AND ($2::text IS NULL OR id < $2)
            ORDER BY id DESC LIMIT $3"#,
         project.id.as_str(),
         page.after,
@@ -338,7 +349,8 @@ pub async fn get(
                   rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
                   source_id,
                   created_at, updated_at
-           FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
+           FROM endpoints
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'"#,
         id.as_str(),
         project.id.as_str()
     )
@@ -414,6 +426,18 @@ pub async fn update(
         .map(|d| d.as_deref().map(retry_delays).transpose())
         .transpose()?;
     check_max_attempts(body.max_attempts.flatten())?;
+    // The change and its operational webhooks commit together (crate::operational).
+    let mut tx = state.pool.begin().await?;
+    let was_enabled = sqlx::query_scalar!(
+        "SELECT enabled FROM endpoints
+         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
+         FOR UPDATE",
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
     let row = sqlx::query_as!(
         EndpointRow,
         r#"UPDATE endpoints SET
@@ -429,7 +453,7 @@ pub async fn update(
                max_attempts = CASE WHEN $14 THEN $15 ELSE max_attempts END,
                rate_limit_burst = CASE WHEN $16 THEN $17 ELSE rate_limit_burst END,
                updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
            RETURNING id, url, description, enabled, disabled_reason, secret, timeout_ms,
                      rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
                   source_id,
@@ -452,9 +476,31 @@ pub async fn update(
         body.rate_limit_burst.is_some(),
         body.rate_limit_burst.flatten()
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
+    operational::emit(
+        &mut *tx,
+        project.id.as_str(),
+        "endpoint.updated",
+        operational::endpoint_data(&row.id, &row.url, &row.description),
+    )
+    .await?;
+    if row.enabled != was_enabled {
+        let kind = if row.enabled {
+            "endpoint.enabled"
+        } else {
+            "endpoint.disabled"
+        };
+        operational::emit(
+            &mut *tx,
+            project.id.as_str(),
+            kind,
+            serde_json::json!({"endpoint_id": row.id, "reason": row.disabled_reason}),
+        )
+        .await?;
+    }
+    tx.commit().await?;
     Ok(Json(row.view(&state.keyring)))
 }
 
@@ -472,7 +518,7 @@ pub async fn delete(
     let mut tx = state.pool.begin().await?;
     let deleted = sqlx::query!(
         "UPDATE endpoints SET deleted_at = now(), enabled = false, updated_at = now()
-         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
+         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'",
         id.as_str(),
         project.id.as_str()
     )
@@ -487,6 +533,13 @@ pub async fn delete(
         id.as_str()
     )
     .execute(&mut *tx)
+    .await?;
+    operational::emit(
+        &mut *tx,
+        project.id.as_str(),
+        "endpoint.deleted",
+        serde_json::json!({"endpoint_id": id.as_str()}),
+    )
     .await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)

@@ -432,7 +432,7 @@ pub async fn list(
     let rows = sqlx::query_as!(
         EventSummary,
         r#"SELECT id, event_type, idempotency_key, created_at FROM events
-           WHERE project_id = $1
+           WHERE project_id = $1 AND NOT operational
              AND ($2::text IS NULL OR event_type = $2)
              AND ($3::timestamptz IS NULL OR created_at >= $3)
              AND ($4::timestamptz IS NULL OR created_at < $4)

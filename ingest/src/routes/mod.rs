@@ -9,6 +9,7 @@ pub mod event_types;
 pub mod events;
 pub mod failed;
 pub mod health;
+pub mod operational_endpoints;
 pub mod replays;
 pub mod subscriptions;
 

@@ -80,7 +80,7 @@ pub async fn create(
         Subscription,
         r#"INSERT INTO subscriptions (id, project_id, endpoint_id, event_types, ordered)
            SELECT $1, $2, e.id, $4, $5 FROM endpoints e
-           WHERE e.id = $3 AND e.project_id = $2 AND e.deleted_at IS NULL
+           WHERE e.id = $3 AND e.project_id = $2 AND e.deleted_at IS NULL AND e.kind = 'webhook'
              AND e.source_id IS NULL
            RETURNING id, endpoint_id, event_types, ordered, created_at, updated_at"#,
         id.as_str(),

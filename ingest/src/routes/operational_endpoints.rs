@@ -1,0 +1,323 @@
+//! `/v1/operational-endpoints`: where a project's own systems receive operational webhooks
+//! (`crate::operational`): create, list, get, update, delete, read and rotate the secret.
+//!
+//! An operational endpoint is an `endpoints` row of kind `operational` with the operational
+//! event types it wants (`*` for all). It has no subscriptions, so the project's Events
+//! never reach it; `/v1/endpoints` never shows it. It is signed like any endpoint (its own
+//! secret) and retried on its own ladder, [`LADDER`].
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use railhook_common::ids::EndpointId;
+use railhook_common::secrets::generate_signing_secret;
+use serde::{Deserialize, Serialize};
+
+use crate::auth::Project;
+use crate::extract::{ApiJson, ApiQuery};
+use crate::operational::TYPES;
+use crate::pagination::{Listing, PageRequest};
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::routes::endpoint_secret::{self, EndpointSecret};
+use crate::routes::endpoints::parse_id;
+use crate::routes::validate_url;
+use crate::state::AppState;
+
+/// The operational ladder: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h (8 Attempts over ~17.5 h).
+/// Shorter than the message ladder: an operator's pager wants to know today.
+pub const LADDER: &str = "5,300,1800,7200,18000,36000,36000";
+pub const MAX_ATTEMPTS: i32 = 8;
+const TIMEOUT_MS: i32 = 15_000;
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OperationalEndpoint {
+    pub id: String,
+    pub url: String,
+    pub description: String,
+    /// Operational event types sent here (`*`: all of them).
+    pub event_types: Vec<String>,
+    pub enabled: bool,
+    pub disabled_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct CreatedOperationalEndpoint {
+    #[serde(flatten)]
+    pub endpoint: OperationalEndpoint,
+    /// `whsec_…`: verifies this endpoint's webhooks (Standard Webhooks). Shown once; read it
+    /// again with `GET /v1/operational-endpoints/{id}/secret`.
+    pub secret: String,
+}
+
+struct Row {
+    id: String,
+    url: String,
+    description: String,
+    operational_types: Option<Vec<String>>,
+    enabled: bool,
+    disabled_reason: Option<String>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<Row> for OperationalEndpoint {
+    fn from(r: Row) -> Self {
+        Self {
+            id: r.id,
+            url: r.url,
+            description: r.description,
+            event_types: r.operational_types.unwrap_or_default(),
+            enabled: r.enabled,
+            disabled_reason: r.disabled_reason,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+fn event_types(raw: Option<Vec<String>>) -> ApiResult<Vec<String>> {
+    let mut types = raw.unwrap_or_else(|| vec!["*".to_owned()]);
+    if types.is_empty() {
+        return Err(ApiError::validation(
+            "event_types",
+            "event_types must name at least one type (or \"*\")",
+        ));
+    }
+    if let Some(bad) = types
+        .iter()
+        .find(|t| *t != "*" && !TYPES.contains(&t.as_str()))
+    {
+        return Err(ApiError::validation(
+            "event_types",
+            format!(
+                "'{}' is not an operational event type; use \"*\" or any of {}",
+                bad.escape_debug(),
+                TYPES.join(", ")
+            ),
+        ));
+    }
+    types.sort();
+    types.dedup();
+    Ok(types)
+}
+
+fn description(d: Option<String>) -> ApiResult<Option<String>> {
+    match d {
+        Some(d) if d.chars().count() > 1_000 => Err(ApiError::validation(
+            "description",
+            "description must be at most 1000 characters",
+        )),
+        other => Ok(other),
+    }
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateOperationalEndpoint {
+    pub url: String,
+    pub description: Option<String>,
+    /// Default: `["*"]`.
+    pub event_types: Option<Vec<String>>,
+}
+
+#[utoipa::path(post, path = "/v1/operational-endpoints", tag = "operational-endpoints",
+    request_body = CreateOperationalEndpoint,
+    responses((status = 201, body = CreatedOperationalEndpoint), (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn create(
+    project: Project,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateOperationalEndpoint>,
+) -> ApiResult<(StatusCode, Json<CreatedOperationalEndpoint>)> {
+    let url = validate_url(&body.url)?;
+    let description = description(body.description)?.unwrap_or_default();
+    let types = event_types(body.event_types)?;
+    let secret = generate_signing_secret();
+    let id = EndpointId::generate();
+    let row = sqlx::query_as!(
+        Row,
+        r#"INSERT INTO endpoints (id, project_id, url, description, secret, timeout_ms,
+                                  retry_delays, max_attempts, kind, operational_types)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'operational', $9)
+           RETURNING id, url, description, operational_types, enabled, disabled_reason,
+                     created_at, updated_at"#,
+        id.as_str(),
+        project.id.as_str(),
+        url,
+        description,
+        state.keyring.seal(id.as_str(), &secret),
+        TIMEOUT_MS.min(state.limits.endpoint_timeout_max_ms),
+        LADDER,
+        MAX_ATTEMPTS,
+        &types
+    )
+    .fetch_one(&state.pool)
+    .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedOperationalEndpoint {
+            endpoint: row.into(),
+            secret,
+        }),
+    ))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/operational-endpoints", tag = "operational-endpoints",
+    params(ListQuery),
+    responses((status = 200, body = Listing<OperationalEndpoint>)), security(("api_key" = [])))]
+pub async fn list(
+    project: Project,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Listing<OperationalEndpoint>>> {
+    let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    let rows = sqlx::query_as!(
+        Row,
+        r#"SELECT id, url, description, operational_types, enabled, disabled_reason,
+                  created_at, updated_at
+           FROM endpoints
+           WHERE project_id = $1 AND kind = 'operational' AND deleted_at IS NULL
+             AND ($2::text IS NULL OR id < $2)
+           ORDER BY id DESC LIMIT $3"#,
+        project.id.as_str(),
+        page.after,
+        page.fetch()
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    let rows: Vec<OperationalEndpoint> = rows.into_iter().map(Into::into).collect();
+    Ok(Json(page.finish(rows, |e: &OperationalEndpoint| &e.id)))
+}
+
+#[utoipa::path(get, path = "/v1/operational-endpoints/{id}", tag = "operational-endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = OperationalEndpoint), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn get(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<OperationalEndpoint>> {
+    let id = parse_id(&id)?;
+    let row = sqlx::query_as!(
+        Row,
+        r#"SELECT id, url, description, operational_types, enabled, disabled_reason,
+                  created_at, updated_at
+           FROM endpoints
+           WHERE id = $1 AND project_id = $2 AND kind = 'operational' AND deleted_at IS NULL"#,
+        id.as_str(),
+        project.id.as_str()
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("operational endpoint"))?;
+    Ok(Json(row.into()))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateOperationalEndpoint {
+    pub url: Option<String>,
+    pub description: Option<String>,
+    pub event_types: Option<Vec<String>>,
+    /// `true` re-enables it (after its own failures disabled it) and clears the reason.
+    pub enabled: Option<bool>,
+}
+
+#[utoipa::path(patch, path = "/v1/operational-endpoints/{id}", tag = "operational-endpoints",
+    params(("id" = String, Path)), request_body = UpdateOperationalEndpoint,
+    responses((status = 200, body = OperationalEndpoint), (status = 404, body = Problem),
+              (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn update(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateOperationalEndpoint>,
+) -> ApiResult<Json<OperationalEndpoint>> {
+    let id = parse_id(&id)?;
+    let url = body.url.as_deref().map(validate_url).transpose()?;
+    let description = description(body.description)?;
+    let types = body.event_types.map(|t| event_types(Some(t))).transpose()?;
+    let row = sqlx::query_as!(
+        Row,
+        r#"UPDATE endpoints SET
+               url = coalesce($3, url),
+               description = coalesce($4, description),
+               operational_types = coalesce($5, operational_types),
+               enabled = coalesce($6, enabled),
+               disabled_reason = CASE WHEN $6 IS TRUE THEN NULL ELSE disabled_reason END,
+               consecutive_failures = CASE WHEN $6 IS TRUE THEN 0 ELSE consecutive_failures END,
+               failing_since = CASE WHEN $6 IS TRUE THEN NULL ELSE failing_since END,
+               updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND kind = 'operational' AND deleted_at IS NULL
+           RETURNING id, url, description, operational_types, enabled, disabled_reason,
+                     created_at, updated_at"#,
+        id.as_str(),
+        project.id.as_str(),
+        url,
+        description,
+        types.as_deref(),
+        body.enabled
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or(ApiError::NotFound("operational endpoint"))?;
+    Ok(Json(row.into()))
+}
+
+#[utoipa::path(delete, path = "/v1/operational-endpoints/{id}", tag = "operational-endpoints",
+    params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem)), security(("api_key" = [])))]
+pub async fn delete(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let id = parse_id(&id)?;
+    let deleted = sqlx::query!(
+        "UPDATE endpoints SET deleted_at = now(), enabled = false, updated_at = now()
+         WHERE id = $1 AND project_id = $2 AND kind = 'operational' AND deleted_at IS NULL",
+        id.as_str(),
+        project.id.as_str()
+    )
+    .execute(&state.pool)
+    .await?;
+    if deleted.rows_affected() == 0 {
+        return Err(ApiError::NotFound("operational endpoint"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/v1/operational-endpoints/{id}/secret", tag = "operational-endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn secret(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<EndpointSecret>> {
+    endpoint_secret::read(&state, &project, &id, "operational").await
+}
+
+#[utoipa::path(post, path = "/v1/operational-endpoints/{id}/secret/rotate",
+    tag = "operational-endpoints", params(("id" = String, Path)),
+    responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn rotate_secret(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<EndpointSecret>> {
+    endpoint_secret::rotate(&state, &project, &id, "operational").await
+}
