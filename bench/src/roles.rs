@@ -26,6 +26,13 @@ pub struct Args {
     /// The `railhook` binary (built by deploy/local/bench.sh).
     #[arg(long, default_value = "target/release/railhook")]
     railhook: PathBuf,
+    /// Seconds of idle (after the warm-up, before the load) over which every process's CPU
+    /// is measured: the three roles, the broker, Postgres and Redis. 0 skips it.
+    #[arg(long, default_value_t = 10)]
+    idle_seconds: u64,
+    /// The workers' `RAILHOOK_KAFKA_FETCH_WAIT_MS` (unset: the default).
+    #[arg(long)]
+    fetch_wait_ms: Option<u64>,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -83,6 +90,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ("RAILHOOK_WORKER_MAX_IN_FLIGHT".into(), "256".into()),
         ("RUST_LOG".into(), "warn".into()),
     ];
+    let mut env = env;
+    if let Some(ms) = args.fetch_wait_ms {
+        env.push(("RAILHOOK_KAFKA_FETCH_WAIT_MS".into(), ms.to_string()));
+    }
     let mut roles = Vec::new();
     for name in ["ingest", "relay", "worker"] {
         let child = Command::new(&args.railhook)
@@ -105,6 +116,58 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .execute(&pool)
         .await;
     result
+}
+
+/// Pids whose command name (`/proc/<pid>/comm`) is one of `names`.
+fn processes_named(names: &[&str]) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| names.contains(&c.trim()))
+        })
+        .collect()
+}
+
+/// CPU seconds used so far by all of `pids` together.
+fn cpu_of(pids: &[u32]) -> f64 {
+    pids.iter()
+        .filter_map(|p| crate::stats::process_usage(*p))
+        .map(|(cpu, _)| cpu)
+        .sum()
+}
+
+/// Every process's CPU while nothing is sent, as % of one core: what an idle Railhook costs
+/// itself and the services it talks to. The broker, Postgres and Redis are found by their
+/// process names (every one on the machine: run nothing else beside the bench).
+async fn idle(roles: &[(&'static str, u32)], window: Duration) {
+    let mut groups: Vec<(String, Vec<u32>)> = roles
+        .iter()
+        .map(|(name, pid)| ((*name).to_owned(), vec![*pid]))
+        .collect();
+    groups.push((
+        "broker (tansu, nisshi)".into(),
+        processes_named(&["tansu", "nisshi"]),
+    ));
+    groups.push((
+        "Postgres (every backend)".into(),
+        processes_named(&["postgres"]),
+    ));
+    groups.push(("Redis".into(), processes_named(&["redis-server"])));
+    let before: Vec<f64> = groups.iter().map(|(_, p)| cpu_of(p)).collect();
+    eprintln!("roles: idle for {} s", window.as_secs());
+    tokio::time::sleep(window).await;
+    println!(
+        "## Idle for {} s after the warm-up: CPU as % of one core\n\n| process | % of a core |\n| --- | ---: |",
+        window.as_secs()
+    );
+    for ((name, pids), b) in groups.iter().zip(before) {
+        let used = cpu_of(pids) - b;
+        println!("| {name} | {:.1} % |", 100.0 * used / window.as_secs_f64());
+    }
+    println!();
 }
 
 async fn measure(
@@ -153,6 +216,9 @@ async fn measure(
     arrivals.lock().map(|mut a| a.clear()).ok();
 
     let pids: Vec<(&'static str, u32)> = roles.iter().map(|r| (r.name, r.child.id())).collect();
+    if args.idle_seconds > 0 {
+        idle(&pids, Duration::from_secs(args.idle_seconds)).await;
+    }
     let before: HashMap<&str, (f64, f64)> = pids
         .iter()
         .filter_map(|(n, p)| crate::stats::process_usage(*p).map(|u| (*n, u)))

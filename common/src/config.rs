@@ -141,6 +141,11 @@ pub struct Settings {
     pub relay_status_ms: u64,
     /// Outbox rows older than this, and confirmed by the Slot, are deleted.
     pub outbox_retention_seconds: u64,
+    /// How long the workers' fetch requests wait at the broker for new messages
+    /// (`fetch.wait.max.ms`): the poll interval of an idle consumer, and, on a broker that
+    /// answers a waiting fetch only at its deadline, the latency it adds (docs/CONFIGURATION.md
+    /// has the measured values per broker).
+    pub kafka_fetch_wait_ms: u64,
     /// Kafka consumer group of the workers.
     pub worker_group: String,
     /// Attempts one worker process runs at once.

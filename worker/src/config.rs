@@ -30,6 +30,8 @@ pub struct WorkerConfig {
     /// librdkafka's `max.poll.interval.ms`: a member that does not poll for this long is
     /// taken out of the group.
     pub max_poll_interval: Duration,
+    /// `fetch.wait.max.ms` of the consumer (`RAILHOOK_KAFKA_FETCH_WAIT_MS`).
+    pub fetch_wait: Duration,
     /// How long a worker told to stop lets its running Attempts finish.
     pub drain_timeout: Duration,
     pub stranded_after: Duration,
@@ -70,6 +72,7 @@ impl WorkerConfig {
             processing_timeout: Duration::from_secs(s.processing_timeout_seconds),
             endpoint_timeout_max: Duration::from_millis(s.endpoint_timeout_max_ms),
             max_poll_interval: Duration::from_millis(s.worker_max_poll_interval_ms),
+            fetch_wait: Duration::from_millis(s.kafka_fetch_wait_ms),
             drain_timeout: Duration::from_secs(s.worker_drain_seconds),
             stranded_after: Duration::from_secs(s.stranded_after_seconds),
             stall_rejoin_after: (s.worker_stall_rejoin_seconds > 0)

@@ -35,7 +35,10 @@ pub(crate) fn subscribe(
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "10")
+        .set(
+            "fetch.wait.max.ms",
+            config.fetch_wait.as_millis().to_string(),
+        )
         .set("auto.commit.interval.ms", "500")
         // A worker killed with SIGKILL never says goodbye: the group notices through its
         // missing heartbeats after the session timeout, and waits at most the rebalance

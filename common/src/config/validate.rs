@@ -109,6 +109,12 @@ impl Settings {
                 "must be at least 1 message and relay_max_in_flight_bytes at least 65536",
             ));
         }
+        if !(1..=5_000).contains(&self.kafka_fetch_wait_ms) {
+            return Err(invalid(
+                "kafka_fetch_wait_ms",
+                "must be between 1 and 5000 (below the consumer's session timeout)",
+            ));
+        }
         if self.relay_heartbeat_ms < 10 || self.relay_status_ms < 10 {
             return Err(invalid(
                 "relay_heartbeat_ms",
