@@ -45,6 +45,45 @@ pub async fn emit(
     .await
 }
 
+/// Locks a webhook endpoint's row for a change that may enable or disable it, and returns
+/// whether it is enabled now (`None`: no such endpoint), so the change can tell whether it
+/// flipped the state ([`emit_enabled_change`]).
+pub(crate) async fn lock_enabled(
+    tx: &mut sqlx::PgConnection,
+    project: &str,
+    id: &str,
+) -> Result<Option<bool>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT enabled FROM endpoints
+         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
+         FOR UPDATE",
+        id,
+        project
+    )
+    .fetch_optional(tx)
+    .await
+}
+
+/// `endpoint.enabled` or `endpoint.disabled`, if the change moved `row` away from
+/// `was_enabled`.
+pub(crate) async fn emit_enabled_change(
+    tx: &mut sqlx::PgConnection,
+    project: &str,
+    was_enabled: bool,
+    row: &crate::routes::endpoints::EndpointRow,
+) -> Result<(), sqlx::Error> {
+    if row.enabled == was_enabled {
+        return Ok(());
+    }
+    let kind = if row.enabled {
+        "endpoint.enabled"
+    } else {
+        "endpoint.disabled"
+    };
+    let data = json!({"endpoint_id": row.id, "reason": row.disabled_reason});
+    emit(tx, project, kind, data).await.map(|_| ())
+}
+
 /// The `data` of `endpoint.created` and `endpoint.updated`.
 pub fn endpoint_data(id: &str, url: &str, description: &str) -> Value {
     json!({"endpoint_id": id, "url": url, "description": description})

@@ -109,17 +109,19 @@ impl SchemaCache {
     }
 
     /// Checks each Event whose type has a schema (`schemas`: type name → schema id). The
-    /// first failure is the answer; `field` prefixes name the item (`events[3].`).
+    /// first failure is the answer; `prefix(i)` names item `i` in it (`events[3].`), and is
+    /// only called for a failure, so a request whose types have no schema allocates nothing.
     pub async fn check(
         &self,
         pool: &PgPool,
         schemas: &HashMap<String, i64>,
-        events: &[(String, &NewEvent)],
+        events: &[NewEvent],
+        prefix: impl Fn(usize) -> String,
     ) -> ApiResult<()> {
         if schemas.is_empty() {
             return Ok(());
         }
-        for (field, event) in events {
+        for (i, event) in events.iter().enumerate() {
             let Some(&id) = schemas.get(event.event_type.as_str()) else {
                 continue;
             };
@@ -128,12 +130,13 @@ impl SchemaCache {
             };
             // Already parsed once as JSON by the request extractor; a second, typed parse
             // only for Events that have a schema.
-            let payload: Value = serde_json::from_str(event.payload.get())
-                .map_err(|e| ApiError::validation(format!("{field}payload"), e.to_string()))?;
+            let payload: Value = serde_json::from_str(event.payload.get()).map_err(|e| {
+                ApiError::validation(format!("{}payload", prefix(i)), e.to_string())
+            })?;
             if let Some(e) = validator.iter_errors(&payload).next() {
                 let at = pointer(&e);
                 return Err(ApiError::SchemaViolation {
-                    field: format!("{field}payload"),
+                    field: format!("{}payload", prefix(i)),
                     detail: format!(
                         "payload does not match the schema of '{}' at {}: {}",
                         event.event_type.as_str(),

@@ -172,16 +172,9 @@ pub async fn set_enabled(
 ) -> ApiResult<Json<Endpoint>> {
     // The change and its operational webhook commit together (crate::operational).
     let mut tx = state.pool.begin().await?;
-    let was_enabled = sqlx::query_scalar!(
-        "SELECT enabled FROM endpoints
-         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
-         FOR UPDATE",
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
+    let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
     let row = sqlx::query_as!(
         EndpointRow,
         r#"UPDATE endpoints
@@ -202,20 +195,8 @@ pub async fn set_enabled(
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("endpoint"))?;
-    if enabled != was_enabled {
-        let kind = if enabled {
-            "endpoint.enabled"
-        } else {
-            "endpoint.disabled"
-        };
-        crate::operational::emit(
-            &mut *tx,
-            project.id.as_str(),
-            kind,
-            serde_json::json!({"endpoint_id": row.id, "reason": row.disabled_reason}),
-        )
+    crate::operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row)
         .await?;
-    }
     tx.commit().await?;
     // The dashboard comes here without the API's router layer.
     state.senders.invalidate();

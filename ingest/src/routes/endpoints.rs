@@ -428,16 +428,9 @@ pub async fn update(
     check_max_attempts(body.max_attempts.flatten())?;
     // The change and its operational webhooks commit together (crate::operational).
     let mut tx = state.pool.begin().await?;
-    let was_enabled = sqlx::query_scalar!(
-        "SELECT enabled FROM endpoints
-         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
-         FOR UPDATE",
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
+    let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
     let row = sqlx::query_as!(
         EndpointRow,
         r#"UPDATE endpoints SET
@@ -486,20 +479,7 @@ pub async fn update(
         operational::endpoint_data(&row.id, &row.url, &row.description),
     )
     .await?;
-    if row.enabled != was_enabled {
-        let kind = if row.enabled {
-            "endpoint.enabled"
-        } else {
-            "endpoint.disabled"
-        };
-        operational::emit(
-            &mut *tx,
-            project.id.as_str(),
-            kind,
-            serde_json::json!({"endpoint_id": row.id, "reason": row.disabled_reason}),
-        )
-        .await?;
-    }
+    operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row).await?;
     tx.commit().await?;
     Ok(Json(row.view(&state.keyring)))
 }

@@ -179,7 +179,12 @@ pub async fn create(
     };
     state
         .schemas
-        .check(&state.pool, &sender.schemas, &[(String::new(), &event)])
+        .check(
+            &state.pool,
+            &sender.schemas,
+            std::slice::from_ref(&event),
+            |_| String::new(),
+        )
         .await?;
     let accepted = ingest(&state, &sender.project, &sender.subscriptions, vec![event])
         .await?
@@ -237,14 +242,11 @@ pub async fn create_batch(
         event.tracestate.clone_from(&tracestate);
         events.push(event);
     }
-    let checked: Vec<(String, &NewEvent)> = events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (format!("events[{i}]."), e))
-        .collect();
     state
         .schemas
-        .check(&state.pool, &sender.schemas, &checked)
+        .check(&state.pool, &sender.schemas, &events, |i| {
+            format!("events[{i}].")
+        })
         .await?;
     let accepted = ingest(&state, &sender.project, &sender.subscriptions, events).await?;
     let data = accepted
