@@ -4,6 +4,7 @@
 //! for the SQL that decides, [`schedule`] for the retry decision.
 
 pub mod attempt;
+pub mod claim;
 mod config;
 mod consumer;
 pub mod group_watch;

@@ -1,0 +1,230 @@
+//! The Claim: how a worker takes a Delivery row (duplicate windows 4 and 5), the only
+//! statements that do, and what a won Claim hands to its turn (`Claimed`, `Target`).
+//!
+//! A Kafka message is a hint; these statements decide. A fresh hint claims with
+//! [`claim_batch`] (PENDING and due → PROCESSING under a new token); a RetryHint swaps the
+//! scheduler's token for the consumer's with [`swap_batch`]. Every later write on the row is
+//! conditional on that token (the Fence, store.rs).
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// A Delivery this worker owns, under `token`.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: String,
+    pub token: Uuid,
+    pub attempt_count: i32,
+    pub event_id: String,
+    pub endpoint_id: String,
+    pub direction: String,
+    pub sequence_number: Option<i64>,
+    pub ladder_started_at: DateTime<Utc>,
+    /// Opted into the Ordering Buffer (and not skipped out of it).
+    pub ordered: bool,
+    pub deferral_count: i32,
+}
+
+/// Where and what to send for a claimed Delivery.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub url: String,
+    pub secret: String,
+    pub previous_secret: Option<String>,
+    pub headers: serde_json::Value,
+    pub timeout_ms: i32,
+    pub enabled: bool,
+    pub event_type: String,
+    pub payload: String,
+    /// The endpoint's own ladder, if it has one: waits ("60,300") and Attempts.
+    pub retry_delays: Option<String>,
+    pub max_attempts: Option<i32>,
+    /// When the Event committed: the start of the delivery latency.
+    pub event_created_at: DateTime<Utc>,
+    pub rate_limit_per_second: Option<i32>,
+    pub rate_limit_burst: Option<i32>,
+    pub max_concurrency: Option<i32>,
+    /// Incoming webhooks: the provider's body as it came, and the headers to pass on.
+    pub raw_body: Option<Vec<u8>>,
+    pub forward_headers: Option<serde_json::Value>,
+    /// The Event's payload was expunged: nothing may be sent.
+    pub expunged: bool,
+    /// The trace context stored with the Event (common/src/trace_context.rs).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+/// One row of [`claim_batch`] or [`swap_batch`]: the Claim and what its Attempt needs.
+struct ClaimRow {
+    id: String,
+    token: Uuid,
+    attempt_count: i32,
+    event_id: String,
+    endpoint_id: String,
+    direction: String,
+    sequence_number: Option<i64>,
+    ladder_started_at: DateTime<Utc>,
+    ordered: bool,
+    deferral_count: i32,
+    rate_limit_per_second: Option<i32>,
+    rate_limit_burst: Option<i32>,
+    max_concurrency: Option<i32>,
+    url: String,
+    secret: String,
+    previous_secret: Option<String>,
+    headers: serde_json::Value,
+    timeout_ms: i32,
+    enabled: bool,
+    event_type: String,
+    payload: String,
+    retry_delays: Option<String>,
+    max_attempts: Option<i32>,
+    event_created_at: DateTime<Utc>,
+    raw_body: Option<Vec<u8>>,
+    forward_headers: Option<serde_json::Value>,
+    expunged: bool,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+}
+
+impl ClaimRow {
+    fn split(self) -> (Claimed, Target) {
+        let claimed = Claimed {
+            id: self.id,
+            token: self.token,
+            attempt_count: self.attempt_count,
+            event_id: self.event_id,
+            endpoint_id: self.endpoint_id,
+            direction: self.direction,
+            sequence_number: self.sequence_number,
+            ladder_started_at: self.ladder_started_at,
+            ordered: self.ordered,
+            deferral_count: self.deferral_count,
+        };
+        let target = Target {
+            url: self.url,
+            secret: self.secret,
+            previous_secret: self.previous_secret,
+            headers: self.headers,
+            timeout_ms: self.timeout_ms,
+            enabled: self.enabled,
+            event_type: self.event_type,
+            payload: self.payload,
+            retry_delays: self.retry_delays,
+            max_attempts: self.max_attempts,
+            event_created_at: self.event_created_at,
+            rate_limit_per_second: self.rate_limit_per_second,
+            rate_limit_burst: self.rate_limit_burst,
+            max_concurrency: self.max_concurrency,
+            raw_body: self.raw_body,
+            forward_headers: self.forward_headers,
+            expunged: self.expunged,
+            traceparent: self.traceparent,
+            tracestate: self.tracestate,
+        };
+        (claimed, target)
+    }
+}
+
+/// The Claim (duplicate windows 4 and 5), the only one: one worker gets each row; every other
+/// copy of the hint — a republished Outbox row, a rebalance replay — matches nothing.
+/// Claims a batch of hinted Deliveries in one statement (one commit for the whole batch)
+/// and returns each won Claim with what its Attempt needs. A hint repeated in the batch, or
+/// for a row that is not due, simply returns nothing for it.
+///
+/// The stamp (`last_attempt_at`) starts the processing window: the worker claims only what
+/// it can start at once (a free in-flight permit per hint), so the window is not spent
+/// waiting in a queue.
+pub async fn claim_batch(
+    pool: &PgPool,
+    ids: &[String],
+) -> Result<Vec<(Claimed, Target)>, sqlx::Error> {
+    let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
+    let rows = sqlx::query_as!(
+        ClaimRow,
+        r#"WITH want AS (
+               SELECT * FROM unnest($1::text[], $2::uuid[]) AS w(id, token)
+           ), claimed AS (
+               UPDATE deliveries d
+               SET status = 'PROCESSING', claim_token = w.token, last_attempt_at = now(),
+                   updated_at = now(), version = d.version + 1
+               FROM want w
+               WHERE d.id = w.id AND d.status = 'PENDING'
+                 AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
+               RETURNING d.id, d.claim_token, d.attempt_count, d.event_id, d.endpoint_id,
+                         d.direction, d.sequence_number, d.ladder_started_at,
+                         (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
+           )
+           SELECT c.id AS "id!", c.claim_token AS "token!", c.attempt_count AS "attempt_count!",
+                  c.event_id AS "event_id!", c.endpoint_id AS "endpoint_id!",
+                  c.direction AS "direction!", c.sequence_number,
+                  c.ladder_started_at AS "ladder_started_at!",
+                  c.ordered AS "ordered!", c.deferral_count AS "deferral_count!",
+                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
+                  e.url, e.secret,
+                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
+                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
+                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
+                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate
+           FROM claimed c
+           JOIN endpoints e ON e.id = c.endpoint_id
+           JOIN events v ON v.id = c.event_id"#,
+        ids,
+        &tokens
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(ClaimRow::split).collect())
+}
+
+/// The retry path (duplicate window 5 on the retry topic): the scheduler claimed each row
+/// under its own token and published that token; the consumer takes a row over only while
+/// it still carries that token, so a redelivered RetryHint claims nothing. A batch of hints
+/// is swapped in one statement (one commit), like [`claim_batch`], and the swap restamps
+/// the Claim: its processing window starts now.
+pub async fn swap_batch(
+    pool: &PgPool,
+    hints: &[(String, Uuid)],
+) -> Result<Vec<(Claimed, Target)>, sqlx::Error> {
+    let ids: Vec<&str> = hints.iter().map(|(id, _)| id.as_str()).collect();
+    let scheduler_tokens: Vec<Uuid> = hints.iter().map(|(_, t)| *t).collect();
+    let tokens: Vec<Uuid> = hints.iter().map(|_| Uuid::new_v4()).collect();
+    let rows = sqlx::query_as!(
+        ClaimRow,
+        r#"WITH want AS (
+               SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[]) AS w(id, held, token)
+           ), claimed AS (
+               UPDATE deliveries d
+               SET claim_token = w.token, last_attempt_at = now(), hinted_at = NULL,
+                   updated_at = now(), version = d.version + 1
+               FROM want w
+               WHERE d.id = w.id AND d.status = 'PROCESSING' AND d.claim_token = w.held
+               RETURNING d.id, d.claim_token, d.attempt_count, d.event_id, d.endpoint_id,
+                         d.direction, d.sequence_number, d.ladder_started_at,
+                         (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
+           )
+           SELECT c.id AS "id!", c.claim_token AS "token!", c.attempt_count AS "attempt_count!",
+                  c.event_id AS "event_id!", c.endpoint_id AS "endpoint_id!",
+                  c.direction AS "direction!", c.sequence_number,
+                  c.ladder_started_at AS "ladder_started_at!",
+                  c.ordered AS "ordered!", c.deferral_count AS "deferral_count!",
+                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
+                  e.url, e.secret,
+                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
+                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
+                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
+                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate
+           FROM claimed c
+           JOIN endpoints e ON e.id = c.endpoint_id
+           JOIN events v ON v.id = c.event_id"#,
+        &ids as &[&str],
+        &scheduler_tokens,
+        &tokens
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(ClaimRow::split).collect())
+}
