@@ -5,9 +5,11 @@ mod support;
 use std::time::Duration;
 
 use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
+use railhook_common::ids::{DeliveryId, EndpointId, ProjectId};
+use railhook_common::{DeliveryStatus, OutboxReason};
 use railhook_worker::attempt::{Outcome, Report};
 use railhook_worker::schedule::Decision;
-use railhook_worker::store;
+use railhook_worker::{claim, fence, sweeps};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
@@ -15,7 +17,7 @@ use support::pipeline::Pipeline;
 use support::receiver::{Behaviour, Receiver};
 use support::spawn_app;
 
-const STREAK: store::StreakPolicy = store::StreakPolicy {
+const STREAK: fence::StreakPolicy = fence::StreakPolicy {
     disable_after: Duration::from_secs(5 * 24 * 3600),
     min_failures: 5,
     failing_after: 4,
@@ -35,8 +37,8 @@ fn report(outcome: Outcome) -> Report {
 
 /// Claims one Delivery with the statement production runs (`claim_batch`, which the
 /// worker uses for every batch of Announcements).
-async fn claim_one(pool: &sqlx::PgPool, id: &str) -> Option<store::Claimed> {
-    store::claim_batch(pool, &[id.to_owned()])
+async fn claim_one(pool: &sqlx::PgPool, id: &str) -> Option<claim::Claimed> {
+    claim::claim_batch(pool, &[id.to_owned()])
         .await
         .expect("claim")
         .into_iter()
@@ -65,7 +67,7 @@ async fn a_claim_the_sweep_took_back_cannot_be_restamped() {
     // the request is not sent.
     let (app, id) = one_pending_delivery().await;
     let a = claim_one(&app.pool, &id).await.expect("won");
-    assert!(store::restamp(&app.pool, &a).await.expect("restamp"));
+    assert!(fence::restamp(&app.pool, &a).await.expect("restamp"));
     let stamp = || {
         sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
             "SELECT last_attempt_at FROM deliveries WHERE id = $1",
@@ -75,19 +77,19 @@ async fn a_claim_the_sweep_took_back_cannot_be_restamped() {
     };
     let before = stamp().await.expect("stamp");
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(store::restamp(&app.pool, &a).await.expect("restamp"));
+    assert!(fence::restamp(&app.pool, &a).await.expect("restamp"));
     let after = stamp().await.expect("stamp");
     assert!(after > before, "the re-stamp moved the stamp");
     assert_eq!(
-        store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
+        sweeps::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
             .await
             .expect("sweep"),
         1
     );
-    assert!(!store::restamp(&app.pool, &a).await.expect("restamp"));
+    assert!(!fence::restamp(&app.pool, &a).await.expect("restamp"));
     let b = claim_one(&app.pool, &id).await.expect("won again");
-    assert!(!store::restamp(&app.pool, &a).await.expect("restamp"));
-    assert!(store::restamp(&app.pool, &b).await.expect("restamp"));
+    assert!(!fence::restamp(&app.pool, &a).await.expect("restamp"));
+    assert!(fence::restamp(&app.pool, &b).await.expect("restamp"));
 }
 
 #[tokio::test]
@@ -99,7 +101,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
     assert!(claim_one(&app.pool, &id).await.is_none());
     // A stalls past the processing timeout; the sweep hands the row back; B claims it.
     assert_eq!(
-        store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
+        sweeps::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
             .await
             .expect("sweep"),
         1
@@ -107,7 +109,7 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
     let b = claim_one(&app.pool, &id).await.expect("won");
     // B finishes first: its outcome counts. A wakes: its outcome lands on nothing.
     assert!(
-        store::finalise(
+        fence::finalise(
             &app.pool,
             &b,
             &report(Outcome::Delivered),
@@ -121,18 +123,19 @@ async fn a_stalled_worker_that_wakes_after_the_sweep_is_fenced_out() {
     let retry = Decision::RetryAfter(Duration::from_secs(60));
     let late = report(Outcome::Retry { retry_after: None });
     assert!(
-        !store::finalise(&app.pool, &a, &late, &retry, &STREAK)
+        !fence::finalise(&app.pool, &a, &late, &retry, &STREAK)
             .await
             .expect("a")
             .wrote
     );
-    let (status, count): (String, i32) =
+    // Read back through the type (stored as text, decoded by its sqlx::Type).
+    let (status, count): (DeliveryStatus, i32) =
         sqlx::query_as("SELECT status, attempt_count FROM deliveries WHERE id = $1")
             .bind(&id)
             .fetch_one(&app.pool)
             .await
             .expect("row");
-    assert_eq!((status.as_str(), count), ("SUCCEEDED", 1));
+    assert_eq!((status, count), (DeliveryStatus::Succeeded, 1));
     // Both requests went out, so both are recorded; A's is marked fenced.
     let fenced: Vec<bool> =
         sqlx::query_scalar("SELECT fenced FROM attempts WHERE delivery_id = $1 ORDER BY id")
@@ -149,7 +152,7 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
     let c = claim_one(&app.pool, &id).await.expect("won");
     let retry = Decision::RetryAfter(Duration::ZERO);
     assert!(
-        store::finalise(
+        fence::finalise(
             &app.pool,
             &c,
             &report(Outcome::Retry { retry_after: None }),
@@ -163,8 +166,8 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     // Two schedulers race: one gets the row, the other nothing (SKIP LOCKED + status).
     let (first, second) = tokio::join!(
-        store::claim_due(&app.pool, 10),
-        store::claim_due(&app.pool, 10)
+        claim::claim_due(&app.pool, 10),
+        claim::claim_due(&app.pool, 10)
     );
     let due: Vec<_> = first
         .expect("1")
@@ -177,23 +180,23 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
     // does not sweep it (that re-claimed rows in a loop under Kafka lag), the hint window
     // would.
     assert_eq!(
-        store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
+        sweeps::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
             .await
             .expect("sweep"),
         0
     );
     // The hint is delivered twice, in one batch and again later: only one swap wins.
     let hint = (id.clone(), scheduler_token);
-    let one = store::swap_batch(&app.pool, &[hint.clone(), hint.clone()])
+    let one = claim::swap_batch(&app.pool, &[hint.clone(), hint.clone()])
         .await
         .expect("swap");
-    let two = store::swap_batch(&app.pool, std::slice::from_ref(&hint))
+    let two = claim::swap_batch(&app.pool, std::slice::from_ref(&hint))
         .await
         .expect("swap");
     assert_eq!((one.len(), two.len()), (1, 0));
     // Once a consumer swapped the token in, it is a worker's Claim like any other.
     assert_eq!(
-        store::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
+        sweeps::sweep_processing(&app.pool, 0.0, 3600.0, 3600.0)
             .await
             .expect("sweep"),
         1
@@ -202,7 +205,7 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
         .await
         .expect("the swept row is claimable again");
     assert!(
-        store::sweep_processing(&app.pool, 3600.0, 3600.0, 3600.0)
+        sweeps::sweep_processing(&app.pool, 3600.0, 3600.0, 3600.0)
             .await
             .expect("sweep")
             == 0,
@@ -211,7 +214,7 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
     // The Claim taken back is the live one: the swapped-in Claim it replaced is fenced out.
     let (swapped, _) = one.into_iter().next().expect("swapped");
     assert!(
-        !store::finalise(
+        !fence::finalise(
             &app.pool,
             &swapped,
             &report(Outcome::Delivered),
@@ -224,7 +227,7 @@ async fn the_retry_path_hands_a_row_to_exactly_one_consumer() {
         "a swept Claim's token still finalised"
     );
     assert!(
-        store::finalise(
+        fence::finalise(
             &app.pool,
             &taken_back,
             &report(Outcome::Delivered),
@@ -253,10 +256,10 @@ async fn duplicate_hints_in_kafka_deliver_once_across_two_workers() {
     let topic = railhook_common::kafka::deliveries_topic(&p.settings.topic_prefix);
     let copy = Announcement {
         v: ANNOUNCEMENT_VERSION,
-        delivery_id: delivery.clone(),
-        endpoint_id: endpoint.clone(),
-        project_id: "proj".into(),
-        reason: "CREATED".into(),
+        delivery_id: DeliveryId::from_trusted(delivery.clone()),
+        endpoint_id: EndpointId::from_trusted(endpoint.clone()),
+        project_id: ProjectId::from_trusted("proj".into()),
+        reason: OutboxReason::Created,
         outbox_id: 0,
         commit_lsn: "0/0".into(),
     };
@@ -314,7 +317,7 @@ async fn a_retry_round_whose_worker_died_before_publishing_is_recovered_in_minut
     .execute(&p.app.pool)
     .await
     .expect("due again");
-    let taken = store::claim_due(&p.app.pool, 10).await.expect("claim_due");
+    let taken = claim::claim_due(&p.app.pool, 10).await.expect("claim_due");
     assert_eq!(taken.len(), 1, "the killed scheduler's round");
     // Nothing was published; the row is PROCESSING with a scheduler's token.
     support::eventually(
@@ -395,22 +398,22 @@ async fn the_oldest_waiting_ages_follow_the_rows() {
         }
     };
     set("UPDATE deliveries SET updated_at = now() - interval '100 seconds' WHERE id = $1").await;
-    let (due, unclaimed) = store::oldest_waiting(&app.state.pool).await.expect("ages");
+    let (due, unclaimed) = sweeps::oldest_waiting(&app.state.pool).await.expect("ages");
     assert_eq!(due, 0);
     assert!((100..110).contains(&unclaimed), "{unclaimed}");
     set("UPDATE deliveries SET next_retry_at = now() - interval '50 seconds' WHERE id = $1").await;
-    let (due, unclaimed) = store::oldest_waiting(&app.state.pool).await.expect("ages");
+    let (due, unclaimed) = sweeps::oldest_waiting(&app.state.pool).await.expect("ages");
     assert!((50..60).contains(&due), "{due}");
     assert_eq!(unclaimed, 0);
     // A retry scheduled for later is not due yet.
     set("UPDATE deliveries SET next_retry_at = now() + interval '1 hour' WHERE id = $1").await;
     assert_eq!(
-        store::oldest_waiting(&app.state.pool).await.expect("ages"),
+        sweeps::oldest_waiting(&app.state.pool).await.expect("ages"),
         (0, 0)
     );
     set("UPDATE deliveries SET status = 'SUCCEEDED', next_retry_at = NULL WHERE id = $1").await;
     assert_eq!(
-        store::oldest_waiting(&app.state.pool).await.expect("ages"),
+        sweeps::oldest_waiting(&app.state.pool).await.expect("ages"),
         (0, 0)
     );
 }

@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use railhook_common::OutboxReason;
 use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
 use railhook_common::config::Settings;
+use railhook_common::ids::{DeliveryId, EndpointId, ProjectId};
 use railhook_relay::{Faults, RelayConfig, RelayMetrics};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -157,10 +159,10 @@ fn pg_recvlogical(url: &str, slot: &str, publication: &str, end: u64) -> anyhow:
 fn announcement(n: i64) -> Announcement {
     Announcement {
         v: ANNOUNCEMENT_VERSION,
-        delivery_id: format!("dlv_01jbench{n:016}"),
-        endpoint_id: format!("ep_01jbench{:015}", n % 64),
-        project_id: "proj_01jbench0000000000000000".into(),
-        reason: "CREATED".into(),
+        delivery_id: DeliveryId::from_trusted(format!("dlv_01jbench{n:016}")),
+        endpoint_id: EndpointId::from_trusted(format!("ep_01jbench{:015}", n % 64)),
+        project_id: ProjectId::from_trusted("proj_01jbench0000000000000000".into()),
+        reason: OutboxReason::Created,
         outbox_id: n,
         commit_lsn: "0/0".into(),
     }
@@ -397,7 +399,7 @@ fn receive(
         }
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) {
             let a = Announcement::decode(m.payload().unwrap_or_default())?;
-            if a.delivery_id.starts_with("dlv_01jsteady") {
+            if a.delivery_id.as_str().starts_with("dlv_01jsteady") {
                 arrived.entry(a.outbox_id).or_insert_with(Instant::now);
             }
         }

@@ -17,24 +17,33 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{DeliveryId, EndpointId, ProjectId};
+use crate::status::OutboxReason;
+
 pub const ANNOUNCEMENT_VERSION: u8 = 1;
 
 /// What every version of an Announcement carries.
 #[derive(Deserialize)]
 struct AnyVersion {
     v: u8,
-    delivery_id: String,
+    #[serde(deserialize_with = "DeliveryId::deserialize_trusted")]
+    delivery_id: DeliveryId,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Announcement {
     /// Schema version of this message ([`ANNOUNCEMENT_VERSION`]).
     pub v: u8,
-    pub delivery_id: String,
-    pub endpoint_id: String,
-    pub project_id: String,
-    /// `CREATED`, `REPLAY`, `RELEASED` or `MANUAL_RETRY`.
-    pub reason: String,
+    #[serde(deserialize_with = "DeliveryId::deserialize_trusted")]
+    pub delivery_id: DeliveryId,
+    #[serde(deserialize_with = "EndpointId::deserialize_trusted")]
+    pub endpoint_id: EndpointId,
+    #[serde(deserialize_with = "ProjectId::deserialize_trusted")]
+    pub project_id: ProjectId,
+    /// Why the Outbox row was written. A reason this release does not know fails
+    /// [`Announcement::decode`]; the worker then claims by [`Announcement::delivery_of_any_version`],
+    /// as for a newer version, so nothing is dropped.
+    pub reason: OutboxReason,
     pub outbox_id: i64,
     /// The commit LSN of the transaction that inserted the Outbox row, as `X/Y`.
     pub commit_lsn: String,
@@ -51,7 +60,7 @@ pub enum AnnouncementError {
 impl Announcement {
     /// The Kafka message key: all of an endpoint's work on one partition.
     pub fn key(&self) -> &str {
-        &self.endpoint_id
+        self.endpoint_id.as_str()
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -60,7 +69,7 @@ impl Announcement {
     }
 
     /// The version and the Delivery of an Announcement of any version (see the module doc).
-    pub fn delivery_of_any_version(bytes: &[u8]) -> Result<(u8, String), AnnouncementError> {
+    pub fn delivery_of_any_version(bytes: &[u8]) -> Result<(u8, DeliveryId), AnnouncementError> {
         let a: AnyVersion = serde_json::from_slice(bytes).map_err(AnnouncementError::Malformed)?;
         Ok((a.v, a.delivery_id))
     }
@@ -87,10 +96,10 @@ mod tests {
     fn round_trips_and_refuses_unknown_versions() {
         let a = Announcement {
             v: ANNOUNCEMENT_VERSION,
-            delivery_id: "dlv_1".into(),
-            endpoint_id: "ep_1".into(),
-            project_id: "proj_1".into(),
-            reason: "CREATED".into(),
+            delivery_id: DeliveryId::from_trusted("dlv_1".into()),
+            endpoint_id: EndpointId::from_trusted("ep_1".into()),
+            project_id: ProjectId::from_trusted("proj_1".into()),
+            reason: OutboxReason::Created,
             outbox_id: 7,
             commit_lsn: "0/16B3748".into(),
         };
@@ -114,7 +123,7 @@ mod tests {
         ));
         assert_eq!(
             Announcement::delivery_of_any_version(newer).expect("any version"),
-            (2, "dlv_9".to_owned())
+            (2, DeliveryId::from_trusted("dlv_9".to_owned()))
         );
         assert!(Announcement::delivery_of_any_version(br#"{"v": 3}"#).is_err());
     }

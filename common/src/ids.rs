@@ -59,6 +59,13 @@ macro_rules! prefixed_id {
             pub fn into_string(self) -> String {
                 self.0
             }
+
+            /// For `#[serde(deserialize_with)]` on messages Railhook wrote itself from its
+            /// own rows (the Announcement, the RetryHint): typed, not re-validated, so a
+            /// row id of an older shape still names its row.
+            pub fn deserialize_trusted<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                <String as serde::Deserialize>::deserialize(d).map(Self)
+            }
         }
 
         impl fmt::Display for $name {

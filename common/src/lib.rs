@@ -17,13 +17,16 @@ pub mod postgres_url;
 pub mod redis_client;
 pub mod retention;
 pub mod retry;
+pub mod retry_hint;
 pub mod sealing;
 pub mod secrets;
 pub mod signing;
+pub mod status;
 pub mod telemetry;
 pub mod trace_context;
 
 pub use event_type::{EventType, EventTypePattern};
+pub use status::{AttemptOutcome, DeliveryStatus, OutboxReason};
 
 /// Installs the process's rustls crypto provider (ring), once; later calls do nothing.
 ///

@@ -4,7 +4,7 @@
 //! Invariant: an operational Event exists exactly when the change it reports committed. It
 //! is written by `railhook_emit_operational` (migration 20261204000014) inside the
 //! transaction, or the statement, of that change — here for changes made through the API,
-//! in the worker's `store::finalise` for Attempt outcomes — as an Event, one Delivery per
+//! in the worker's `fence::finalise` for Attempt outcomes — as an Event, one Delivery per
 //! operational endpoint that asked for its type, and their Outbox rows. So it is never lost
 //! (the Outbox guarantee) and never sent for a change that rolled back.
 //!

@@ -43,7 +43,7 @@ pub struct AppState {
 }
 
 /// The windows that turn an endpoint's failure streak into `warning` and then `disabled`
-/// (the disabling itself is the worker's, in `store::finalise`).
+/// (the disabling itself is the worker's, in `fence::finalise`).
 #[derive(Clone, Debug)]
 pub struct StreakWindows {
     pub warn_after: chrono::Duration,

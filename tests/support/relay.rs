@@ -195,10 +195,10 @@ impl KafkaReader {
             if let Some(Ok(m)) = self.consumer.poll(Duration::from_millis(50)) {
                 let a = Announcement::decode(m.payload().expect("payload")).expect("announcement");
                 let key = String::from_utf8(m.key().expect("key").to_vec()).expect("utf8 key");
-                assert_eq!(key, a.endpoint_id, "key is the endpoint id");
+                assert_eq!(key, a.endpoint_id.as_str(), "key is the endpoint id");
                 self.placed
-                    .insert(a.delivery_id.clone(), (m.partition(), key));
-                *self.seen.entry(a.delivery_id).or_default() += 1;
+                    .insert(a.delivery_id.to_string(), (m.partition(), key));
+                *self.seen.entry(a.delivery_id.into_string()).or_default() += 1;
             }
         }
     }

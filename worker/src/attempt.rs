@@ -9,14 +9,14 @@
 //!    Delivery, seven arrivals.
 //! 2. **No DB, Redis or Kafka work while the request is in flight.** The runner holds only
 //!    an HTTP client (see [`Runner::run`]'s signature); the outcome is written afterwards by
-//!    `store::finalise`. A slow write inside the request's time budget could otherwise turn
+//!    `fence::finalise`. A slow write inside the request's time budget could otherwise turn
 //!    a delivered webhook into a timeout and retry it.
 //! 4. **One function classifies outcomes** ([`classify`]): 2xx ⇒ delivered; 408, 429, 5xx,
 //!    timeout, connect/reset ⇒ retry; other 4xx and 3xx ⇒ failed (a person must change
 //!    something); 410 ⇒ failed and the endpoint disabled.
 //! 5. `Retry-After` on 429/503 is reported so the schedule can honour it within bounds.
 //!
-//! (Invariants 3 and 6 are kept by `store::finalise`: it writes only behind the Fence, and
+//! (Invariants 3 and 6 are kept by `fence::finalise`: it writes only behind the Fence, and
 //! records an Attempt row for every request actually sent.)
 
 use std::time::Duration;
@@ -65,6 +65,18 @@ pub enum Outcome {
     Failed { gone: bool },
 }
 
+impl Outcome {
+    /// The word `attempts.outcome` records for it.
+    pub fn recorded(&self) -> railhook_common::AttemptOutcome {
+        use railhook_common::AttemptOutcome;
+        match self {
+            Outcome::Delivered => AttemptOutcome::Succeeded,
+            Outcome::Retry { .. } => AttemptOutcome::Retry,
+            Outcome::Failed { .. } => AttemptOutcome::Failed,
+        }
+    }
+}
+
 /// Why a request produced no status line (or was never sent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -88,7 +100,7 @@ impl ErrorClass {
     }
 }
 
-/// What happened, for `store::finalise` to write.
+/// What happened, for `fence::finalise` to write.
 #[derive(Debug, Clone)]
 pub struct Report {
     pub started_at: DateTime<Utc>,

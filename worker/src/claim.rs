@@ -4,7 +4,8 @@
 //! A Kafka message is a hint; these statements decide. A fresh hint claims with
 //! [`claim_batch`] (PENDING and due → PROCESSING under a new token); a RetryHint swaps the
 //! scheduler's token for the consumer's with [`swap_batch`]. Every later write on the row is
-//! conditional on that token (the Fence, store.rs).
+//! conditional on that token (the Fence, fence.rs). The retry scheduler's own Claim of due
+//! rows, [`claim_due`], is here too.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -227,4 +228,30 @@ pub async fn swap_batch(
     .fetch_all(pool)
     .await?;
     Ok(rows.into_iter().map(ClaimRow::split).collect())
+}
+
+/// The retry scheduler's Claim: due rows, in batches, skipping rows another scheduler holds.
+/// Returns (delivery id, endpoint id, scheduler token) per row.
+pub async fn claim_due(
+    pool: &PgPool,
+    batch: i64,
+) -> Result<Vec<(String, String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"UPDATE deliveries d
+           SET status = 'PROCESSING', claim_token = gen_random_uuid(), last_attempt_at = now(),
+               hinted_at = now(), updated_at = now(), version = version + 1
+           FROM (SELECT id FROM deliveries
+                 WHERE status = 'PENDING' AND next_retry_at <= now()
+                 ORDER BY next_retry_at LIMIT $1
+                 FOR UPDATE SKIP LOCKED) due
+           WHERE d.id = due.id
+           RETURNING d.id, d.endpoint_id, d.claim_token AS "token!""#,
+        batch
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.id, r.endpoint_id, r.token))
+        .collect())
 }

@@ -8,9 +8,9 @@ use railhook_common::retry::Ladder;
 use rdkafka::error::KafkaError;
 
 use crate::attempt::ClientError;
+use crate::fence;
 use crate::limits::BreakerPolicy;
 use crate::ssrf::BadCidr;
-use crate::store::{self};
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -43,7 +43,7 @@ pub struct WorkerConfig {
     pub breaker: BreakerPolicy,
     pub ordering_gap_timeout: Duration,
     pub deferral_max: Duration,
-    pub streak: store::StreakPolicy,
+    pub streak: fence::StreakPolicy,
     /// Opens the endpoints' sealed signing secrets (common/src/sealing.rs).
     pub keyring: railhook_common::sealing::Keyring,
 }
@@ -90,7 +90,7 @@ impl WorkerConfig {
             },
             ordering_gap_timeout: Duration::from_secs(s.ordering_gap_timeout_seconds),
             deferral_max: Duration::from_secs(s.deferral_max_seconds),
-            streak: store::StreakPolicy {
+            streak: fence::StreakPolicy {
                 disable_after: Duration::from_secs(s.endpoint_disable_after_seconds),
                 min_failures: s.endpoint_disable_min_failures,
                 failing_after: s.operational_failing_after,

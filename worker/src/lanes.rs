@@ -32,8 +32,8 @@ use rdkafka::message::BorrowedMessage;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
-use crate::hint::RetryHint;
 use crate::metrics::WorkerMetrics;
+use railhook_common::retry_hint::RetryHint;
 
 /// Most hints claimed in one statement.
 pub(crate) const CLAIM_BATCH: usize = 256;
@@ -229,28 +229,31 @@ impl Lane {
 fn decode(lane: &str, payload: &[u8]) -> Ask {
     if lane == "retry" {
         return match RetryHint::decode(payload) {
-            Some(h) => Ask::Swap(h.delivery_id, h.token),
+            Some(h) => Ask::Swap(h.delivery_id.into_string(), h.token),
             None => Ask::Bad,
         };
     }
     match Announcement::decode(payload) {
-        Ok(a) => Ask::Claim(a.delivery_id),
-        Err(AnnouncementError::UnknownVersion(_)) => {
-            match Announcement::delivery_of_any_version(payload) {
-                Ok((v, id)) => {
-                    tracing::info!(version = v, delivery_id = %id, "announcement of a newer version; claiming the delivery it names");
-                    Ask::Claim(id)
-                }
-                Err(_) => Ask::Bad,
+        Ok(a) => Ask::Claim(a.delivery_id.into_string()),
+        // A newer version, or a field of this one with a value this release does not know
+        // (an Outbox reason added later): the Delivery it names is still claimed.
+        Err(e) => match Announcement::delivery_of_any_version(payload) {
+            Ok((v, id)) => {
+                let why = matches!(e, AnnouncementError::UnknownVersion(_))
+                    .then_some("a newer version")
+                    .unwrap_or("a field this release does not know");
+                tracing::info!(version = v, delivery_id = %id, why, "announcement not fully understood; claiming the delivery it names");
+                Ask::Claim(id.into_string())
             }
-        }
-        Err(_) => Ask::Bad,
+            Err(_) => Ask::Bad,
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use railhook_common::ids::{DeliveryId, EndpointId};
 
     fn lane(permits: usize) -> Lane {
         Lane::new("fresh", "t", permits, Arc::new(Pauses::new("t", "r")))
@@ -296,8 +299,8 @@ mod tests {
     fn decodes_both_kinds_and_flags_garbage() {
         let token = Uuid::new_v4();
         let hint = RetryHint {
-            delivery_id: "dlv_1".into(),
-            endpoint_id: "ep_1".into(),
+            delivery_id: DeliveryId::from_trusted("dlv_1".into()),
+            endpoint_id: EndpointId::from_trusted("ep_1".into()),
             token,
         };
         assert_eq!(

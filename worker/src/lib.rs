@@ -1,14 +1,14 @@
 //! The worker: consumes Kafka hints, takes a Claim on the Delivery row, runs the Attempt and
 //! records its outcome behind the Fence; the retry scheduler and the sweeps live here too.
-//! See [`worker`] for the loop, [`attempt`] for the Attempt Runner's invariants, [`store`]
+//! See [`worker`] for the loop, [`attempt`] for the Attempt Runner's invariants, [`claim`] and [`fence`]
 //! for the SQL that decides, [`schedule`] for the retry decision.
 
 pub mod attempt;
 pub mod claim;
 mod config;
 mod consumer;
+pub mod fence;
 pub mod group_watch;
-pub mod hint;
 mod lanes;
 pub mod limits;
 pub mod metrics;
@@ -17,7 +17,7 @@ mod resolution;
 pub mod schedule;
 mod scheduler;
 pub mod ssrf;
-pub mod store;
+pub mod sweeps;
 mod turn;
 pub mod worker;
 

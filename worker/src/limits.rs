@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use railhook_common::redis_client::{RedisClient, RedisConnection};
+use sqlx::PgPool;
 use tokio::sync::Mutex;
 
 const ADMIT: &str = r#"
@@ -452,6 +453,21 @@ pub fn deferral_wait(
     let backoff = base.saturating_mul(1 << doublings);
     let wait = asked.max(backoff).min(max);
     wait.mul_f64(1.0 + 0.5 * jitter.clamp(0.0, 1.0))
+}
+
+/// Mirrors a breaker change (kept in Redis, see `limits`) onto the endpoint row, where the
+/// API and the metrics read it.
+pub async fn set_breaker(pool: &PgPool, endpoint_id: &str, state: &str) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE endpoints SET breaker_state = $2, breaker_changed_at = now(),
+                breaker_opened_at = CASE WHEN $2 = 'open' THEN now() ELSE breaker_opened_at END
+         WHERE id = $1",
+        endpoint_id,
+        state
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use sqlx::{PgPool, Postgres, Transaction};
 
-use crate::store::Claimed;
+use crate::claim::Claimed;
 
 /// What the gate decided for one claimed Delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,19 +166,7 @@ pub async fn gate(pool: &PgPool, claimed: &Claimed, gap_timeout: Duration) -> sq
     }
     // Park. The fallback wake-up is the gap timeout from the first park; once that has
     // passed (it is waiting only for moving predecessors), look again shortly.
-    sqlx::query!(
-        "UPDATE deliveries
-         SET status = 'PENDING', claim_token = NULL, parked_at = coalesce(parked_at, now()),
-             next_retry_at = greatest(coalesce(parked_at, now()) + make_interval(secs => $3),
-                                      now() + interval '1 second'),
-             deferral_count = deferral_count + 1, updated_at = now(), version = version + 1
-         WHERE id = $1 AND claim_token = $2",
-        claimed.id,
-        claimed.token,
-        gap_timeout.as_secs_f64()
-    )
-    .execute(&mut *tx)
-    .await?;
+    crate::fence::park(&mut tx, claimed, gap_timeout).await?;
     tx.commit().await?;
     Ok(Gate::Parked)
 }

@@ -4,10 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::claim::Claimed;
+use crate::fence;
 use crate::limits::{Reason, deferral_wait};
 use crate::ordering::{self};
 use crate::schedule::Decision;
-use crate::store::{self, Claimed};
 use crate::worker::Shared;
 
 /// Ends a claimed Delivery as FAILED without sending anything; counted only if it wrote.
@@ -40,7 +41,7 @@ pub(crate) struct Resolved {
 
 /// A write that ends a claimed Delivery's turn.
 pub(crate) enum Resolution<'a> {
-    /// The Attempt's outcome, through `store::finalise`.
+    /// The Attempt's outcome, through `fence::finalise`.
     Outcome(&'a crate::attempt::Report, &'a Decision),
     /// FAILED without an Attempt.
     Unsent(&'a str),
@@ -54,13 +55,13 @@ pub(crate) async fn write_resolution(
 ) -> sqlx::Result<bool> {
     match what {
         Resolution::Outcome(report, decision) => {
-            let done = store::finalise(db, claimed, report, decision, &shared.streak).await?;
+            let done = fence::finalise(db, claimed, report, decision, &shared.streak).await?;
             if done.disabled {
                 shared.metrics.endpoints_disabled.inc();
             }
             Ok(done.wrote)
         }
-        Resolution::Unsent(reason) => store::fail_unsent(db, claimed, reason).await,
+        Resolution::Unsent(reason) => fence::fail_unsent(db, claimed, reason).await,
     }
 }
 
@@ -102,7 +103,7 @@ pub(crate) async fn defer(shared: &Shared, claimed: &Claimed, reason: Reason, as
         shared.deferral_max,
         rand::random::<f64>(),
     );
-    match store::defer(&shared.pool, claimed, wait).await {
+    match fence::defer(&shared.pool, claimed, wait).await {
         Ok(true) => shared
             .metrics
             .deferrals

@@ -1,5 +1,5 @@
 //! What happens to a Delivery after an Attempt: the pure decision, from the outcome, the
-//! ladder and the Delivery's age. `store::finalise` writes it.
+//! ladder and the Delivery's age. `fence::finalise` writes it.
 
 use std::time::Duration;
 

@@ -5,15 +5,16 @@
 use std::time::Duration;
 
 use futures::future::join_all;
+use railhook_common::ids::{DeliveryId, EndpointId};
 use railhook_common::kafka;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::config::WorkerConfig;
-use crate::hint::RetryHint;
-use crate::store::{self};
 use crate::worker::Shared;
+use crate::{claim, fence, sweeps};
+use railhook_common::retry_hint::RetryHint;
 
 /// Most due rows one round takes.
 const ROUND: i64 = 500;
@@ -99,7 +100,7 @@ pub(crate) async fn schedule_retries(
     config: &WorkerConfig,
     producer: &FutureProducer,
 ) -> Round {
-    let due = match store::claim_due(&shared.pool, ROUND).await {
+    let due = match claim::claim_due(&shared.pool, ROUND).await {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %e, "retry scheduler could not read due deliveries");
@@ -110,15 +111,15 @@ pub(crate) async fn schedule_retries(
     let hints: Vec<RetryHint> = due
         .into_iter()
         .map(|(delivery_id, endpoint_id, token)| RetryHint {
-            delivery_id,
-            endpoint_id,
+            delivery_id: DeliveryId::from_trusted(delivery_id),
+            endpoint_id: EndpointId::from_trusted(endpoint_id),
             token,
         })
         .collect();
     let sends = hints.iter().map(|hint| {
         let payload = hint.encode();
         let record = FutureRecord::to(&config.retries_topic)
-            .key(&hint.endpoint_id)
+            .key(hint.endpoint_id.as_str())
             .payload(&payload);
         let queued = producer.send_result(record).map_err(|(e, _)| e);
         async move {
@@ -141,7 +142,7 @@ pub(crate) async fn schedule_retries(
             Ok(()) => published.push(hint.token),
             Err(e) => {
                 first_error.get_or_insert(e);
-                failed.push((hint.delivery_id.clone(), hint.token));
+                failed.push((hint.delivery_id.to_string(), hint.token));
             }
         }
     }
@@ -156,7 +157,7 @@ pub(crate) async fn schedule_retries(
             failed = failed.len(),
             "retry hints not published; handing their deliveries back"
         );
-        if let Err(e) = store::unclaim(&shared.pool, &failed).await {
+        if let Err(e) = fence::unclaim(&shared.pool, &failed).await {
             tracing::warn!(error = %e, "unpublished deliveries not handed back; the sweep will");
         }
         return Round::PublishFailed;
@@ -167,7 +168,7 @@ pub(crate) async fn schedule_retries(
 /// Best-effort: a row left unmarked is swept back after the unpublished window and hinted
 /// again, which the Claim absorbs.
 pub(crate) async fn mark_published(shared: &Shared, tokens: &[Uuid]) {
-    if let Err(e) = store::mark_published(&shared.pool, tokens).await {
+    if let Err(e) = fence::mark_published(&shared.pool, tokens).await {
         tracing::warn!(error = %e, hints = tokens.len(), "published hints not marked; the sweep will hint them again");
     }
 }
@@ -180,7 +181,7 @@ pub(crate) fn unpublished_window(config: &WorkerConfig) -> Duration {
 }
 
 pub(crate) async fn sweeps(shared: &Shared, config: &WorkerConfig) {
-    match store::sweep_processing(
+    match sweeps::sweep_processing(
         &shared.pool,
         config.processing_timeout.as_secs_f64(),
         config.stranded_after.as_secs_f64(),
@@ -195,7 +196,7 @@ pub(crate) async fn sweeps(shared: &Shared, config: &WorkerConfig) {
             .inc_by(n),
         Err(e) => tracing::warn!(error = %e, "processing sweep failed"),
     }
-    match store::sweep_stranded(&shared.pool, config.stranded_after.as_secs_f64()).await {
+    match sweeps::sweep_stranded(&shared.pool, config.stranded_after.as_secs_f64()).await {
         Ok(n) => shared
             .metrics
             .swept
@@ -203,16 +204,16 @@ pub(crate) async fn sweeps(shared: &Shared, config: &WorkerConfig) {
             .inc_by(n),
         Err(e) => tracing::warn!(error = %e, "stranded sweep failed"),
     }
-    if let Ok((scheduled, due)) = store::retry_backlog(&shared.pool).await {
+    if let Ok((scheduled, due)) = sweeps::retry_backlog(&shared.pool).await {
         let backlog = &shared.metrics.retry_backlog;
         backlog.with_label_values(&["scheduled"]).set(scheduled);
         backlog.with_label_values(&["due"]).set(due);
     }
-    if let Ok((due, unclaimed)) = store::oldest_waiting(&shared.pool).await {
+    if let Ok((due, unclaimed)) = sweeps::oldest_waiting(&shared.pool).await {
         shared.metrics.oldest_due_retry_age.set(due);
         shared.metrics.oldest_unclaimed_age.set(unclaimed);
     }
-    if let Ok(counts) = store::breaker_counts(&shared.pool).await {
+    if let Ok(counts) = sweeps::breaker_counts(&shared.pool).await {
         for state in crate::metrics::BREAKER_STATES {
             let n = counts
                 .iter()

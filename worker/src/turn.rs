@@ -12,11 +12,12 @@ use railhook_common::trace_context::{self, TraceParent};
 use tracing::Instrument;
 
 use crate::attempt::{Attempt, Outcome};
+use crate::claim::{self, Claimed};
+use crate::fence;
 use crate::limits::{Admission, BreakerState, EndpointLimits, Reason, Verdict, rate_hold};
 use crate::ordering::{self, Gate};
 use crate::resolution::{Resolved, defer, finalise_with_retry, give_up};
 use crate::schedule::{Decision, decide};
-use crate::store::{self, Claimed};
 use crate::worker::Shared;
 
 /// Delivers a claimed Delivery, then, while each one resolved and released the next parked
@@ -26,7 +27,7 @@ use crate::worker::Shared;
 pub(crate) async fn turns(
     shared: &Shared,
     claimed: Claimed,
-    target: store::Target,
+    target: claim::Target,
     stamped: Instant,
 ) {
     let mut next = Some((claimed, target, stamped));
@@ -61,7 +62,7 @@ pub(crate) async fn turns(
             return;
         };
         let stamped = Instant::now();
-        match store::claim_batch(&shared.pool, &[released]).await {
+        match claim::claim_batch(&shared.pool, &[released]).await {
             Ok(mut won) => {
                 if let Some((claimed, target)) = won.pop() {
                     shared.metrics.ordering_handoffs.inc();
@@ -86,7 +87,7 @@ async fn breaker_changed(shared: &Shared, endpoint_id: &str, state: BreakerState
         state = state.as_str(),
         "circuit breaker changed"
     );
-    if let Err(e) = store::set_breaker(&shared.pool, endpoint_id, state.as_str()).await {
+    if let Err(e) = crate::limits::set_breaker(&shared.pool, endpoint_id, state.as_str()).await {
         tracing::warn!(error = %e, "breaker state not mirrored to the endpoint row");
     }
 }
@@ -97,7 +98,7 @@ async fn breaker_changed(shared: &Shared, endpoint_id: &str, state: BreakerState
 async fn admit(
     shared: &Shared,
     claimed: &mut Claimed,
-    target: &store::Target,
+    target: &claim::Target,
 ) -> Option<Option<String>> {
     if claimed.ordered {
         match ordering::gate(&shared.pool, claimed, shared.gap_timeout).await {
@@ -203,7 +204,7 @@ pub(crate) fn needs_restamp(age: Duration, timeout: Duration, window: Duration) 
 async fn deliver(
     shared: &Shared,
     mut claimed: Claimed,
-    mut target: store::Target,
+    mut target: claim::Target,
     stamped: Instant,
 ) -> Option<String> {
     if !target.enabled {
@@ -231,7 +232,7 @@ async fn deliver(
                 .internal_errors
                 .with_label_values(&["secret_unavailable"])
                 .inc();
-            let _ = store::defer(&shared.pool, &claimed, SECRET_UNAVAILABLE_WAIT).await;
+            let _ = fence::defer(&shared.pool, &claimed, SECRET_UNAVAILABLE_WAIT).await;
             return None;
         }
     }
@@ -254,7 +255,7 @@ async fn deliver(
         attempt.timeout,
         shared.processing_timeout,
     ) {
-        let kept = store::restamp(&shared.pool, &claimed).await;
+        let kept = fence::restamp(&shared.pool, &claimed).await;
         if !matches!(kept, Ok(true)) {
             if let Err(e) = &kept {
                 tracing::warn!(error = %e, "claim not re-stamped; not sending, the sweep will hand it back");
@@ -356,7 +357,7 @@ async fn deliver(
 }
 
 /// The direction's ladder, with the endpoint's own waits and Attempt count where it has them.
-fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &store::Target) -> Ladder {
+fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &claim::Target) -> Ladder {
     let mut ladder = if claimed.direction == "incoming" {
         shared.incoming.clone()
     } else {
@@ -378,7 +379,7 @@ fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &store::Target) -
 /// How long a Delivery whose secret this worker cannot open waits before another try.
 const SECRET_UNAVAILABLE_WAIT: Duration = Duration::from_secs(60);
 
-fn build_attempt(claimed: &Claimed, target: &store::Target) -> Option<Attempt> {
+fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
     let mut keys = vec![SigningKey::parse(&target.secret).ok()?];
     if let Some(prev) = &target.previous_secret {
         keys.push(SigningKey::parse(prev).ok()?);

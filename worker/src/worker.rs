@@ -48,8 +48,8 @@ use crate::limits::Limits;
 use crate::metrics::WorkerMetrics;
 use crate::scheduler::{run_scheduler, run_sweeps};
 use crate::ssrf::Allowlist;
-use crate::store::{self};
 use crate::turn::turns;
+use crate::{claim, fence};
 
 /// Everything an Attempt task needs; cheap to clone.
 #[derive(Clone)]
@@ -62,7 +62,7 @@ pub(crate) struct Shared {
     pub(crate) limits: Limits,
     pub(crate) gap_timeout: Duration,
     pub(crate) deferral_max: Duration,
-    pub(crate) streak: store::StreakPolicy,
+    pub(crate) streak: fence::StreakPolicy,
     /// How long an Attempt's outcome is retried while Postgres is away (the stranded
     /// window: past it the Delivery is someone else's to resend anyway).
     pub(crate) finalise_for: Duration,
@@ -280,7 +280,7 @@ async fn drain(shared: &Shared, config: &WorkerConfig, fresh: &Lane, retry: &Lan
         .lock()
         .map(|r| r.iter().map(|(id, t)| (id.clone(), *t)).collect())
         .unwrap_or_default();
-    match store::release(&shared.pool, &left).await {
+    match fence::release(&shared.pool, &left).await {
         Ok(n) => tracing::warn!(
             released = n,
             "drain timed out; unfinished claims handed back"
@@ -331,7 +331,7 @@ async fn start(
                 _ => None,
             })
             .collect();
-        until_ok("swap", || store::swap_batch(&shared.pool, &hints)).await
+        until_ok("swap", || claim::swap_batch(&shared.pool, &hints)).await
     } else {
         let ids: Vec<String> = asks
             .iter()
@@ -340,7 +340,7 @@ async fn start(
                 _ => None,
             })
             .collect();
-        until_ok("claim", || store::claim_batch(&shared.pool, &ids)).await
+        until_ok("claim", || claim::claim_batch(&shared.pool, &ids)).await
     };
     let misses = asks.len().saturating_sub(won.len());
     shared.metrics.claim_misses.inc_by(misses as u64);

@@ -1,5 +1,6 @@
-//! The retry hint: what the retry scheduler publishes for a due Delivery it claimed. It
-//! carries the scheduler's token, which the consumer swaps for its own (see `store::swap`).
+//! The RetryHint: what the worker's retry scheduler publishes for a due Delivery it claimed.
+//! It carries the scheduler's token, which the consumer swaps for its own
+//! (worker/src/claim.rs, `swap_batch`).
 //!
 //! Versions, as for the Announcement: this release writes version 1 and reads every
 //! version; `v`, `delivery_id`, `endpoint_id` and `token` keep their meaning in every
@@ -9,10 +10,13 @@
 use serde_json::json;
 use uuid::Uuid;
 
+use crate::ids::{DeliveryId, EndpointId};
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryHint {
-    pub delivery_id: String,
-    pub endpoint_id: String,
+    pub delivery_id: DeliveryId,
+    pub endpoint_id: EndpointId,
+    /// The scheduler's Claim token: the swap succeeds only while the row still carries it.
     pub token: Uuid,
 }
 
@@ -29,8 +33,8 @@ impl RetryHint {
             return None;
         }
         Some(Self {
-            delivery_id: v["delivery_id"].as_str()?.to_owned(),
-            endpoint_id: v["endpoint_id"].as_str()?.to_owned(),
+            delivery_id: DeliveryId::from_trusted(v["delivery_id"].as_str()?.to_owned()),
+            endpoint_id: EndpointId::from_trusted(v["endpoint_id"].as_str()?.to_owned()),
             token: v["token"].as_str()?.parse().ok()?,
         })
     }
@@ -43,8 +47,8 @@ mod tests {
     #[test]
     fn round_trips() {
         let h = RetryHint {
-            delivery_id: "dlv_1".into(),
-            endpoint_id: "ep_1".into(),
+            delivery_id: DeliveryId::from_trusted("dlv_1".into()),
+            endpoint_id: EndpointId::from_trusted("ep_1".into()),
             token: Uuid::new_v4(),
         };
         assert_eq!(RetryHint::decode(&h.encode()), Some(h.clone()));

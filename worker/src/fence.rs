@@ -1,30 +1,29 @@
-//! The worker's writes on a claimed Delivery row (finalise, re-stamp, Deferral, give-up,
-//! all behind the Fence), and the scans of the retry scheduler and the sweeps. The Claim
-//! itself is claim.rs.
+//! The Fence: every write on a claimed Delivery row, each conditional on the claim token
+//! the Claim stamped (claim.rs), so only the current owner's write lands.
 //!
-//! A Kafka message is a hint; these statements decide. Every write that matters is
-//! conditional on still owning the row (`claim_token = $token`), so a duplicate hint, a
-//! redelivered retry message, or a worker that stalled past the sweep changes nothing.
+//! Invariants kept here (numbers as in docs/ARCHITECTURE.md):
+//! - **3, the Fence.** An outcome is written only where the row still carries the token of
+//!   the Claim that made the Attempt (`WHERE id = $id AND claim_token = $token`). A worker
+//!   that stalled past the processing sweep, a duplicate hint, a redelivered RetryHint:
+//!   their writes match nothing, and the caller queues no successor (next retry, ordering
+//!   release) unless its write landed.
+//! - **6, every request leaves an Attempt.** [`finalise`] writes the Attempt row in the
+//!   same statement as the fenced update, fenced or not (`attempts.fenced` says which).
+//! - Releasing a Claim (a Deferral, a park, a drain's hand-back, the scheduler's failed
+//!   publish) clears the token in the same statement, so a late write by the old owner
+//!   finds no token to match.
+//!
+//! Every function returns whether its write landed (`true`) or the Fence refused it.
 
 use std::time::Duration;
 
-use sqlx::{PgExecutor, PgPool};
+use railhook_common::{AttemptOutcome, DeliveryStatus};
+use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::attempt::{Outcome, Report};
+use crate::attempt::Report;
+use crate::claim::Claimed;
 use crate::schedule::Decision;
-
-// The Claim statements and what they hand back have their own home, claim.rs; the writes
-// behind the Fence that follow a Claim stay here.
-pub use crate::claim::{Claimed, Target, claim_batch, swap_batch};
-
-fn outcome_name(o: &Outcome) -> &'static str {
-    match o {
-        Outcome::Delivered => "SUCCEEDED",
-        Outcome::Retry { .. } => "RETRY",
-        Outcome::Failed { .. } => "FAILED",
-    }
-}
 
 /// What [`finalise`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,16 +46,28 @@ pub async fn finalise(
     streak: &StreakPolicy,
 ) -> Result<Finalised, sqlx::Error> {
     let (status, wait, reason, disable) = match decision {
-        Decision::Succeeded => ("SUCCEEDED", None, None, false),
-        Decision::RetryAfter(d) => ("PENDING", Some(d.as_secs_f64()), None, false),
+        Decision::Succeeded => (DeliveryStatus::Succeeded, None, None, false),
+        Decision::RetryAfter(d) => (DeliveryStatus::Pending, Some(d.as_secs_f64()), None, false),
         Decision::Failed {
             reason,
             disable_endpoint,
-        } => ("FAILED", None, Some(reason.clone()), *disable_endpoint),
+        } => (
+            DeliveryStatus::Failed,
+            None,
+            Some(reason.clone()),
+            *disable_endpoint,
+        ),
     };
     let finished_at =
         report.started_at + chrono::Duration::from_std(report.duration).unwrap_or_default();
-    let delivered = matches!(decision, Decision::Succeeded);
+    // The statement's parameters, each named once (the flags derive from them: an Attempt
+    // was sent when $4 = 1, it delivered when $3 = 'SUCCEEDED'):
+    //   $1 delivery id, $2 claim token (the Fence), $3 new status, $4 Attempts spent (0 or 1),
+    //   $5 retry wait in seconds (NULL: none), $6 failure reason, $7 endpoint id,
+    //   $8 the endpoint answered 410 and is disabled, $9..$15 the Attempt row (started,
+    //   finished, status code, outcome, duration ms, error class, response excerpt),
+    //   $16..$18 the StreakPolicy (disable after seconds, min failures, failing after).
+    //
     // One statement (one round trip, one commit): the fenced update; the endpoint's failure
     // streak and the disable that only a written 410 or a streak past the policy may cause;
     // and the Attempt row, marked fenced when the update matched nothing.
@@ -78,16 +89,16 @@ pub async fn finalise(
                SELECT e.id,
                       e.enabled AS was_enabled,
                       $8::bool AS gone,
-                      NOT $17 AND e.enabled
-                          AND coalesce(e.failing_since, now()) <= now() - make_interval(secs => $18)
-                          AND e.consecutive_failures + 1 >= $19 AS worn_out
+                      NOT ($3 = 'SUCCEEDED') AND e.enabled
+                          AND coalesce(e.failing_since, now()) <= now() - make_interval(secs => $16)
+                          AND e.consecutive_failures + 1 >= $17 AS worn_out
                FROM endpoints e
-               WHERE e.id = $7 AND $16 AND EXISTS (SELECT 1 FROM upd)
-                 AND ($8 OR NOT $17 OR e.consecutive_failures > 0)
+               WHERE e.id = $7 AND ($4 = 1) AND EXISTS (SELECT 1 FROM upd)
+                 AND ($8 OR NOT ($3 = 'SUCCEEDED') OR e.consecutive_failures > 0)
            ), health AS (
                UPDATE endpoints e
-               SET consecutive_failures = CASE WHEN $17 THEN 0 ELSE e.consecutive_failures + 1 END,
-                   failing_since = CASE WHEN $17 THEN NULL ELSE coalesce(e.failing_since, now()) END,
+               SET consecutive_failures = CASE WHEN ($3 = 'SUCCEEDED') THEN 0 ELSE e.consecutive_failures + 1 END,
+                   failing_since = CASE WHEN ($3 = 'SUCCEEDED') THEN NULL ELSE coalesce(e.failing_since, now()) END,
                    enabled = e.enabled AND NOT (s.gone OR s.worn_out),
                    disabled_at = CASE WHEN e.enabled AND (s.gone OR s.worn_out) THEN now()
                                       ELSE e.disabled_at END,
@@ -110,10 +121,10 @@ pub async fn finalise(
                FROM upd u
                JOIN endpoints ep ON ep.id = $7 AND ep.kind = 'webhook'
                CROSS JOIN LATERAL (VALUES
-                   ('message.attempt.exhausted', $3 = 'FAILED' AND $16),
+                   ('message.attempt.exhausted', $3 = 'FAILED' AND ($4 = 1)),
                    ('message.attempt.failing',
-                    $3 = 'PENDING' AND $16 AND NOT $17 AND u.attempt_count = $20),
-                   ('message.attempt.recovered', $17 AND u.attempt_count > $20),
+                    $3 = 'PENDING' AND ($4 = 1) AND NOT ($3 = 'SUCCEEDED') AND u.attempt_count = $18),
+                   ('message.attempt.recovered', ($3 = 'SUCCEEDED') AND u.attempt_count > $18),
                    ('endpoint.disabled', EXISTS (SELECT 1 FROM health h WHERE h.disabled))
                ) AS t0(kind, fire)
                CROSS JOIN LATERAL (SELECT t0.kind, CASE
@@ -136,7 +147,7 @@ pub async fn finalise(
                SELECT $1,
                       (SELECT coalesce(max(attempt_number), 0) + 1 FROM attempts WHERE delivery_id = $1),
                       $9, $10, $11, $12, $13, $14, $15, NOT EXISTS (SELECT 1 FROM upd)
-               WHERE $16
+               WHERE ($4 = 1)
                RETURNING id
            )
            SELECT EXISTS (SELECT 1 FROM upd) AS "wrote!",
@@ -144,7 +155,7 @@ pub async fn finalise(
                   (SELECT coalesce(sum(n), 0) FROM ops)::int AS "operational!""#,
         claimed.id,
         claimed.token,
-        status,
+        status as DeliveryStatus,
         i32::from(report.sent),
         wait,
         reason,
@@ -153,12 +164,10 @@ pub async fn finalise(
         report.started_at,
         finished_at,
         report.status.map(i32::from),
-        outcome_name(&report.outcome),
+        report.outcome.recorded() as AttemptOutcome,
         report.duration.as_millis().min(i32::MAX as u128) as i32,
         report.error.map(|e| e.as_str()),
         report.excerpt,
-        report.sent,
-        delivered,
         streak.disable_after.as_secs_f64(),
         i32::try_from(streak.min_failures).unwrap_or(i32::MAX),
         i32::try_from(streak.failing_after).unwrap_or(i32::MAX)
@@ -234,106 +243,28 @@ pub async fn defer(pool: &PgPool, claimed: &Claimed, wait: Duration) -> Result<b
     Ok(wrote.rows_affected() == 1)
 }
 
-/// Mirrors a breaker change (kept in Redis, see `limits`) onto the endpoint row, where the
-/// API and the metrics read it.
-pub async fn set_breaker(pool: &PgPool, endpoint_id: &str, state: &str) -> Result<(), sqlx::Error> {
-    sqlx::query!(
-        "UPDATE endpoints SET breaker_state = $2, breaker_changed_at = now(),
-                breaker_opened_at = CASE WHEN $2 = 'open' THEN now() ELSE breaker_opened_at END
-         WHERE id = $1",
-        endpoint_id,
-        state
+/// Parks an ordered Delivery (ordering.rs): a Deferral that also stamps `parked_at` on the
+/// first park, with the gap timeout from that first park as the fallback wake-up, or a
+/// second from now once that has passed. Runs inside the gate's transaction.
+pub async fn park(
+    tx: &mut Transaction<'_, Postgres>,
+    claimed: &Claimed,
+    gap_timeout: Duration,
+) -> Result<bool, sqlx::Error> {
+    let wrote = sqlx::query!(
+        "UPDATE deliveries
+         SET status = 'PENDING', claim_token = NULL, parked_at = coalesce(parked_at, now()),
+             next_retry_at = greatest(coalesce(parked_at, now()) + make_interval(secs => $3),
+                                      now() + interval '1 second'),
+             deferral_count = deferral_count + 1, updated_at = now(), version = version + 1
+         WHERE id = $1 AND claim_token = $2",
+        claimed.id,
+        claimed.token,
+        gap_timeout.as_secs_f64()
     )
-    .execute(pool)
+    .execute(&mut **tx)
     .await?;
-    Ok(())
-}
-
-/// Live endpoints per breaker state, for the `railhook_endpoint_breakers` gauge.
-pub async fn breaker_counts(pool: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    let rows = sqlx::query!(
-        r#"SELECT breaker_state, count(*) AS "n!" FROM endpoints
-           WHERE deleted_at IS NULL GROUP BY breaker_state"#
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(rows.into_iter().map(|r| (r.breaker_state, r.n)).collect())
-}
-
-/// The retry backlog: PENDING Deliveries with a retry scheduled, and how many of them are
-/// already due (a due count that stays high means the scheduler or the workers fall behind).
-/// Both counts come from the partial index `deliveries_due_idx`.
-pub async fn retry_backlog(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
-    sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE next_retry_at <= now())
-         FROM deliveries WHERE status = 'PENDING' AND next_retry_at IS NOT NULL",
-    )
-    .fetch_one(pool)
-    .await
-}
-
-/// Seconds the oldest due retry has waited past its time, and the age of the oldest
-/// PENDING Delivery waiting for its first hint (no retry time: fresh, or handed back by a
-/// sweep); 0 when there is none. Each is the first entry of a partial index
-/// (`deliveries_due_idx`, `deliveries_stranded_idx`), so the sweep reads two index tuples
-/// per partition, not the backlog.
-pub async fn oldest_waiting(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
-    let r = sqlx::query!(
-        r#"SELECT
-             coalesce(extract(epoch FROM now() - (SELECT min(next_retry_at) FROM deliveries
-                 WHERE status = 'PENDING' AND next_retry_at <= now()))::bigint, 0) AS "due!",
-             coalesce(extract(epoch FROM now() - (SELECT min(updated_at) FROM deliveries
-                 WHERE status = 'PENDING' AND next_retry_at IS NULL))::bigint, 0) AS "unclaimed!""#
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok((r.due.max(0), r.unclaimed.max(0)))
-}
-
-/// The retry scheduler's Claim: due rows, in batches, skipping rows another scheduler holds.
-/// Returns (delivery id, endpoint id, scheduler token) per row.
-pub async fn claim_due(
-    pool: &PgPool,
-    batch: i64,
-) -> Result<Vec<(String, String, Uuid)>, sqlx::Error> {
-    let rows = sqlx::query!(
-        r#"UPDATE deliveries d
-           SET status = 'PROCESSING', claim_token = gen_random_uuid(), last_attempt_at = now(),
-               hinted_at = now(), updated_at = now(), version = version + 1
-           FROM (SELECT id FROM deliveries
-                 WHERE status = 'PENDING' AND next_retry_at <= now()
-                 ORDER BY next_retry_at LIMIT $1
-                 FOR UPDATE SKIP LOCKED) due
-           WHERE d.id = due.id
-           RETURNING d.id, d.endpoint_id, d.claim_token AS "token!""#,
-        batch
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.id, r.endpoint_id, r.token))
-        .collect())
-}
-
-/// After the retry scheduler's hints were acknowledged by Kafka: the rows are marked as
-/// published (`next_retry_at` cleared; it was the due time, which a row in flight no longer
-/// needs). A row the scheduler took but never got published (its worker was killed in the
-/// middle of a round) keeps its due time, and the processing sweep hands it back after a few
-/// minutes instead of the stranded window's hour. A row a consumer already swapped (another
-/// token) is left alone.
-pub async fn mark_published(pool: &PgPool, tokens: &[Uuid]) -> Result<u64, sqlx::Error> {
-    if tokens.is_empty() {
-        return Ok(0);
-    }
-    let marked = sqlx::query!(
-        "UPDATE deliveries SET next_retry_at = NULL
-         WHERE claim_token = ANY($1) AND status = 'PROCESSING' AND hinted_at IS NOT NULL",
-        tokens
-    )
-    .execute(pool)
-    .await?;
-    Ok(marked.rows_affected())
+    Ok(wrote.rows_affected() == 1)
 }
 
 /// A draining worker's Claims whose Attempts did not finish within the drain timeout go
@@ -380,46 +311,22 @@ pub async fn unclaim(pool: &PgPool, rows: &[(String, Uuid)]) -> Result<(), sqlx:
     Ok(())
 }
 
-/// Sweep 1: PROCESSING for longer than `older_than_secs` goes back to PENDING with its token
-/// cleared. The stalled worker's late `finalise` then lands on nothing (duplicate window 7).
-pub async fn sweep_processing(
-    pool: &PgPool,
-    older_than_secs: f64,
-    hint_lost_after_secs: f64,
-    unpublished_after_secs: f64,
-) -> Result<u64, sqlx::Error> {
-    // A worker's Claim (hinted_at NULL) is stale after the processing timeout. A row whose
-    // RetryHint is still queued (hinted_at set) is not held by anyone yet: only after the
-    // stranded window is its hint taken as lost. A row the scheduler took whose hint was
-    // never acknowledged (next_retry_at still set, see `mark_published`) is taken back after
-    // `unpublished_after_secs`, longer than a publish may take.
-    let swept = sqlx::query!(
-        "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, next_retry_at = now(),
-                hinted_at = NULL, updated_at = now(), version = version + 1
-         WHERE status = 'PROCESSING'
-           AND ((hinted_at IS NULL AND last_attempt_at < now() - make_interval(secs => $1))
-             OR hinted_at < now() - make_interval(secs => $2)
-             OR (next_retry_at IS NOT NULL
-                 AND hinted_at < now() - make_interval(secs => $3)))",
-        older_than_secs,
-        hint_lost_after_secs,
-        unpublished_after_secs
+/// After the retry scheduler's hints were acknowledged by Kafka: the rows are marked as
+/// published (`next_retry_at` cleared; it was the due time, which a row in flight no longer
+/// needs). A row the scheduler took but never got published (its worker was killed in the
+/// middle of a round) keeps its due time, and the processing sweep hands it back after a few
+/// minutes instead of the stranded window's hour. A row a consumer already swapped (another
+/// token) is left alone.
+pub async fn mark_published(pool: &PgPool, tokens: &[Uuid]) -> Result<u64, sqlx::Error> {
+    if tokens.is_empty() {
+        return Ok(0);
+    }
+    let marked = sqlx::query!(
+        "UPDATE deliveries SET next_retry_at = NULL
+         WHERE claim_token = ANY($1) AND status = 'PROCESSING' AND hinted_at IS NOT NULL",
+        tokens
     )
     .execute(pool)
     .await?;
-    Ok(swept.rows_affected())
-}
-
-/// Sweep 2: PENDING with nothing scheduled for longer than `older_than_secs` goes to the
-/// retry path. This also re-announces anything a lost Slot never carried.
-pub async fn sweep_stranded(pool: &PgPool, older_than_secs: f64) -> Result<u64, sqlx::Error> {
-    let swept = sqlx::query!(
-        "UPDATE deliveries SET next_retry_at = now(), updated_at = now()
-         WHERE status = 'PENDING' AND next_retry_at IS NULL
-           AND updated_at < now() - make_interval(secs => $1)",
-        older_than_secs
-    )
-    .execute(pool)
-    .await?;
-    Ok(swept.rows_affected())
+    Ok(marked.rows_affected())
 }

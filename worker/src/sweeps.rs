@@ -1,0 +1,93 @@
+//! The sweeps' statements, and the reads behind the gauges the sweep round refreshes.
+//!
+//! The sweeps are how a Claim that nobody will finish ends: a worker killed mid-Attempt, a
+//! RetryHint lost with its broker, an Outbox row a lost Slot never carried. Both hand rows
+//! back to PENDING with the token cleared, so the stalled owner's late write is refused by
+//! the Fence (fence.rs).
+
+use sqlx::PgPool;
+
+/// Sweep 1: PROCESSING for longer than `older_than_secs` goes back to PENDING with its token
+/// cleared. The stalled worker's late `finalise` then lands on nothing (duplicate window 7).
+pub async fn sweep_processing(
+    pool: &PgPool,
+    older_than_secs: f64,
+    hint_lost_after_secs: f64,
+    unpublished_after_secs: f64,
+) -> Result<u64, sqlx::Error> {
+    // A worker's Claim (hinted_at NULL) is stale after the processing timeout. A row whose
+    // RetryHint is still queued (hinted_at set) is not held by anyone yet: only after the
+    // stranded window is its hint taken as lost. A row the scheduler took whose hint was
+    // never acknowledged (next_retry_at still set, see `mark_published`) is taken back after
+    // `unpublished_after_secs`, longer than a publish may take.
+    let swept = sqlx::query!(
+        "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, next_retry_at = now(),
+                hinted_at = NULL, updated_at = now(), version = version + 1
+         WHERE status = 'PROCESSING'
+           AND ((hinted_at IS NULL AND last_attempt_at < now() - make_interval(secs => $1))
+             OR hinted_at < now() - make_interval(secs => $2)
+             OR (next_retry_at IS NOT NULL
+                 AND hinted_at < now() - make_interval(secs => $3)))",
+        older_than_secs,
+        hint_lost_after_secs,
+        unpublished_after_secs
+    )
+    .execute(pool)
+    .await?;
+    Ok(swept.rows_affected())
+}
+
+/// Sweep 2: PENDING with nothing scheduled for longer than `older_than_secs` goes to the
+/// retry path. This also re-announces anything a lost Slot never carried.
+pub async fn sweep_stranded(pool: &PgPool, older_than_secs: f64) -> Result<u64, sqlx::Error> {
+    let swept = sqlx::query!(
+        "UPDATE deliveries SET next_retry_at = now(), updated_at = now()
+         WHERE status = 'PENDING' AND next_retry_at IS NULL
+           AND updated_at < now() - make_interval(secs => $1)",
+        older_than_secs
+    )
+    .execute(pool)
+    .await?;
+    Ok(swept.rows_affected())
+}
+
+/// The retry backlog: PENDING Deliveries with a retry scheduled, and how many of them are
+/// already due (a due count that stays high means the scheduler or the workers fall behind).
+/// Both counts come from the partial index `deliveries_due_idx`.
+pub async fn retry_backlog(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE next_retry_at <= now())
+         FROM deliveries WHERE status = 'PENDING' AND next_retry_at IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Seconds the oldest due retry has waited past its time, and the age of the oldest
+/// PENDING Delivery waiting for its first hint (no retry time: fresh, or handed back by a
+/// sweep); 0 when there is none. Each is the first entry of a partial index
+/// (`deliveries_due_idx`, `deliveries_stranded_idx`), so the sweep reads two index tuples
+/// per partition, not the backlog.
+pub async fn oldest_waiting(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
+    let r = sqlx::query!(
+        r#"SELECT
+             coalesce(extract(epoch FROM now() - (SELECT min(next_retry_at) FROM deliveries
+                 WHERE status = 'PENDING' AND next_retry_at <= now()))::bigint, 0) AS "due!",
+             coalesce(extract(epoch FROM now() - (SELECT min(updated_at) FROM deliveries
+                 WHERE status = 'PENDING' AND next_retry_at IS NULL))::bigint, 0) AS "unclaimed!""#
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((r.due.max(0), r.unclaimed.max(0)))
+}
+
+/// Live endpoints per breaker state, for the `railhook_endpoint_breakers` gauge.
+pub async fn breaker_counts(pool: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"SELECT breaker_state, count(*) AS "n!" FROM endpoints
+           WHERE deleted_at IS NULL GROUP BY breaker_state"#
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.breaker_state, r.n)).collect())
+}
