@@ -329,3 +329,70 @@ async fn the_event_type_catalogue_page_lists_only_the_projects_types() {
         "another project's catalogue leaks"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_page_shows_the_headers_the_receiver_got() {
+    // #22: the page's header list is laid out by the same code as the worker's requests
+    // (common/src/headers.rs); it used to be written out by hand and had drifted.
+    let p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(204)).await;
+    let r = p
+        .app
+        .call(
+            Method::POST,
+            "/v1/endpoints",
+            Some(&p.key),
+            Some(json!({"url": receiver.url, "headers": {"x-team": "billing"}})),
+        )
+        .await;
+    let ep = r.body["id"].as_str().expect("id").to_owned();
+    p.app.subscribe(&p.key, &ep, &["*"], false).await;
+    let (_, delivery) = p.send(json!({"n": 1})).await;
+    p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    let got = receiver.requests().pop().expect("a request");
+
+    let (cookie, _) = sign_in(&p.app, &p.key).await;
+    let (status, html, _) = page(
+        &cookie,
+        format!("{}/dashboard/deliveries/{delivery}", p.app.base),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let start = html
+        .find("<pre id=\"request-headers\">")
+        .expect("header list")
+        + 26;
+    let shown: Vec<(String, String)> = html
+        [start..html[start..].find("</pre>").expect("end") + start]
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(k, v)| (k.to_owned(), v.replace("&lt;", "<").replace("&gt;", ">")))
+        .collect();
+    let transport = [
+        "host",
+        "content-length",
+        "accept",
+        "accept-encoding",
+        "connection",
+    ];
+    let mut wire: Vec<&str> = got
+        .headers
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !transport.contains(k))
+        .collect();
+    let mut names: Vec<&str> = shown.iter().map(|(k, _)| k.as_str()).collect();
+    wire.sort_unstable();
+    names.sort_unstable();
+    assert_eq!(
+        names, wire,
+        "the page lists what was sent, no more and no less"
+    );
+    for (name, value) in &shown {
+        if value.starts_with('<') || value.ends_with('>') || name == "webhook-signature" {
+            continue; // per Attempt, or secret
+        }
+        assert_eq!(got.headers.get(name), Some(value), "{name}");
+    }
+    p.stop().await;
+}

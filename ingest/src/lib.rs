@@ -19,6 +19,7 @@ pub mod replay;
 pub mod routes;
 pub mod schemas;
 pub mod state;
+pub mod store;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

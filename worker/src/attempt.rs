@@ -23,13 +23,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use railhook_common::headers::{self, Extra};
 use railhook_common::signing::{SigningKey, signature_header};
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::ssrf::{Allowlist, GuardedResolver, Refused};
 
-pub const USER_AGENT_VALUE: &str = concat!("Railhook/", env!("CARGO_PKG_VERSION"));
+pub use railhook_common::headers::USER_AGENT_VALUE;
 /// How much of a response body is kept for the Attempt row.
 pub const EXCERPT_BYTES: usize = 1024;
 /// How long the runner waits for that excerpt after the status line.
@@ -44,13 +45,13 @@ pub struct Attempt {
     pub event_type: String,
     pub url: url::Url,
     pub body: Bytes,
-    pub custom_headers: Vec<(String, String)>,
+    /// Forwarded provider headers and the endpoint's custom ones, and the body's media type
+    /// (`application/json` unless a forwarded webhook said otherwise): common/src/headers.rs.
+    pub extra: Extra,
     /// Every active signing key (two during a rotation's overlap).
     pub keys: Vec<SigningKey>,
     pub timeout: Duration,
     pub sequence_number: Option<i64>,
-    /// The body's media type; `application/json` unless a forwarded webhook said otherwise.
-    pub content_type: Option<String>,
     /// W3C trace context for the receiver: the Event's trace, this Attempt as the parent
     /// (common/src/trace_context.rs), and the `tracestate` the sender gave.
     pub traceparent: Option<String>,
@@ -222,45 +223,31 @@ impl Runner {
         Ok(Self { client, allow })
     }
 
+    /// The request's headers, as common/src/headers.rs lays them out (the dashboard shows
+    /// the same list).
     fn headers(a: &Attempt, timestamp: i64) -> HeaderMap {
+        let timestamp_text = timestamp.to_string();
+        let signature = signature_header(&a.keys, &a.delivery_id, timestamp, &a.body);
+        let pairs = headers::request_headers(&headers::Request {
+            delivery_id: &a.delivery_id,
+            event_id: &a.event_id,
+            event_type: &a.event_type,
+            timestamp: &timestamp_text,
+            signature: &signature,
+            sequence_number: a.sequence_number,
+            traceparent: a.traceparent.as_deref(),
+            tracestate: a.tracestate.as_deref(),
+            extra: &a.extra,
+        });
         let mut h = HeaderMap::new();
-        for (name, value) in &a.custom_headers {
+        for (name, value) in pairs {
             if let (Ok(n), Ok(v)) = (
                 HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
+                HeaderValue::from_str(&value),
             ) {
                 h.insert(n, v);
             }
         }
-        let mut set = |name: &'static str, value: String| {
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                h.insert(HeaderName::from_static(name), v);
-            }
-        };
-        set("webhook-id", a.delivery_id.clone());
-        set("webhook-timestamp", timestamp.to_string());
-        set(
-            "webhook-signature",
-            signature_header(&a.keys, &a.delivery_id, timestamp, &a.body),
-        );
-        set("x-event-id", a.event_id.clone());
-        set("x-event-type", a.event_type.clone());
-        if let Some(seq) = a.sequence_number {
-            set("x-sequence-number", seq.to_string());
-        }
-        if let Some(tp) = &a.traceparent {
-            set("traceparent", tp.clone());
-        }
-        if let Some(ts) = &a.tracestate {
-            set("tracestate", ts.clone());
-        }
-        let content_type = a
-            .content_type
-            .as_deref()
-            .and_then(|c| HeaderValue::from_str(c).ok())
-            .unwrap_or(HeaderValue::from_static("application/json"));
-        h.insert(CONTENT_TYPE, content_type);
-        h.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
         h
     }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use railhook_common::config::PROCESSING_MARGIN;
+use railhook_common::headers::Extra;
 use railhook_common::retry::Ladder;
 use railhook_common::signing::SigningKey;
 use railhook_common::trace_context::{self, TraceParent};
@@ -92,14 +93,19 @@ async fn breaker_changed(shared: &Shared, endpoint_id: &str, state: BreakerState
     }
 }
 
+/// What the checks before a request decided for one claimed Delivery.
+enum Admitted {
+    /// Send it. `lease`: the concurrency lease to give back after the Attempt (none when the
+    /// endpoint has no concurrency limit, or Redis did not answer and the limits failed open).
+    Send { lease: Option<String> },
+    /// Deferred or parked (the Claim is released), or the gate failed and the sweep will
+    /// hand it back: nothing is sent.
+    Held,
+}
+
 /// The checks before a request is built: the ordering gate, then the endpoint's breaker and
-/// limits. `None` means the Delivery was deferred (or parked) and must not be sent; `Some`
-/// carries the concurrency lease to give back.
-async fn admit(
-    shared: &Shared,
-    claimed: &mut Claimed,
-    target: &claim::Target,
-) -> Option<Option<String>> {
+/// limits.
+async fn admit(shared: &Shared, claimed: &mut Claimed, target: &claim::Target) -> Admitted {
     if claimed.ordered {
         match ordering::gate(&shared.pool, claimed, shared.gap_timeout).await {
             Ok(Gate::Go { sequence_number }) => claimed.sequence_number = Some(sequence_number),
@@ -113,11 +119,11 @@ async fn admit(
                     .deferrals
                     .with_label_values(&[Reason::Ordering.as_str()])
                     .inc();
-                return None;
+                return Admitted::Held;
             }
             Err(e) => {
                 tracing::warn!(error = %e, delivery_id = %claimed.id, "ordering gate failed; the sweep will hand the delivery back");
-                return None;
+                return Admitted::Held;
             }
         }
     }
@@ -144,7 +150,7 @@ async fn admit(
                 if let Some(state) = changed {
                     breaker_changed(shared, &claimed.endpoint_id, state).await;
                 }
-                return Some(lease);
+                return Admitted::Send { lease };
             }
             Admission::Defer {
                 reason: Reason::Rate,
@@ -161,11 +167,11 @@ async fn admit(
                     wait
                 };
                 defer(shared, claimed, reason, wait).await;
-                return None;
+                return Admitted::Held;
             }
             Admission::Unavailable => {
                 shared.metrics.limits_unavailable.inc();
-                return Some(None);
+                return Admitted::Send { lease: None };
             }
         }
     }
@@ -245,7 +251,9 @@ async fn deliver(
     attempt.traceparent =
         Some(trace_context::handed_on(&tracing::Span::current(), stored.as_ref()).to_string());
     attempt.tracestate = target.tracestate.clone();
-    let lease = admit(shared, &mut claimed, &target).await?;
+    let Admitted::Send { lease } = admit(shared, &mut claimed, &target).await else {
+        return None;
+    };
     attempt.sequence_number = claimed.sequence_number;
     // Invariant: a Claim is never older than its sweep window allows when its request
     // starts (review #19 item 1). The gate and the limits may have held it; then it is
@@ -384,24 +392,7 @@ fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
     if let Some(prev) = &target.previous_secret {
         keys.push(SigningKey::parse(prev).ok()?);
     }
-    let as_pairs = |v: Option<&serde_json::Value>| -> Vec<(String, String)> {
-        v.and_then(|v| v.as_object())
-            .map(|o| {
-                o.iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    // A forwarded webhook keeps the provider's headers (a fixed safe subset chosen at
-    // receipt) and its content type; the endpoint's own custom headers come last and win.
-    let mut forwarded = as_pairs(target.forward_headers.as_ref());
-    let content_type = forwarded
-        .iter()
-        .position(|(k, _)| k == "content-type")
-        .map(|i| forwarded.remove(i).1);
-    let mut custom_headers = forwarded;
-    custom_headers.extend(as_pairs(Some(&target.headers)));
+    let extra = Extra::merge(target.forward_headers.as_ref(), Some(&target.headers));
     let body = match &target.raw_body {
         Some(raw) => bytes::Bytes::from(raw.clone()),
         None => bytes::Bytes::from(target.payload.clone().into_bytes()),
@@ -412,11 +403,10 @@ fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
         event_type: target.event_type.clone(),
         url: url::Url::parse(&target.url).ok()?,
         body,
-        custom_headers,
+        extra,
         keys,
         timeout: Duration::from_millis(u64::try_from(target.timeout_ms).unwrap_or(30_000)),
         sequence_number: claimed.sequence_number,
-        content_type,
         traceparent: None,
         tracestate: None,
     })

@@ -47,11 +47,13 @@ fn attempt(url: &str, keys: Vec<SigningKey>, timeout: Duration) -> Attempt {
         event_type: "order.paid".into(),
         url: url.parse().expect("url"),
         body: bytes::Bytes::from_static(b"{\"n\":1}"),
-        custom_headers: vec![("X-Team".into(), "payments".into())],
+        extra: railhook_common::headers::Extra {
+            content_type: None,
+            headers: vec![("X-Team".into(), "payments".into())],
+        },
         keys,
         timeout,
         sequence_number: Some(7),
-        content_type: None,
         traceparent: None,
         tracestate: None,
     }

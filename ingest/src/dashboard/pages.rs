@@ -8,7 +8,6 @@ use maud::{Markup, html};
 use railhook_common::event_type::EventType;
 use railhook_common::ids::EndpointId;
 use serde::Deserialize;
-use sqlx::FromRow;
 
 use super::{CsrfForm, PageError, PageResult, Session, layout, layout_with};
 use crate::pagination::PageRequest;
@@ -17,9 +16,11 @@ use crate::routes::deliveries;
 use crate::routes::failed::{FailedFilter, list_failed, retry_matching};
 use crate::routes::replays::{self, NewReplay, Started};
 use crate::state::AppState;
+use crate::store::deliveries::{self as delivery_store, DeliveryFilter};
+use railhook_common::DeliveryStatus;
+use railhook_common::headers::{self, Extra};
 
 const PAGE: i64 = 50;
-const STATUSES: [&str; 4] = ["PENDING", "PROCESSING", "SUCCEEDED", "FAILED"];
 
 /// A form field: an empty input is no filter.
 fn given(v: &Option<String>) -> Option<&str> {
@@ -136,67 +137,37 @@ pub struct DeliveryQuery {
     cursor: Option<String>,
 }
 
-#[derive(FromRow)]
-struct DeliveryRow {
-    id: String,
-    event_id: String,
-    event_type: String,
-    endpoint_id: String,
-    status: String,
-    attempt_count: i32,
-    last_status_code: Option<i32>,
-    origin: String,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
-
 pub async fn deliveries(
     State(state): State<AppState>,
     session: Session,
     Query(q): Query<DeliveryQuery>,
 ) -> PageResult {
-    let status = given(&q.status).map(str::to_owned);
-    if let Some(s) = &status
-        && !STATUSES.contains(&s.as_str())
-    {
-        return Err(ApiError::validation("status", "unknown status").into());
-    }
+    let status = deliveries::parse_status(given(&q.status))?;
     let endpoint_id = parse_endpoint(&q.endpoint_id)?;
     let event_type = parse_type(&q.event_type)?;
-    let status_code = parse_code(&q.status_code)?;
-    let since = parse_time("since", &q.since)?;
-    let until = parse_time("until", &q.until)?;
+    let filter = DeliveryFilter {
+        status,
+        endpoint_id: endpoint_id.clone(),
+        event_type: event_type.clone(),
+        status_code: parse_code(&q.status_code)?,
+        since: parse_time("since", &q.since)?,
+        until: parse_time("until", &q.until)?,
+        event_id: None,
+    };
     let page = PageRequest::parse(Some(PAGE), given(&q.cursor))?;
-    let rows: Vec<DeliveryRow> = sqlx::query_as(
-        "SELECT d.id, d.event_id, v.event_type, d.endpoint_id, d.status, d.attempt_count,
-                d.last_status_code, d.origin, d.created_at, d.updated_at
-         FROM deliveries d JOIN events v ON v.id = d.event_id
-         WHERE d.project_id = $1
-           AND ($2::text IS NULL OR d.status = $2)
-           AND ($3::text IS NULL OR d.endpoint_id = $3)
-           AND ($4::text IS NULL OR v.event_type = $4)
-           AND ($5::int IS NULL OR d.last_status_code = $5)
-           AND ($6::timestamptz IS NULL OR d.created_at >= $6)
-           AND ($7::timestamptz IS NULL OR d.created_at < $7)
-           AND ($8::text IS NULL OR d.id < $8)
-         ORDER BY d.id DESC LIMIT $9",
+    let rows = delivery_store::list(
+        &state.pool,
+        session.project.id.as_str(),
+        &filter,
+        page.after.as_deref(),
+        page.fetch(),
     )
-    .bind(session.project.id.as_str())
-    .bind(&status)
-    .bind(&endpoint_id)
-    .bind(&event_type)
-    .bind(status_code)
-    .bind(since)
-    .bind(until)
-    .bind(&page.after)
-    .bind(page.fetch())
-    .fetch_all(&state.pool)
     .await?;
-    let listing = page.finish(rows, |r: &DeliveryRow| &r.id);
+    let listing = page.finish(rows, |r: &delivery_store::DeliveryRow| &r.id);
     let choices = endpoint_choices(&state, &session).await?;
     let next = listing.next_cursor.as_deref().map(|c| {
         query_string(&[
-            ("status", status.as_deref()),
+            ("status", status.map(DeliveryStatus::as_str)),
             ("endpoint_id", endpoint_id.as_deref()),
             ("event_type", event_type.as_deref()),
             ("status_code", given(&q.status_code)),
@@ -210,7 +181,7 @@ pub async fn deliveries(
             label { "Status"
                 select name="status" {
                     option value="" { "any" }
-                    @for s in STATUSES { option value=(s) selected[status.as_deref() == Some(s)] { (s) } }
+                    @for s in DeliveryStatus::ALL { option value=(s.as_str()) selected[status == Some(s)] { (s) } }
                 }
             }
             (endpoint_select(&choices, endpoint_id.as_deref()))
@@ -228,7 +199,7 @@ pub async fn deliveries(
                         td { a href={ "/dashboard/deliveries/" (d.id) } { code { (d.id) } } @if d.origin == "replay" { " " span.muted { "replay" } } }
                         td { (d.event_type) br; code.muted { (d.event_id) } }
                         td { code { (d.endpoint_id) } }
-                        td.status class=(d.status) { (d.status) }
+                        td.status class=(d.status.as_str()) { (d.status) }
                         td { (d.attempt_count) }
                         td { (d.last_status_code.map_or_else(|| "—".to_owned(), |c| c.to_string())) }
                         td { (when(d.created_at)) }
@@ -243,61 +214,68 @@ pub async fn deliveries(
     Ok(layout(&session, "deliveries", "Deliveries", body))
 }
 
+/// The headers of the Delivery's requests, as common/src/headers.rs lays them out for the
+/// worker, with what changes per Attempt or is secret shown as a placeholder.
+fn request_view(
+    d: &delivery_store::DeliveryRow,
+    parts: &delivery_store::RequestParts,
+) -> Vec<(String, String)> {
+    let mut extra = Extra::merge(parts.forward_headers.as_ref(), Some(&parts.headers));
+    for (_, value) in &mut extra.headers {
+        *value = "<custom value>".to_owned();
+    }
+    let mut sent = headers::request_headers(&headers::Request {
+        delivery_id: &d.id,
+        event_id: &d.event_id,
+        event_type: &d.event_type,
+        timestamp: "<the Attempt's start, in Unix seconds>",
+        signature: "v1,<redacted>",
+        sequence_number: d.sequence_number,
+        traceparent: Some("<the Attempt's span in the Event's trace>"),
+        tracestate: parts.tracestate.as_deref(),
+        extra: &extra,
+    });
+    // What is sent as a header map: a later name replaces an earlier one.
+    let mut seen = std::collections::HashSet::new();
+    sent.reverse();
+    sent.retain(|(k, _)| seen.insert(k.to_ascii_lowercase()));
+    sent.reverse();
+    sent
+}
+
 pub async fn delivery(
     State(state): State<AppState>,
     session: Session,
     Path(id): Path<String>,
 ) -> PageResult {
-    let d = deliveries::find(&state, &session.project, &id).await?;
+    let d = deliveries::find_row(&state, &session.project, &id).await?;
     let attempts = deliveries::attempts_of(&state, &d.id).await?;
-    #[allow(clippy::type_complexity)]
-    let (event_type, payload, url, header_names, direction, expunged_at): (
-        String,
-        String,
-        String,
-        Vec<String>,
-        String,
-        Option<chrono::DateTime<chrono::Utc>>,
-    ) = sqlx::query_as(
-            "SELECT v.event_type, left(v.payload::text, 4000), e.url,
-                    ARRAY(SELECT jsonb_object_keys(e.headers) ORDER BY 1), x.direction,
-                    v.expunged_at
-             FROM deliveries x JOIN events v ON v.id = x.event_id JOIN endpoints e ON e.id = x.endpoint_id
-             WHERE x.id = $1 AND x.project_id = $2",
-        )
-        .bind(&d.id)
-        .bind(session.project.id.as_str())
-        .fetch_one(&state.pool)
-        .await?;
+    let parts = delivery_store::request_parts(&state.pool, session.project.id.as_str(), &d.id)
+        .await?
+        .ok_or(ApiError::NotFound("delivery"))?;
+    let sent = request_view(&d, &parts);
+    let (event_type, url, expunged_at) = (&d.event_type, &parts.url, parts.expunged_at);
+    let payload = &parts.payload_excerpt;
     let body = html! {
         table {
             tr { th { "Delivery (webhook-id)" } td { code { (d.id) } } }
             tr { th { "Event (X-Event-Id)" } td { code { (d.event_id) } " · " (event_type) } }
             tr { th { "Endpoint" } td { code { (d.endpoint_id) } " · " (url) } }
-            tr { th { "Status" } td.status class=(d.status) { (d.status) } }
+            tr { th { "Status" } td.status class=(d.status.as_str()) { (d.status) } }
             tr { th { "Attempts" } td { (d.attempt_count) " (deferred " (d.deferral_count) " times)" } }
             tr { th { "Next retry" } td { (when_opt(d.next_retry_at)) } }
             @if let Some(r) = &d.failure_reason { tr { th { "Failure" } td.error { (r) } } }
         }
-        @if d.status == "FAILED" && expunged_at.is_none() {
+        @if d.status == DeliveryStatus::Failed && expunged_at.is_none() {
             form.inline method="post" action={ "/dashboard/deliveries/" (d.id) "/retry" } {
                 input type="hidden" name="csrf" value=(session.csrf);
                 p { button #retry type="submit" { "Retry this delivery" } }
             }
         }
         h2 { "Request headers sent" }
-        p.muted { "Rebuilt from the Delivery: the signature and custom header values are not shown." }
-        pre {
-            "content-type: application/json\n"
-            "webhook-id: " (d.id) "\n"
-            "webhook-timestamp: <the Attempt's start, in Unix seconds>\n"
-            "webhook-signature: v1,<redacted>\n"
-            @if direction == "outgoing" {
-                "x-event-id: " (d.event_id) "\n"
-                "x-event-type: " (event_type) "\n"
-            }
-            @if let Some(n) = d.sequence_number { "x-sequence-number: " (n) "\n" }
-            @for name in &header_names { (name) ": <custom value>\n" }
+        p.muted { "Laid out by the same code as the worker's requests: the signature, the trace context and custom header values are not shown." }
+        pre #request-headers {
+            @for (name, value) in &sent { (name) ": " (value) "\n" }
         }
         h2 { "Attempts" }
         table #attempts {

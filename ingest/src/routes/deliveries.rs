@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use chrono::{DateTime, Utc};
+use railhook_common::DeliveryStatus;
 use railhook_common::ids::DeliveryId;
 use serde::{Deserialize, Serialize};
 
@@ -11,8 +12,8 @@ use crate::extract::ApiQuery;
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
-
-const STATUSES: [&str; 4] = ["PENDING", "PROCESSING", "SUCCEEDED", "FAILED"];
+pub use crate::store::deliveries::Attempt;
+use crate::store::deliveries::{self as store, DeliveryFilter, DeliveryRow};
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Delivery {
@@ -20,7 +21,8 @@ pub struct Delivery {
     pub event_id: String,
     pub endpoint_id: String,
     /// `PENDING`, `PROCESSING`, `SUCCEEDED` or `FAILED`.
-    pub status: String,
+    #[schema(value_type = String)]
+    pub status: DeliveryStatus,
     pub attempt_count: i32,
     pub next_retry_at: Option<DateTime<Utc>>,
     pub last_attempt_at: Option<DateTime<Utc>>,
@@ -34,16 +36,39 @@ pub struct Delivery {
     pub updated_at: DateTime<Utc>,
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct Attempt {
-    pub attempt_number: i32,
-    pub started_at: DateTime<Utc>,
-    pub finished_at: DateTime<Utc>,
-    pub status_code: Option<i32>,
-    pub outcome: String,
-    pub duration_ms: i32,
-    pub error_class: Option<String>,
-    pub response_excerpt: Option<String>,
+impl From<DeliveryRow> for Delivery {
+    fn from(r: DeliveryRow) -> Self {
+        Self {
+            id: r.id,
+            event_id: r.event_id,
+            endpoint_id: r.endpoint_id,
+            status: r.status,
+            attempt_count: r.attempt_count,
+            next_retry_at: r.next_retry_at,
+            last_attempt_at: r.last_attempt_at,
+            sequence_number: r.sequence_number,
+            deferral_count: r.deferral_count,
+            failure_reason: r.failure_reason,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// The `status` filter of the API and the dashboard: one of the four words, or a 422.
+pub fn parse_status(raw: Option<&str>) -> ApiResult<Option<DeliveryStatus>> {
+    raw.map(|s| {
+        DeliveryStatus::parse(s).ok_or_else(|| {
+            ApiError::validation(
+                "status",
+                format!(
+                    "status must be one of {:?}",
+                    DeliveryStatus::ALL.map(DeliveryStatus::as_str)
+                ),
+            )
+        })
+    })
+    .transpose()
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -72,62 +97,40 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<Delivery>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    if let Some(s) = &q.status
-        && !STATUSES.contains(&s.as_str())
-    {
-        return Err(ApiError::validation(
-            "status",
-            format!("status must be one of {STATUSES:?}"),
-        ));
-    }
-    let rows = sqlx::query_as!(
-        Delivery,
-        r#"SELECT id, event_id, endpoint_id, status, attempt_count, next_retry_at,
-                  last_attempt_at, sequence_number, deferral_count, failure_reason, created_at, updated_at
-           FROM deliveries
-           WHERE project_id = $1
-             AND ($2::text IS NULL OR status = $2)
-             AND ($3::text IS NULL OR endpoint_id = $3)
-             AND ($4::text IS NULL OR event_id = $4)
-             AND ($5::text IS NULL OR id < $5)
-           ORDER BY id DESC LIMIT $6"#,
+    let filter = DeliveryFilter {
+        status: parse_status(q.status.as_deref())?,
+        endpoint_id: q.endpoint_id,
+        event_id: q.event_id,
+        ..DeliveryFilter::default()
+    };
+    let rows: Vec<Delivery> = store::list(
+        &state.pool,
         project.id.as_str(),
-        q.status,
-        q.endpoint_id,
-        q.event_id,
-        page.after,
-        page.fetch()
+        &filter,
+        page.after.as_deref(),
+        page.fetch(),
     )
-    .fetch_all(&state.pool)
-    .await?;
+    .await?
+    .into_iter()
+    .map(Delivery::from)
+    .collect();
     Ok(Json(page.finish(rows, |d: &Delivery| &d.id)))
 }
 
 pub async fn attempts_of(state: &AppState, id: &str) -> Result<Vec<Attempt>, sqlx::Error> {
-    sqlx::query_as!(
-        Attempt,
-        r#"SELECT attempt_number, started_at, finished_at, status_code, outcome, duration_ms,
-                  error_class, response_excerpt
-           FROM attempts WHERE delivery_id = $1 ORDER BY attempt_number"#,
-        id
-    )
-    .fetch_all(&state.pool)
-    .await
+    store::attempts(&state.pool, id).await
+}
+
+/// One of the project's Deliveries, or 404 (for an id of another project too).
+pub async fn find_row(state: &AppState, project: &Project, raw: &str) -> ApiResult<DeliveryRow> {
+    let id = DeliveryId::parse(raw).map_err(|_| ApiError::NotFound("delivery"))?;
+    store::find(&state.pool, project.id.as_str(), id.as_str())
+        .await?
+        .ok_or(ApiError::NotFound("delivery"))
 }
 
 pub async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<Delivery> {
-    let id = DeliveryId::parse(raw).map_err(|_| ApiError::NotFound("delivery"))?;
-    sqlx::query_as!(
-        Delivery,
-        r#"SELECT id, event_id, endpoint_id, status, attempt_count, next_retry_at,
-                  last_attempt_at, sequence_number, deferral_count, failure_reason, created_at, updated_at
-           FROM deliveries WHERE id = $1 AND project_id = $2"#,
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("delivery"))
+    find_row(state, project, raw).await.map(Delivery::from)
 }
 
 #[utoipa::path(get, path = "/v1/deliveries/{id}", tag = "deliveries",
@@ -178,17 +181,7 @@ pub async fn retry(
 /// The single retry, shared by the API and the dashboard.
 pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResult<Delivery> {
     let current = find(state, project, id).await?;
-    // A Delivery made by a replay can outlive its Event by up to the retention: the Event's
-    // partition goes with its own day (docs/ARCHITECTURE.md, "Storage").
-    let expunged: bool = sqlx::query_scalar(
-        "SELECT v.id IS NULL OR v.expunged_at IS NOT NULL
-         FROM deliveries d LEFT JOIN events v ON v.id = d.event_id
-         WHERE d.id = $1",
-    )
-    .bind(&current.id)
-    .fetch_one(&state.pool)
-    .await?;
-    if expunged {
+    if store::event_gone(&state.pool, &current.id).await? {
         return Err(ApiError::InvalidState(
             "the Event's payload was expunged or retired; its deliveries cannot be sent again",
         ));

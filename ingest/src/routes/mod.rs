@@ -55,24 +55,6 @@ pub fn validate_url(raw: &str) -> Result<String, ApiError> {
     Ok(url.into())
 }
 
-/// Headers Railhook sets itself; an endpoint's custom headers may not replace them.
-const RESERVED_HEADERS: &[&str] = &[
-    "host",
-    "content-length",
-    "content-type",
-    "transfer-encoding",
-    "connection",
-    "user-agent",
-    "webhook-id",
-    "webhook-timestamp",
-    "webhook-signature",
-    "x-event-id",
-    "x-event-type",
-    "x-sequence-number",
-    "traceparent",
-    "tracestate",
-];
-
 pub const MAX_CUSTOM_HEADERS: usize = 20;
 
 /// Custom headers sent with every Attempt to an endpoint.
@@ -84,7 +66,7 @@ pub fn validate_headers(headers: &BTreeMap<String, String>) -> Result<(), ApiErr
     for (name, value) in headers {
         let parsed = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| bad(format!("'{name}' is not a valid header name")))?;
-        if RESERVED_HEADERS.contains(&parsed.as_str()) {
+        if railhook_common::headers::is_reserved(parsed.as_str()) {
             return Err(bad(format!(
                 "'{name}' is set by Railhook and cannot be overridden"
             )));
