@@ -646,7 +646,7 @@ async fn key_and_subscription_changes_reach_the_next_event() {
 
     // A second replica on the same database has its own cache.
     let mut other = app.state.clone();
-    other.senders = railhook_ingest::auth::SenderCache::default();
+    other.senders = railhook_ingest::store::subscriptions::SenderCache::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -22,6 +22,7 @@ pub mod retry_hint;
 pub mod sealing;
 pub mod secrets;
 pub mod signing;
+pub mod slot_status;
 pub mod status;
 pub mod telemetry;
 pub mod trace_context;

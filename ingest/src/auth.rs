@@ -11,10 +11,9 @@ use railhook_common::secrets::hash_api_key;
 use secrecy::ExposeSecret;
 use subtle::ConstantTimeEq;
 
-use crate::ingest::{LIVE_SUBSCRIPTIONS_JSON, parse_candidates};
 use crate::problem::ApiError;
-use crate::schemas::SCHEMA_IDS_JSON;
 use crate::state::AppState;
+use crate::store::subscriptions::{self, Candidate};
 
 fn bearer(parts: &Parts) -> Option<&str> {
     let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
@@ -93,82 +92,36 @@ impl FromRequestParts<AppState> for Project {
 #[derive(Clone)]
 pub struct Sender {
     pub project: Project,
-    pub subscriptions: std::sync::Arc<Vec<crate::ingest::Candidate>>,
+    pub subscriptions: std::sync::Arc<Vec<Candidate>>,
     /// Event types of the project that have a schema: name → schema id (`crate::schemas`).
     pub schemas: std::sync::Arc<std::collections::HashMap<String, i64>>,
-}
-
-/// Senders by key hash, for one second (docs/BENCHMARKS.md: with the lookup on every POST,
-/// Postgres spent about a third of its time per Event on it).
-///
-/// What the second costs, on purpose: a key revoked, or a subscription or endpoint changed,
-/// through another ingest replica is seen here up to one second later. On this replica a
-/// change clears the cache at once (`invalidate`), so a client that changes a subscription
-/// and then posts through the same process never sees the old one. Only `POST
-/// /v1/events[/batch]` reads this cache; every other route checks its key in Postgres.
-#[derive(Clone)]
-pub struct SenderCache(moka::sync::Cache<Vec<u8>, Sender>);
-
-impl Default for SenderCache {
-    fn default() -> Self {
-        Self(
-            moka::sync::Cache::builder()
-                .max_capacity(10_000)
-                .time_to_live(std::time::Duration::from_secs(1))
-                .build(),
-        )
-    }
-}
-
-impl SenderCache {
-    /// Forgets every cached sender: called after any change to keys, endpoints or
-    /// subscriptions (rare next to Events, so clearing all is simpler than tracking which).
-    pub fn invalidate(&self) {
-        self.0.invalidate_all();
-    }
 }
 
 impl FromRequestParts<AppState> for Sender {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        use sqlx::Row;
         let key = bearer(parts).ok_or(ApiError::Unauthorized)?;
         let hash = hash_api_key(key);
-        if let Some(sender) = state.senders.0.get(&hash) {
-            return Ok(sender);
-        }
-        let row = sqlx::query(&format!(
-            "SELECT p.id AS project_id, p.organization_id, o.monthly_quota,
-                    {LIVE_SUBSCRIPTIONS_JSON} AS subscriptions,
-                    {SCHEMA_IDS_JSON} AS schemas
-             FROM api_keys k
-             JOIN projects p ON p.id = k.project_id
-             JOIN organizations o ON o.id = p.organization_id
-             WHERE k.key_hash = $1 AND k.revoked_at IS NULL"
-        ))
-        .bind(&hash)
-        .fetch_optional(&state.pool)
-        .await?
-        .ok_or(ApiError::Unauthorized)?;
-        let subscriptions =
-            parse_candidates(row.get("subscriptions")).ok_or(ApiError::Internal(
-                crate::problem::InternalError::Fault("unreadable subscriptions"),
-            ))?;
-        let schemas: std::collections::HashMap<String, i64> =
-            serde_json::from_str(row.get("schemas")).map_err(|_| {
-                ApiError::Internal(crate::problem::InternalError::Fault("unreadable schemas"))
-            })?;
+        let row = match state.senders.get(&hash) {
+            Some(row) => row,
+            None => {
+                let row = subscriptions::sender(&state.pool, &hash)
+                    .await?
+                    .ok_or(ApiError::Unauthorized)?;
+                state.senders.insert(hash, row.clone());
+                row
+            }
+        };
         let sender = Sender {
             project: Project {
-                id: ProjectId::from_trusted(row.get("project_id")),
-                organization_id: OrganizationId::from_trusted(row.get("organization_id")),
-                monthly_quota: row.get("monthly_quota"),
+                id: ProjectId::from_trusted(row.project_id),
+                organization_id: OrganizationId::from_trusted(row.organization_id),
+                monthly_quota: row.monthly_quota,
             },
-            subscriptions: std::sync::Arc::new(subscriptions),
-            schemas: std::sync::Arc::new(schemas),
+            subscriptions: row.subscriptions,
+            schemas: row.schemas,
         };
-        state.senders.0.insert(hash, sender.clone());
         Ok(sender)
     }
 }

@@ -38,8 +38,8 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
+use railhook_common::EventType;
 use railhook_common::ids::{DeliveryId, EventId};
-use railhook_common::{EventType, EventTypePattern};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use sqlx::PgPool;
@@ -48,6 +48,7 @@ use crate::auth::Project;
 use crate::problem::{ApiError, InternalError};
 use crate::quota::Reservation;
 use crate::state::AppState;
+pub(crate) use crate::store::subscriptions::{Candidate, candidates};
 
 /// How long an Idempotency-Key keeps answering with its Event (docs/API.md). A request with
 /// a key older than this creates a new Event. Retention is never shorter.
@@ -90,14 +91,6 @@ struct Existing {
     event_type: String,
     created_at: DateTime<Utc>,
     same_payload: bool,
-}
-
-/// A subscription that may match: its endpoint, its patterns, whether ordered.
-pub struct Candidate {
-    pub(crate) subscription_id: String,
-    pub(crate) endpoint_id: String,
-    pub(crate) patterns: Vec<EventTypePattern>,
-    pub(crate) ordered: bool,
 }
 
 /// The Deliveries to create, as parallel columns for one `unnest` insert.
@@ -248,58 +241,6 @@ async fn find_existing(
             (r.pos as usize, found)
         })
         .collect())
-}
-
-/// The live subscriptions (on enabled endpoints) of the project `p.id`, as one JSON array,
-/// ordered by id: `auth::Sender` reads it in the same query as the key, `candidates` alone.
-pub(crate) const LIVE_SUBSCRIPTIONS_JSON: &str = "coalesce((
-    SELECT json_agg(json_build_object('id', s.id, 'endpoint_id', s.endpoint_id,
-                                      'event_types', s.event_types, 'ordered', s.ordered)
-                    ORDER BY s.id)
-    FROM subscriptions s JOIN endpoints e ON e.id = s.endpoint_id
-    WHERE s.project_id = p.id AND s.deleted_at IS NULL
-      AND e.deleted_at IS NULL AND e.enabled), '[]')::text";
-
-#[derive(serde::Deserialize)]
-struct SubscriptionRow {
-    id: String,
-    endpoint_id: String,
-    event_types: Vec<String>,
-    ordered: bool,
-}
-
-/// Reads `LIVE_SUBSCRIPTIONS_JSON`; `None` only if the database sent something else.
-pub(crate) fn parse_candidates(json: &str) -> Option<Vec<Candidate>> {
-    let rows: Vec<SubscriptionRow> = serde_json::from_str(json).ok()?;
-    Some(
-        rows.into_iter()
-            .map(|s| Candidate {
-                subscription_id: s.id,
-                endpoint_id: s.endpoint_id,
-                // Patterns were validated when the subscription was stored.
-                patterns: s
-                    .event_types
-                    .into_iter()
-                    .map(EventTypePattern::from_trusted)
-                    .collect(),
-                ordered: s.ordered,
-            })
-            .collect(),
-    )
-}
-
-/// The project's live subscriptions on enabled endpoints.
-pub(crate) async fn candidates(
-    db: impl sqlx::PgExecutor<'_>,
-    project_id: &str,
-) -> Result<Vec<Candidate>, sqlx::Error> {
-    let json: String = sqlx::query_scalar(&format!(
-        "SELECT {LIVE_SUBSCRIPTIONS_JSON} FROM (SELECT $1::text AS id) p"
-    ))
-    .bind(project_id)
-    .fetch_one(db)
-    .await?;
-    parse_candidates(&json).ok_or_else(|| sqlx::Error::Decode("unreadable subscriptions".into()))
 }
 
 /// One Delivery per (Event, endpoint): an endpoint with two matching subscriptions still gets

@@ -52,7 +52,7 @@ pub fn router(state: AppState) -> Router {
     let single_limit = state.limits.max_payload_bytes + ENVELOPE_BYTES;
     let batch_limit = state.limits.max_batch_body_bytes();
     // Changes to keys, endpoints, subscriptions and event types: each successful one clears
-    // the cache of senders (`auth::SenderCache`), after it committed.
+    // the cache of senders (`store::subscriptions::SenderCache`), after it committed.
     let management = Router::new()
         .route(
             "/v1/api-keys/{id}",

@@ -23,12 +23,12 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use railhook_common::event_type::EventType;
 use railhook_common::ids::{DeliveryId, EventId};
 use sqlx::{PgConnection, PgPool, Row};
 
 use crate::ingest::{DeliveryPlan, candidates, plan_deliveries};
+use crate::store::replays::{self, ReplayedEvent, Selection};
 
 /// Events per batch transaction.
 pub const BATCH_EVENTS: i64 = 500;
@@ -66,34 +66,21 @@ pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
     let id: String = replay.get("id");
     let project_id: String = replay.get("project_id");
     let endpoint_id: Option<String> = replay.get("endpoint_id");
-    let events = sqlx::query(
-        "SELECT id, event_type, source_id FROM events
-         WHERE project_id = $1
-           AND ($2::text[] IS NULL OR id = ANY($2))
-           AND ($3::timestamptz IS NULL OR created_at >= $3)
-           AND ($4::timestamptz IS NULL OR created_at < $4)
-           AND ($5::text[] IS NULL OR event_type = ANY($5))
-           AND ($6::text IS NULL OR id > $6)
-           AND expunged_at IS NULL
-         ORDER BY id LIMIT $7",
+    let selection = Selection {
+        event_ids: replay.get("event_ids"),
+        from: replay.get("from_time"),
+        to: replay.get("to_time"),
+        event_types: replay.get("event_types"),
+    };
+    let cursor: Option<String> = replay.get("cursor");
+    let events = replays::batch(
+        &mut tx,
+        &project_id,
+        &selection,
+        cursor.as_deref(),
+        BATCH_EVENTS,
     )
-    .bind(&project_id)
-    .bind(replay.get::<Option<Vec<String>>, _>("event_ids"))
-    .bind(replay.get::<Option<DateTime<Utc>>, _>("from_time"))
-    .bind(replay.get::<Option<DateTime<Utc>>, _>("to_time"))
-    .bind(replay.get::<Option<Vec<String>>, _>("event_types"))
-    .bind(replay.get::<Option<String>, _>("cursor"))
-    .bind(BATCH_EVENTS)
-    .fetch_all(&mut *tx)
     .await?;
-    let events: Vec<ReplayedEvent> = events
-        .into_iter()
-        .map(|r| ReplayedEvent {
-            id: r.get("id"),
-            event_type: r.get("event_type"),
-            source_id: r.get("source_id"),
-        })
-        .collect();
     let plan = plan(&mut tx, &project_id, endpoint_id.as_deref(), &events).await?;
     insert(&mut tx, &project_id, &id, &plan).await?;
     let last = events.last().map(|e| e.id.clone());
@@ -115,12 +102,6 @@ pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
     .await?;
     tx.commit().await?;
     Ok(true)
-}
-
-pub(crate) struct ReplayedEvent {
-    pub id: String,
-    pub event_type: String,
-    pub source_id: Option<String>,
 }
 
 /// The new Deliveries of one batch, as parallel columns for one `unnest` insert.

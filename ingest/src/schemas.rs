@@ -23,14 +23,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::ingest::NewEvent;
 use crate::problem::{ApiError, ApiResult};
-
-/// The project `p.id`'s event types that have a schema, as a JSON object of name → schema
-/// id: read by `auth::Sender` in the same query as the key.
-pub(crate) const SCHEMA_IDS_JSON: &str = "coalesce((
-    SELECT json_object_agg(t.name, t.schema_id) FROM event_types t
-    WHERE t.project_id = p.id AND t.schema IS NOT NULL), '{}')::text";
 
 /// Compiled validators by `schema_id`.
 #[derive(Clone)]
@@ -108,21 +101,21 @@ impl SchemaCache {
         Ok(Some(validator))
     }
 
-    /// Checks each Event whose type has a schema (`schemas`: type name → schema id). The
-    /// first failure is the answer; `prefix(i)` names item `i` in it (`events[3].`), and is
+    /// Checks each Event whose type has a schema (`schemas`: type name → schema id;
+    /// `events`: each Event's type and payload as JSON text). The first failure is the answer; `prefix(i)` names item `i` in it (`events[3].`), and is
     /// only called for a failure, so a request whose types have no schema allocates nothing.
-    pub async fn check(
+    pub async fn check<'a>(
         &self,
         pool: &PgPool,
         schemas: &HashMap<String, i64>,
-        events: &[NewEvent],
+        events: impl IntoIterator<Item = (&'a str, &'a str)>,
         prefix: impl Fn(usize) -> String,
     ) -> ApiResult<()> {
         if schemas.is_empty() {
             return Ok(());
         }
-        for (i, event) in events.iter().enumerate() {
-            let Some(&id) = schemas.get(event.event_type.as_str()) else {
+        for (i, (event_type, raw)) in events.into_iter().enumerate() {
+            let Some(&id) = schemas.get(event_type) else {
                 continue;
             };
             let Some(validator) = self.validator(pool, id).await? else {
@@ -130,7 +123,7 @@ impl SchemaCache {
             };
             // Already parsed once as JSON by the request extractor; a second, typed parse
             // only for Events that have a schema.
-            let payload: Value = serde_json::from_str(event.payload.get()).map_err(|e| {
+            let payload: Value = serde_json::from_str(raw).map_err(|e| {
                 ApiError::validation(format!("{}payload", prefix(i)), e.to_string())
             })?;
             if let Some(e) = validator.iter_errors(&payload).next() {
@@ -139,7 +132,7 @@ impl SchemaCache {
                     field: format!("{}payload", prefix(i)),
                     detail: format!(
                         "payload does not match the schema of '{}' at {}: {}",
-                        event.event_type.as_str(),
+                        event_type,
                         place(&at),
                         keyword_message(&e)
                     ),

@@ -30,8 +30,8 @@ pub struct AppState {
     pub dashboard: DashboardSettings,
     /// The relay's replication Slot, shown on the dashboard's relay page.
     pub slot: String,
-    /// Who posts Events, cached for a second (`auth::SenderCache`).
-    pub senders: crate::auth::SenderCache,
+    /// Who posts Events, cached for a second (`store::subscriptions::SenderCache`).
+    pub senders: crate::store::subscriptions::SenderCache,
     /// Compiled JSON Schemas of the event-type catalogue (`crate::schemas`).
     pub schemas: crate::schemas::SchemaCache,
     /// What `/readyz` reports; `railhook all` shares one with the other roles.
@@ -131,7 +131,7 @@ impl AppState {
                 session_ttl: Duration::from_secs(settings.dashboard_session_seconds),
             },
             slot: settings.slot.clone(),
-            senders: crate::auth::SenderCache::default(),
+            senders: crate::store::subscriptions::SenderCache::default(),
             schemas: crate::schemas::SchemaCache::default(),
             deps,
             api_metrics: settings.api_metrics,

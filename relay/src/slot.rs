@@ -10,7 +10,7 @@
 //! replication stream ([`railhook_common::postgres_url`]), so both use one TLS rule.
 
 use railhook_common::postgres_url::PostgresTarget;
-use sqlx::{Connection, PgConnection, PgExecutor, Row};
+use sqlx::{Connection, PgConnection, PgExecutor};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
@@ -40,54 +40,14 @@ pub async fn connect(target: &PostgresTarget) -> Result<PgConnection, SlotError>
     Ok(PgConnection::connect_with(&options).await?)
 }
 
-/// Everything an operator needs to judge a Slot.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SlotStatus {
-    pub slot: String,
-    pub active: bool,
-    pub active_pid: Option<i32>,
-    pub confirmed_flush_lsn: Option<String>,
-    pub restart_lsn: Option<String>,
-    /// `pg_current_wal_lsn() - confirmed_flush_lsn`: WAL written that the relay has not
-    /// confirmed yet.
-    pub lag_bytes: Option<i64>,
-    /// `pg_current_wal_lsn() - restart_lsn`: WAL Postgres keeps on disk for this Slot.
-    pub retained_bytes: Option<i64>,
-    /// `reserved`, `extended`, `unreachable` or `lost`.
-    pub wal_status: Option<String>,
-    /// Bytes that can still be written before the Slot is in danger of being invalidated
-    /// (null when `max_slot_wal_keep_size` is unlimited).
-    pub safe_wal_size: Option<i64>,
-}
+pub use railhook_common::slot_status::SlotStatus;
 
+/// The Slot's status (common/src/slot_status.rs: the one query every reader shares).
 pub async fn status<'e>(
     db: impl PgExecutor<'e>,
     slot: &str,
 ) -> Result<Option<SlotStatus>, SlotError> {
-    let row = sqlx::query(
-        "SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
-                wal_status, safe_wal_size
-         FROM pg_replication_slots WHERE slot_name = $1",
-    )
-    .bind(slot)
-    .fetch_optional(db)
-    .await?;
-    row.map(|r| {
-        Ok(SlotStatus {
-            slot: slot.to_owned(),
-            active: r.try_get(0)?,
-            active_pid: r.try_get(1)?,
-            confirmed_flush_lsn: r.try_get(2)?,
-            restart_lsn: r.try_get(3)?,
-            lag_bytes: r.try_get(4)?,
-            retained_bytes: r.try_get(5)?,
-            wal_status: r.try_get(6)?,
-            safe_wal_size: r.try_get(7)?,
-        })
-    })
-    .transpose()
+    Ok(railhook_common::slot_status::read(db, slot).await?)
 }
 
 /// Refuses to stream from a Slot that is missing or lost, or without the publication.

@@ -2,24 +2,12 @@
 
 use axum::extract::State;
 use maud::html;
-use sqlx::FromRow;
 
 use super::{PageResult, Session, layout};
 use crate::state::AppState;
 
 // ---------------------------------------------------------------------------------------
 // Relay
-
-#[derive(FromRow, Default)]
-struct SlotRow {
-    active: bool,
-    wal_status: Option<String>,
-    confirmed_flush_lsn: Option<String>,
-    lag_bytes: Option<i64>,
-    safe_wal_size: Option<i64>,
-    heartbeat_age: Option<f64>,
-    status_age: Option<f64>,
-}
 
 fn bytes(n: i64) -> String {
     match n {
@@ -34,19 +22,7 @@ pub async fn relay(State(state): State<AppState>, session: Session) -> PageResul
     // Operational state of the shared Slot: no project's data is in it. Tenants see its lag
     // and state only; where the relay runs (the walsender's pid, the relay's address) is
     // the operator's, read with `railhook slot status` or from Postgres itself.
-    let slot: Option<SlotRow> = sqlx::query_as(
-        "SELECT s.active, s.wal_status, s.confirmed_flush_lsn::text AS confirmed_flush_lsn,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
-                s.safe_wal_size,
-                (SELECT extract(epoch FROM now() - st.last_heartbeat_seen_at)::float8
-                 FROM relay_status st WHERE st.slot = s.slot_name) AS heartbeat_age,
-                (SELECT extract(epoch FROM now() - st.updated_at)::float8
-                 FROM relay_status st WHERE st.slot = s.slot_name) AS status_age
-         FROM pg_replication_slots s WHERE s.slot_name = $1",
-    )
-    .bind(&state.slot)
-    .fetch_optional(&state.pool)
-    .await?;
+    let slot = railhook_common::slot_status::read(&state.pool, &state.slot).await?;
     let body = html! {
         @match &slot {
             None => p.error #slot-missing { "The Slot " code { (state.slot) } " does not exist. Run " code { "railhook slot create" } " (see docs/OPERATIONS.md)." },
@@ -58,11 +34,11 @@ pub async fn relay(State(state): State<AppState>, session: Session) -> PageResul
                     }
                     div.tile { div.muted { "Lag (bytes)" } div.v #lag-bytes { (s.lag_bytes.map_or_else(|| "—".to_owned(), bytes)) } }
                     div.tile { div.muted { "Lag (seconds, from heartbeats)" } div.v #lag-seconds {
-                        (s.heartbeat_age.map_or_else(|| "—".to_owned(), |a| format!("≤ {a:.1} s"))) } }
+                        (s.heartbeat_age_seconds.map_or_else(|| "—".to_owned(), |a| format!("≤ {a:.1} s"))) } }
                     div.tile { div.muted { "wal_status" } div.v.status class=[s.wal_status.as_deref()] { (s.wal_status.as_deref().unwrap_or("—")) } }
                     div.tile { div.muted { "Confirmed LSN" } div.v { code { (s.confirmed_flush_lsn.as_deref().unwrap_or("—")) } } }
                     div.tile { div.muted { "WAL left before invalidation" } div.v { (s.safe_wal_size.map_or_else(|| "unlimited".to_owned(), bytes)) } }
-                    div.tile { div.muted { "Relay status written" } div.v { (s.status_age.map_or_else(|| "never".to_owned(), |a| format!("{a:.0} s ago"))) } }
+                    div.tile { div.muted { "Relay status written" } div.v { (s.status_age_seconds.map_or_else(|| "never".to_owned(), |a| format!("{a:.0} s ago"))) } }
                 }
                 p.muted { "A standby relay holds no connection while it waits, so Postgres cannot list it; "
                     code { "railhook_relay_active" } " in Prometheus shows every relay as active (1) or standby (0)." }

@@ -182,7 +182,7 @@ pub async fn create(
         .check(
             &state.pool,
             &sender.schemas,
-            std::slice::from_ref(&event),
+            [(event.event_type.as_str(), event.payload.get())],
             |_| String::new(),
         )
         .await?;
@@ -242,9 +242,13 @@ pub async fn create_batch(
         event.tracestate.clone_from(&tracestate);
         events.push(event);
     }
+    let typed: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| (e.event_type.as_str(), e.payload.get()))
+        .collect();
     state
         .schemas
-        .check(&state.pool, &sender.schemas, &events, |i| {
+        .check(&state.pool, &sender.schemas, typed, |i| {
             format!("events[{i}].")
         })
         .await?;

@@ -17,6 +17,7 @@ use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
+use crate::store::replays::{self, Counted, Selection};
 
 /// Most Event ids one by-id Replay may name.
 pub const MAX_EVENT_IDS: usize = 1000;
@@ -68,7 +69,7 @@ const COLUMNS: &str = "id, status, event_ids, from_time AS \"from\", to_time AS 
     event_types, endpoint_id, events_total, events_done, deliveries_created, created_at, finished_at";
 
 /// A validated request: which Events, and to where.
-struct Selection {
+struct Validated {
     event_ids: Option<Vec<String>>,
     from: Option<DateTime<Utc>>,
     to: Option<DateTime<Utc>>,
@@ -76,7 +77,7 @@ struct Selection {
     endpoint_id: Option<String>,
 }
 
-fn validate(body: NewReplay) -> Result<Selection, ApiError> {
+fn validate(body: NewReplay) -> Result<Validated, ApiError> {
     let endpoint_id = body
         .endpoint_id
         .map(|raw| {
@@ -106,7 +107,7 @@ fn validate(body: NewReplay) -> Result<Selection, ApiError> {
                 })?;
                 unique.insert(id.into_string());
             }
-            Ok(Selection {
+            Ok(Validated {
                 event_ids: Some(unique.into_iter().collect()),
                 from: None,
                 to: None,
@@ -145,7 +146,7 @@ fn validate(body: NewReplay) -> Result<Selection, ApiError> {
                         .collect::<Result<Vec<_>, _>>()
                 })
                 .transpose()?;
-            Ok(Selection {
+            Ok(Validated {
                 event_ids: None,
                 from: Some(from),
                 to: Some(to),
@@ -202,20 +203,19 @@ pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiR
     }
     // An Event whose payload was expunged cannot be replayed: a range skips it, a list that
     // names it is refused.
-    let (found, total): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE expunged_at IS NULL) FROM events
-         WHERE project_id = $1
-           AND ($2::text[] IS NULL OR id = ANY($2))
-           AND ($3::timestamptz IS NULL OR created_at >= $3)
-           AND ($4::timestamptz IS NULL OR created_at < $4)
-           AND ($5::text[] IS NULL OR event_type = ANY($5))",
+    let Counted {
+        found,
+        replayable: total,
+    } = replays::count(
+        &state.pool,
+        project.id.as_str(),
+        &Selection {
+            event_ids: sel.event_ids.clone(),
+            from: sel.from,
+            to: sel.to,
+            event_types: sel.event_types.clone(),
+        },
     )
-    .bind(project.id.as_str())
-    .bind(&sel.event_ids)
-    .bind(sel.from)
-    .bind(sel.to)
-    .bind(&sel.event_types)
-    .fetch_one(&state.pool)
     .await?;
     if let Some(ids) = &sel.event_ids {
         if found < ids.len() as i64 {

@@ -2,3 +2,5 @@
 //! never has SQL of its own, so it shows exactly what the API would return.
 
 pub mod deliveries;
+pub mod replays;
+pub mod subscriptions;
