@@ -1,4 +1,6 @@
 //! Endpoints and subscriptions, the service routes, and the binary's own start-up checks.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -1,4 +1,6 @@
 //! Every project route with missing, invalid, revoked and foreign credentials.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -1,4 +1,6 @@
 //! The Claim and the Fence against real Postgres, and duplicate hints through real Kafka.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -9,6 +9,8 @@
 //! - Postgres away at start: the process waits and says why on `/readyz`;
 //! - a Slot dropped under `railhook all`: the API keeps answering 201, and Events posted
 //!   after `railhook slot create` are delivered.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

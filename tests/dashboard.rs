@@ -1,5 +1,7 @@
 //! The dashboard: over plain HTTP for its session and CSRF rules, and in a real headless
 //! Chromium (tests/browser/dashboard.mjs) for the flows a person uses.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

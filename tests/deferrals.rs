@@ -1,6 +1,8 @@
 //! Deferrals end to end (real Postgres, Redis, relay, broker, workers, HTTP receiver): the
 //! circuit breaker, the rate and concurrency limits enforced across two workers, and the
 //! endpoint-wide pause after a 429. A Deferral never spends an Attempt.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

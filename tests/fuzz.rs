@@ -1,6 +1,8 @@
 //! The API fuzzed from its own OpenAPI document with schemathesis (PyPI): generated valid
 //! and invalid requests for every operation, with a real project key. Nothing may answer 5xx
 //! or take longer than the limit; every refusal must be problem+json.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -1,5 +1,7 @@
 //! Hostile input over real HTTP: every one gets a clear 4xx (or is stored exactly as sent,
 //! when it is valid data), nothing is half-written, and the server keeps serving others.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

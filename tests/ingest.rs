@@ -1,4 +1,6 @@
 //! The Event ingest transaction against real Postgres and Redis over real HTTP.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -2,6 +2,8 @@
 //! ordered Deliveries arrive in Sequence Number order through injected retries; a poisoned
 //! Event holds its successors only until the gap timeout; unordered subscriptions on the
 //! same endpoint are never held.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

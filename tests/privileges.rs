@@ -4,6 +4,8 @@
 //! Redis — `railhook ingest` and `railhook worker` as that role, `railhook relay` as the
 //! owner — and everything the product does on that path must work, while the role is
 //! refused what it must not do.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

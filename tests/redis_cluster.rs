@@ -2,6 +2,8 @@
 //! cluster`). Before the keys had a hash tag, every limit script touched keys in several
 //! slots and the cluster refused it with CROSSSLOT; the limits, failing open, then silently
 //! stopped limiting. Here a rate limit must actually defer, and the quota must count.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

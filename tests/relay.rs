@@ -1,4 +1,6 @@
 //! The CDC relay against real Postgres (wal_level=logical) and a real Kafka-protocol broker.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -10,6 +10,8 @@
 //! `RAILHOOK_RELIABILITY_EVENTS` sets the stream length (default 2,000 per scenario, the
 //! short suite that runs in CI); the long run (10,000) and its table are in
 //! docs/RELIABILITY.md.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -1,6 +1,8 @@
 //! Retention by day partitions, against real Postgres, travelling in time the honest way:
 //! partitions are created with bounds in the past, rows are written into them with ids of
 //! that time, and the real pass runs at the real "now" (common/src/retention/).
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -3,6 +3,8 @@
 //! Source with a provider secret, Events delivered and retried, wrong keys, bad signatures,
 //! dashboard sign-ins — and then every byte it logged and every error body it sent is
 //! searched for each secret.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -1,5 +1,7 @@
 //! The worker end to end: ingest → Outbox → Slot → relay → Kafka → worker → a real HTTP
 //! receiver on loopback, plus the Claim and the Fence against real Postgres.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -87,11 +87,14 @@ pub fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
 /// Creates the publication the relay reads, if missing. Inserts only: the prune job's
 /// DELETEs on `outbox` are not decoded or sent. `name` was validated by [`Settings`] to be
 /// `[a-z0-9_]{1,63}`, which is why it may be spliced into the statement.
+#[allow(clippy::disallowed_methods)] // DDL names the publication: composed.
 pub async fn ensure_publication(pool: &PgPool, name: &str) -> Result<(), sqlx::Error> {
-    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_publication WHERE pubname = $1")
-        .bind(name)
-        .fetch_optional(pool)
-        .await?;
+    let exists = sqlx::query_scalar!(
+        "SELECT 1 AS one FROM pg_publication WHERE pubname = $1",
+        name
+    )
+    .fetch_optional(pool)
+    .await?;
     if exists.is_none() {
         let ddl = format!("CREATE PUBLICATION {name} FOR TABLE outbox WITH (publish = 'insert')");
         sqlx::query(&ddl).execute(pool).await?;

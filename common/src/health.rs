@@ -259,7 +259,7 @@ fn tls_failure(e: &sqlx::Error) -> Option<String> {
 
 /// Probes `pool` with `SELECT 1` and records the outcome.
 pub async fn probe_postgres(deps: &Dependencies, pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
-    let result = match sqlx::query_scalar::<_, i32>("SELECT 1")
+    let result = match sqlx::query_scalar!(r#"SELECT 1 AS "one!""#)
         .fetch_one(pool)
         .await
     {

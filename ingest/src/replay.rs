@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use railhook_common::event_type::EventType;
 use railhook_common::ids::{DeliveryId, EventId};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 
 use crate::ingest::{DeliveryPlan, candidates, plan_deliveries};
 use crate::store::replays::{self, ReplayedEvent, Selection};
@@ -53,7 +53,7 @@ pub async fn run(pool: PgPool) {
 /// One batch of one Replay; `Ok(false)` when no Replay was waiting.
 pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let Some(replay) = sqlx::query(
+    let Some(replay) = sqlx::query!(
         "SELECT id, project_id, event_ids, from_time, to_time, event_types, endpoint_id, cursor
          FROM replays WHERE status = 'RUNNING'
          ORDER BY updated_at LIMIT 1 FOR UPDATE SKIP LOCKED",
@@ -63,16 +63,14 @@ pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
     else {
         return Ok(false);
     };
-    let id: String = replay.get("id");
-    let project_id: String = replay.get("project_id");
-    let endpoint_id: Option<String> = replay.get("endpoint_id");
+    let (id, project_id, endpoint_id) = (replay.id, replay.project_id, replay.endpoint_id);
     let selection = Selection {
-        event_ids: replay.get("event_ids"),
-        from: replay.get("from_time"),
-        to: replay.get("to_time"),
-        event_types: replay.get("event_types"),
+        event_ids: replay.event_ids,
+        from: replay.from_time,
+        to: replay.to_time,
+        event_types: replay.event_types,
     };
-    let cursor: Option<String> = replay.get("cursor");
+    let cursor = replay.cursor;
     let events = replays::batch(
         &mut tx,
         &project_id,
@@ -85,19 +83,19 @@ pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
     insert(&mut tx, &project_id, &id, &plan).await?;
     let last = events.last().map(|e| e.id.clone());
     let finished = (events.len() as i64) < BATCH_EVENTS;
-    sqlx::query(
+    sqlx::query!(
         "UPDATE replays
          SET cursor = coalesce($2, cursor), events_done = events_done + $3,
              deliveries_created = deliveries_created + $4, updated_at = now(),
              status = CASE WHEN $5 THEN 'COMPLETED' ELSE status END,
              finished_at = CASE WHEN $5 THEN now() END
          WHERE id = $1",
+        id,
+        last,
+        events.len() as i64,
+        plan.ids.len() as i64,
+        finished
     )
-    .bind(&id)
-    .bind(last)
-    .bind(events.len() as i64)
-    .bind(plan.ids.len() as i64)
-    .bind(finished)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -129,15 +127,18 @@ async fn plan(
     let destinations: Vec<(String, String)> = if sources.is_empty() {
         Vec::new()
     } else {
-        sqlx::query_as(
-            "SELECT id, source_id FROM endpoints
-             WHERE project_id = $1 AND source_id = ANY($2) AND enabled AND deleted_at IS NULL
-             ORDER BY id",
+        sqlx::query!(
+            r#"SELECT id, source_id AS "source_id!" FROM endpoints
+               WHERE project_id = $1 AND source_id = ANY($2) AND enabled AND deleted_at IS NULL
+               ORDER BY id"#,
+            project_id,
+            &sources
         )
-        .bind(project_id)
-        .bind(&sources)
         .fetch_all(&mut *tx)
         .await?
+        .into_iter()
+        .map(|r| (r.id, r.source_id))
+        .collect()
     };
     let wanted = |endpoint: &str| only_endpoint.is_none_or(|only| only == endpoint);
     let mut subs = candidates(&mut *tx, project_id).await?;
@@ -199,7 +200,7 @@ async fn insert(
     if plan.ids.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    sqlx::query!(
         "WITH d AS (
              INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
                                      direction, origin, replay_id)
@@ -212,14 +213,14 @@ async fn insert(
          )
          INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
          SELECT d.id, d.endpoint_id, $1, 'REPLAY' FROM d ORDER BY d.id",
+        project_id,
+        replay_id,
+        &plan.ids,
+        &plan.event_ids,
+        &plan.endpoint_ids,
+        &plan.subscription_ids as &[Option<String>],
+        &plan.directions as &[&str]
     )
-    .bind(project_id)
-    .bind(replay_id)
-    .bind(&plan.ids)
-    .bind(&plan.event_ids)
-    .bind(&plan.endpoint_ids)
-    .bind(&plan.subscription_ids)
-    .bind(&plan.directions)
     .execute(&mut *tx)
     .await?;
     Ok(())

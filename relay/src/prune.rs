@@ -81,16 +81,16 @@ impl Pruner {
         let retention = self.retention.as_secs_f64();
         let confirmed_unix = confirmed_micros as f64 / 1e6 + PG_EPOCH_OFFSET_SECS as f64;
         for _ in 0..BATCHES_PER_TICK {
-            let deleted = sqlx::query(
+            let deleted = sqlx::query!(
                 "DELETE FROM outbox WHERE id IN (
                      SELECT id FROM outbox
                      WHERE created_at < now() - make_interval(secs => $1)
                        AND created_at < to_timestamp($2)
                      ORDER BY id LIMIT $3)",
+                retention,
+                confirmed_unix,
+                PRUNE_BATCH
             )
-            .bind(retention)
-            .bind(confirmed_unix)
-            .bind(PRUNE_BATCH)
             .execute(&mut *conn)
             .await?
             .rows_affected();
@@ -100,9 +100,9 @@ impl Pruner {
             }
         }
         // The oldest row by id is the oldest by time (ids follow inserts); one index probe.
-        let oldest: f64 = sqlx::query_scalar(
-            "SELECT coalesce(extract(epoch FROM now() - (
-                 SELECT created_at FROM outbox ORDER BY id LIMIT 1)), 0)::float8",
+        let oldest = sqlx::query_scalar!(
+            r#"SELECT coalesce(extract(epoch FROM now() - (
+                 SELECT created_at FROM outbox ORDER BY id LIMIT 1)), 0)::float8 AS "age!""#,
         )
         .fetch_one(&mut *conn)
         .await?;

@@ -56,11 +56,13 @@ pub async fn ensure_usable(
     slot: &str,
     publication: &str,
 ) -> Result<SlotStatus, SlotError> {
-    let publication_exists = sqlx::query("SELECT 1 FROM pg_publication WHERE pubname = $1")
-        .bind(publication)
-        .fetch_optional(&mut *conn)
-        .await?
-        .is_some();
+    let publication_exists = sqlx::query!(
+        "SELECT 1 AS one FROM pg_publication WHERE pubname = $1",
+        publication
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .is_some();
     if !publication_exists {
         return Err(SlotError::NoPublication(publication.to_owned()));
     }
@@ -89,9 +91,11 @@ pub async fn create_with(
     failover: bool,
 ) -> Result<bool, SlotError> {
     if failover {
-        let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
-            .fetch_one(&mut *conn)
-            .await?;
+        let version = sqlx::query_scalar!(
+            r#"SELECT current_setting('server_version_num')::int AS "version!""#
+        )
+        .fetch_one(&mut *conn)
+        .await?;
         if version < 170_000 {
             return Err(SlotError::FailoverUnsupported(version / 10_000));
         }
@@ -99,17 +103,32 @@ pub async fn create_with(
     if status(&mut *conn, slot).await?.is_some() {
         return Ok(false);
     }
-    let statement = if failover {
-        // name, plugin, temporary, two_phase, failover (PostgreSQL 17).
-        "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)::text"
+    if failover {
+        create_failover_slot(conn, slot).await?;
     } else {
-        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')::text"
-    };
-    sqlx::query(statement)
-        .bind(slot)
-        .execute(&mut *conn)
+        sqlx::query!(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')::text AS created",
+            slot
+        )
+        .fetch_one(&mut *conn)
         .await?;
+    }
     Ok(true)
+}
+
+/// The five-argument form (name, plugin, temporary, two_phase, failover) exists only from
+/// PostgreSQL 17, so it is sent unchecked: the compile-time check runs against whatever
+/// server the crate is built with, which may be older. The caller checked the server is 17
+/// or later.
+#[allow(clippy::disallowed_methods)]
+async fn create_failover_slot(conn: &mut PgConnection, slot: &str) -> Result<(), SlotError> {
+    sqlx::query(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)::text",
+    )
+    .bind(slot)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// After a Slot was created again (it was dropped, or lost and recreated): every Delivery
@@ -120,7 +139,7 @@ pub async fn create_with(
 /// out is at worst hinted twice, and the Claim absorbs the second (duplicate window 4).
 /// Returns how many were handed over.
 pub async fn reannounce_missed(conn: &mut PgConnection) -> Result<u64, SlotError> {
-    let moved = sqlx::query(
+    let moved = sqlx::query!(
         "UPDATE deliveries d SET next_retry_at = now(), updated_at = now()
          WHERE d.status = 'PENDING' AND d.next_retry_at IS NULL
            AND EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)",
@@ -135,9 +154,8 @@ pub async fn drop(conn: &mut PgConnection, slot: &str) -> Result<bool, SlotError
     if status(&mut *conn, slot).await?.is_none() {
         return Ok(false);
     }
-    sqlx::query("SELECT pg_drop_replication_slot($1)::text")
-        .bind(slot)
-        .execute(&mut *conn)
+    sqlx::query!("SELECT pg_drop_replication_slot($1)::text AS dropped", slot)
+        .fetch_one(&mut *conn)
         .await?;
     Ok(true)
 }
@@ -155,7 +173,7 @@ pub async fn record_seen(
         confirmed_lsn >> 32,
         confirmed_lsn & 0xffff_ffff
     );
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO relay_status (slot, last_heartbeat_seen_at, confirmed_lsn, updated_at)
          VALUES ($1, timestamptz '2000-01-01 00:00:00+00' + make_interval(secs => $2::float8 / 1e6),
                  $3::text::pg_lsn, now())
@@ -163,10 +181,10 @@ pub async fn record_seen(
              last_heartbeat_seen_at = coalesce(EXCLUDED.last_heartbeat_seen_at, relay_status.last_heartbeat_seen_at),
              confirmed_lsn = greatest(EXCLUDED.confirmed_lsn, relay_status.confirmed_lsn),
              updated_at = now()",
+        slot,
+        heartbeat_micros.map(|m| m as f64),
+        lsn
     )
-    .bind(slot)
-    .bind(heartbeat_micros.map(|m| m as f64))
-    .bind(lsn)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -177,12 +195,13 @@ pub async fn last_heartbeat_seen(
     conn: &mut PgConnection,
     slot: &str,
 ) -> Result<Option<String>, SlotError> {
-    let seen: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT to_char(last_heartbeat_seen_at, 'YYYY-MM-DD\"T\"HH24:MI:SS.MSOF')
+    let seen = sqlx::query_scalar!(
+        r#"SELECT to_char(last_heartbeat_seen_at, 'YYYY-MM-DD"T"HH24:MI:SS.MSOF')
                 || ' (' || round(extract(epoch from now() - last_heartbeat_seen_at)::numeric, 1) || ' s ago)'
-         FROM relay_status WHERE slot = $1",
+                AS seen
+           FROM relay_status WHERE slot = $1"#,
+        slot
     )
-    .bind(slot)
     .fetch_optional(&mut *conn)
     .await?;
     Ok(seen.flatten())
@@ -194,9 +213,11 @@ pub const HEARTBEAT_PREFIX: &str = "railhook";
 /// Writes a transactional heartbeat: it travels the Slot like any transaction, so an idle
 /// Outbox still moves the confirmed LSN and lag stays measurable.
 pub async fn heartbeat(conn: &mut PgConnection) -> Result<(), SlotError> {
-    sqlx::query("SELECT pg_logical_emit_message(true, $1, now()::text)::text")
-        .bind(HEARTBEAT_PREFIX)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "SELECT pg_logical_emit_message(true, $1, now()::text)::text AS lsn",
+        HEARTBEAT_PREFIX
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(())
 }

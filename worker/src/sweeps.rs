@@ -55,12 +55,13 @@ pub async fn sweep_stranded(pool: &PgPool, older_than_secs: f64) -> Result<u64, 
 /// already due (a due count that stays high means the scheduler or the workers fall behind).
 /// Both counts come from the partial index `deliveries_due_idx`.
 pub async fn retry_backlog(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
-    sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE next_retry_at <= now())
-         FROM deliveries WHERE status = 'PENDING' AND next_retry_at IS NOT NULL",
+    let r = sqlx::query!(
+        r#"SELECT count(*) AS "scheduled!", count(*) FILTER (WHERE next_retry_at <= now()) AS "due!"
+           FROM deliveries WHERE status = 'PENDING' AND next_retry_at IS NOT NULL"#,
     )
     .fetch_one(pool)
-    .await
+    .await?;
+    Ok((r.scheduled, r.due))
 }
 
 /// Seconds the oldest due retry has waited past its time, and the age of the oldest

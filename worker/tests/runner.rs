@@ -2,6 +2,8 @@
 //! Kafka anywhere in the process. Invariant 2 (no such work while a request is in flight) is
 //! kept by construction — the runner holds only an HTTP client — and this test shows it runs
 //! whole Attempts with nothing else available.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 use std::time::Duration;
 

@@ -7,7 +7,6 @@ use chrono::{DateTime, Utc};
 use maud::html;
 use railhook_common::ids::EndpointId;
 use serde::Deserialize;
-use sqlx::FromRow;
 
 use super::pages::{when, when_opt};
 use super::{PageResult, Session, layout};
@@ -18,7 +17,6 @@ use crate::state::AppState;
 // ---------------------------------------------------------------------------------------
 // Endpoints
 
-#[derive(FromRow)]
 struct EndpointRow {
     id: String,
     url: String,
@@ -31,12 +29,13 @@ struct EndpointRow {
 }
 
 pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageResult {
-    let rows: Vec<EndpointRow> = sqlx::query_as(
+    let rows = sqlx::query_as!(
+        EndpointRow,
         "SELECT id, url, enabled, disabled_reason, breaker_state, consecutive_failures,
                 failing_since, source_id
          FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL AND kind = 'webhook' ORDER BY id",
+        session.project.id.as_str()
     )
-    .bind(session.project.id.as_str())
     .fetch_all(&state.pool)
     .await?;
     let now = Utc::now();

@@ -102,12 +102,15 @@ async fn endpoint_choices(
     state: &AppState,
     session: &Session,
 ) -> Result<Vec<(String, String)>, sqlx::Error> {
-    sqlx::query_as(
+    Ok(sqlx::query!(
         "SELECT id, url FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL ORDER BY id",
+        session.project.id.as_str()
     )
-    .bind(session.project.id.as_str())
     .fetch_all(&state.pool)
-    .await
+    .await?
+    .into_iter()
+    .map(|r| (r.id, r.url))
+    .collect())
 }
 
 fn endpoint_select(choices: &[(String, String)], selected: Option<&str>) -> Markup {

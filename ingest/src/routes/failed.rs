@@ -112,6 +112,7 @@ const FILTER_SQL: &str = "d.project_id = $1 AND d.status = 'FAILED'
     AND ($5::timestamptz IS NULL OR d.updated_at >= $5)
     AND ($6::timestamptz IS NULL OR d.updated_at < $6)";
 
+#[allow(clippy::disallowed_methods)] // composed: FILTER_SQL is shared by the list and the bulk retry
 pub async fn list_failed(
     state: &AppState,
     project: &Project,
@@ -185,7 +186,7 @@ pub async fn retry_matching(
     project: &Project,
     filter: &FailedFilter,
 ) -> Result<i64, sqlx::Error> {
-    let started: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+    let started = sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
         .fetch_one(&state.pool)
         .await?;
     let mut retried = 0;
@@ -204,6 +205,7 @@ pub async fn retry_matching(
 /// it), and an Outbox row (`MANUAL_RETRY`) each, all in one statement so the relay announces
 /// exactly what was reset. The one reset used by the single and the bulk retry. Returns how
 /// many it reset.
+#[allow(clippy::disallowed_methods)] // composed: FILTER_SQL is shared by the list and the bulk retry
 pub async fn reset_failed(
     db: impl sqlx::PgExecutor<'_>,
     project: &Project,

@@ -185,6 +185,7 @@ pub enum Started {
 
 /// Validates a Replay request, counts its Events and, unless it is a dry run, records it
 /// for the engine (`crate::replay`). Shared by the API and the dashboard.
+#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiResult<Started> {
     let dry_run = body.dry_run;
     let sel = validate(body)?;
@@ -266,6 +267,7 @@ pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiR
     Ok(Started::Replay(replay))
 }
 
+#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn recent(state: &AppState, project: &Project, limit: i64) -> ApiResult<Vec<Replay>> {
     Ok(sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM replays WHERE project_id = $1 ORDER BY id DESC LIMIT $2"
@@ -285,6 +287,7 @@ pub struct ListQuery {
 #[utoipa::path(get, path = "/v1/replays", tag = "replays", params(ListQuery),
     responses((status = 200, body = Listing<Replay>), (status = 422, body = Problem)),
     security(("api_key" = [])))]
+#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn list(
     project: Project,
     State(state): State<AppState>,
@@ -304,6 +307,7 @@ pub async fn list(
     Ok(Json(page.finish(rows, |r: &Replay| &r.id)))
 }
 
+#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<Replay> {
     let id = ReplayId::parse(raw).map_err(|_| ApiError::NotFound("replay"))?;
     sqlx::query_as(&format!(
@@ -332,6 +336,7 @@ pub async fn get(
     responses((status = 200, body = Replay), (status = 404, body = Problem),
               (status = 409, description = "the Replay is not RUNNING", body = Problem)),
     security(("api_key" = [])))]
+#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn cancel(
     project: Project,
     State(state): State<AppState>,
