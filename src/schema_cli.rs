@@ -10,7 +10,7 @@ use railhook_common::db;
 use railhook_common::health::{self, Dependencies};
 use railhook_relay::slot;
 
-use crate::connect;
+use crate::roles::connect;
 
 /// How long `railhook migrate` waits for Postgres to answer.
 const MIGRATE_WAIT: Duration = Duration::from_secs(60);

@@ -127,6 +127,7 @@ impl DeliveryPlan {
 /// the statement's function). The
 /// one place a lookup comes first is a request the quota would refuse: if every Event in it
 /// already exists, it is a retry and gets its Events back rather than a 429.
+#[tracing::instrument(level = "debug", name = "ingest", skip_all, fields(project = %project.id, events = events.len()))]
 pub async fn ingest(
     state: &AppState,
     project: &Project,

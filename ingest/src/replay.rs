@@ -51,6 +51,7 @@ pub async fn run(pool: PgPool) {
 }
 
 /// One batch of one Replay; `Ok(false)` when no Replay was waiting.
+#[tracing::instrument(level = "debug", name = "replay_batch", skip_all)]
 pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let Some(replay) = sqlx::query!(

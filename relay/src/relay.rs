@@ -226,6 +226,7 @@ impl Relay {
     }
 
     /// One replication session, from connect to whatever ends it (a stop ends it `Ok`).
+    #[tracing::instrument(level = "info", name = "relay_session", skip_all)]
     async fn session(&self, stopping: watch::Receiver<bool>) -> Result<(), RelayError> {
         let mut control = slot::connect(&self.config.postgres).await?;
         self.deps.up(REPLICATION);

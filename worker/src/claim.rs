@@ -137,6 +137,7 @@ impl ClaimRow {
 /// The stamp (`last_attempt_at`) starts the processing window: the worker claims only what
 /// it can start at once (a free in-flight permit per hint), so the window is not spent
 /// waiting in a queue.
+#[tracing::instrument(level = "debug", skip_all, fields(hints = ids.len()))]
 pub async fn claim_batch(
     pool: &PgPool,
     ids: &[String],
@@ -185,6 +186,7 @@ pub async fn claim_batch(
 /// it still carries that token, so a redelivered RetryHint claims nothing. A batch of hints
 /// is swapped in one statement (one commit), like [`claim_batch`], and the swap restamps
 /// the Claim: its processing window starts now.
+#[tracing::instrument(level = "debug", skip_all, fields(hints = hints.len()))]
 pub async fn swap_batch(
     pool: &PgPool,
     hints: &[(String, Uuid)],
@@ -232,6 +234,7 @@ pub async fn swap_batch(
 
 /// The retry scheduler's Claim: due rows, in batches, skipping rows another scheduler holds.
 /// Returns (delivery id, endpoint id, scheduler token) per row.
+#[tracing::instrument(level = "debug", skip_all)]
 pub async fn claim_due(
     pool: &PgPool,
     batch: i64,

@@ -38,6 +38,7 @@ pub struct Finalised {
 /// and says whether it wrote. The caller queues no successor (next retry, ordering release)
 /// unless it did. Invariant 6: an Attempt row is written for every request that was sent,
 /// fenced or not, in the same statement.
+#[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %claimed.id))]
 pub async fn finalise(
     db: impl PgExecutor<'_>,
     claimed: &Claimed,

@@ -9,6 +9,7 @@ mod config;
 mod consumer;
 pub mod fence;
 pub mod group_watch;
+mod handoff;
 mod lanes;
 pub mod limits;
 pub mod metrics;

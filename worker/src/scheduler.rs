@@ -95,6 +95,7 @@ pub(crate) enum Round {
 /// queued at once and their acknowledgements awaited together. Once a hint is acknowledged
 /// by Kafka the scheduler never writes that row again (the consumer owns it); only a row
 /// whose hint failed is handed back.
+#[tracing::instrument(level = "debug", skip_all)]
 pub(crate) async fn schedule_retries(
     shared: &Shared,
     config: &WorkerConfig,
@@ -180,6 +181,7 @@ pub(crate) fn unpublished_window(config: &WorkerConfig) -> Duration {
     config.message_timeout * 2
 }
 
+#[tracing::instrument(level = "debug", skip_all)]
 pub(crate) async fn sweeps(shared: &Shared, config: &WorkerConfig) {
     match sweeps::sweep_processing(
         &shared.pool,

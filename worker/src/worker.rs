@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,20 +36,20 @@ use railhook_common::retry::Ladder;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use sqlx::PgPool;
-use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
 use crate::attempt::Runner;
 use crate::config::{WorkerConfig, WorkerError};
 use crate::consumer::{AbortOnDrop, orphaned, subscribe, watch_group};
+use crate::fence;
 use crate::group_watch::Probe;
-use crate::lanes::{Ask, CLAIM_BATCH, Lane, Pauses, Taken};
+use crate::handoff::{drain, start};
+use crate::lanes::{CLAIM_BATCH, Lane, Pauses, Taken};
 use crate::limits::Limits;
 use crate::metrics::WorkerMetrics;
 use crate::scheduler::{run_scheduler, run_sweeps};
 use crate::ssrf::Allowlist;
-use crate::turn::turns;
-use crate::{claim, fence};
 
 /// Everything an Attempt task needs; cheap to clone.
 #[derive(Clone)]
@@ -253,107 +253,5 @@ pub async fn run(
                 }
             }
         }
-    }
-}
-
-/// Graceful drain: no new hand-offs; the running Attempts finish (and write their outcomes
-/// through the Fence) for up to `drain_timeout`, which the loop sees as every permit of
-/// both lanes coming back; Claims still running after that go back to PENDING at once
-/// rather than after the processing sweep.
-async fn drain(shared: &Shared, config: &WorkerConfig, fresh: &Lane, retry: &Lane) {
-    shared.draining.store(true, Ordering::SeqCst);
-    let running = shared.running.lock().map(|r| r.len()).unwrap_or(0);
-    tracing::info!(running, timeout = ?config.drain_timeout, "worker draining");
-    let all_back = async {
-        let _fresh = fresh.permits.acquire_many(fresh.capacity).await;
-        let _retry = retry.permits.acquire_many(retry.capacity).await;
-    };
-    if tokio::time::timeout(config.drain_timeout, all_back)
-        .await
-        .is_ok()
-    {
-        tracing::info!("worker drained: every Attempt finished");
-        return;
-    }
-    let left: Vec<(String, Uuid)> = shared
-        .running
-        .lock()
-        .map(|r| r.iter().map(|(id, t)| (id.clone(), *t)).collect())
-        .unwrap_or_default();
-    match fence::release(&shared.pool, &left).await {
-        Ok(n) => tracing::warn!(
-            released = n,
-            "drain timed out; unfinished claims handed back"
-        ),
-        Err(e) => {
-            tracing::warn!(error = %e, "drain timed out and claims not handed back; the sweep will")
-        }
-    }
-}
-
-/// Retries `op` while Postgres is away, so no offset moves past an unanswered hint.
-async fn until_ok<T, F, Fut>(what: &str, mut op: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, sqlx::Error>>,
-{
-    loop {
-        match op().await {
-            Ok(v) => return v,
-            Err(e) => {
-                tracing::warn!(error = %e, "{what} failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    }
-}
-
-/// Claims (fresh lane) or swaps (retry lane) what a lane took, in one statement, and starts
-/// an Attempt task for each won Claim with one of the permits taken for it. Returns once the
-/// statement committed (or matched nothing): only then are the hints' offsets stored.
-async fn start(
-    shared: &Shared,
-    lane: &str,
-    asks: Vec<Ask>,
-    mut permits: Vec<OwnedSemaphorePermit>,
-) {
-    if asks.is_empty() {
-        return;
-    }
-    // Before the statement: the Claim's stamp is no earlier than this, so the age measured
-    // from here is never less than the Claim's own (see `deliver`).
-    let stamped = Instant::now();
-    let won = if lane == "retry" {
-        let hints: Vec<(String, Uuid)> = asks
-            .iter()
-            .filter_map(|a| match a {
-                Ask::Swap(id, token) => Some((id.clone(), *token)),
-                _ => None,
-            })
-            .collect();
-        until_ok("swap", || claim::swap_batch(&shared.pool, &hints)).await
-    } else {
-        let ids: Vec<String> = asks
-            .iter()
-            .filter_map(|a| match a {
-                Ask::Claim(id) => Some(id.clone()),
-                _ => None,
-            })
-            .collect();
-        until_ok("claim", || claim::claim_batch(&shared.pool, &ids)).await
-    };
-    let misses = asks.len().saturating_sub(won.len());
-    shared.metrics.claim_misses.inc_by(misses as u64);
-    for (claimed, target) in won {
-        let Some(permit) = permits.pop() else {
-            // More rows than hints cannot happen (one row per id); never send unpermitted.
-            tracing::error!(delivery_id = %claimed.id, "claimed without a permit; the sweep will hand it back");
-            continue;
-        };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            turns(&shared, claimed, target, stamped).await;
-            drop(permit);
-        });
     }
 }

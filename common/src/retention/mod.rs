@@ -113,6 +113,7 @@ pub async fn run(
     result
 }
 
+#[tracing::instrument(level = "info", name = "retention_pass", skip_all)]
 async fn pass(
     conn: &mut sqlx::PgConnection,
     now: DateTime<Utc>,
