@@ -685,8 +685,13 @@ async fn a_storm_of_due_retries_does_not_hold_up_fresh_deliveries() {
         (after as i64) < STORM,
         "the storm ended before the fresh Events were measured; it proves nothing"
     );
+    // The bug this guards against held fresh Deliveries for 9.2 s behind the storm. Without
+    // it, fresh p99 during the storm was ~330 ms when first measured and 600-1,080 ms on a
+    // busier 2-core host (the broker and Postgres share the cores with 5,000 retries in
+    // flight; CI runs this file's tests side by side), so the bound leaves room for load
+    // and still fails the bug by three times over.
     assert!(
-        during <= baseline + Duration::from_secs(1),
+        during <= baseline + Duration::from_secs(3),
         "fresh p99 {during:?} during the storm, {baseline:?} without"
     );
     support::eventually("every storm delivery", Duration::from_secs(300), || async {
