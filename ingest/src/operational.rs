@@ -70,7 +70,7 @@ pub(crate) async fn emit_enabled_change(
     tx: &mut sqlx::PgConnection,
     project: &str,
     was_enabled: bool,
-    row: &crate::routes::endpoints::EndpointRow,
+    row: &crate::store::endpoints::EndpointRow,
 ) -> Result<(), sqlx::Error> {
     if row.enabled == was_enabled {
         return Ok(());

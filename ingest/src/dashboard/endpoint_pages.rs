@@ -3,7 +3,7 @@
 
 use axum::extract::{Form, Path, State};
 use axum::response::{IntoResponse, Redirect};
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use maud::html;
 use railhook_common::ids::EndpointId;
 use serde::Deserialize;
@@ -13,31 +13,14 @@ use super::{PageResult, Session, layout};
 use crate::problem::ApiError;
 use crate::routes::endpoint_state;
 use crate::state::AppState;
+use crate::store::endpoints::{self, Kind};
 
 // ---------------------------------------------------------------------------------------
 // Endpoints
 
-struct EndpointRow {
-    id: String,
-    url: String,
-    enabled: bool,
-    disabled_reason: Option<String>,
-    breaker_state: String,
-    consecutive_failures: i32,
-    failing_since: Option<DateTime<Utc>>,
-    source_id: Option<String>,
-}
-
 pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageResult {
-    let rows = sqlx::query_as!(
-        EndpointRow,
-        "SELECT id, url, enabled, disabled_reason, breaker_state, consecutive_failures,
-                failing_since, source_id
-         FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL AND kind = 'webhook' ORDER BY id",
-        session.project.id.as_str()
-    )
-    .fetch_all(&state.pool)
-    .await?;
+    let rows =
+        endpoints::of_project(&state.pool, session.project.id.as_str(), Kind::Webhook).await?;
     let now = Utc::now();
     let body = html! {
         table #endpoints {

@@ -17,6 +17,7 @@ use crate::routes::failed::{FailedFilter, list_failed, retry_matching};
 use crate::routes::replays::{self, NewReplay, Started};
 use crate::state::AppState;
 use crate::store::deliveries::{self as delivery_store, DeliveryFilter};
+use crate::store::endpoints::{self, Kind};
 use railhook_common::DeliveryStatus;
 use railhook_common::headers::{self, Extra};
 
@@ -102,15 +103,13 @@ async fn endpoint_choices(
     state: &AppState,
     session: &Session,
 ) -> Result<Vec<(String, String)>, sqlx::Error> {
-    Ok(sqlx::query!(
-        "SELECT id, url FROM endpoints WHERE project_id = $1 AND deleted_at IS NULL ORDER BY id",
-        session.project.id.as_str()
-    )
-    .fetch_all(&state.pool)
-    .await?
-    .into_iter()
-    .map(|r| (r.id, r.url))
-    .collect())
+    // Every live endpoint of the project, operational ones too: Deliveries go to both.
+    let mut rows = Vec::new();
+    for kind in [Kind::Webhook, Kind::Operational] {
+        rows.extend(endpoints::of_project(&state.pool, session.project.id.as_str(), kind).await?);
+    }
+    rows.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(rows.into_iter().map(|r| (r.id, r.url)).collect())
 }
 
 fn endpoint_select(choices: &[(String, String)], selected: Option<&str>) -> Markup {

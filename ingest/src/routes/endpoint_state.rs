@@ -184,9 +184,7 @@ pub async fn set_enabled(
                failing_since = CASE WHEN $3 THEN NULL ELSE failing_since END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
-           RETURNING id, url, description, enabled, disabled_reason, secret, timeout_ms,
-                     rate_limit_per_second, rate_limit_burst, max_concurrency, headers,
-                     retry_delays, max_attempts, source_id, created_at, updated_at"#,
+           RETURNING *"#,
         id.as_str(),
         project.id.as_str(),
         enabled,

@@ -19,6 +19,8 @@ use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::{double_option, validate_headers, validate_url};
 use crate::state::AppState;
+pub(crate) use crate::store::endpoints::EndpointRow;
+use crate::store::endpoints::{self as store, Kind};
 
 pub const DEFAULT_TIMEOUT_MS: i32 = 30_000;
 
@@ -50,25 +52,6 @@ pub struct Endpoint {
     pub public_key: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
-}
-
-pub(crate) struct EndpointRow {
-    pub(crate) id: String,
-    pub(crate) url: String,
-    pub(crate) description: String,
-    pub(crate) enabled: bool,
-    pub(crate) disabled_reason: Option<String>,
-    pub(crate) secret: String,
-    pub(crate) timeout_ms: i32,
-    pub(crate) rate_limit_per_second: Option<i32>,
-    pub(crate) rate_limit_burst: Option<i32>,
-    pub(crate) max_concurrency: Option<i32>,
-    pub(crate) headers: serde_json::Value,
-    pub(crate) retry_delays: Option<String>,
-    pub(crate) max_attempts: Option<i32>,
-    pub(crate) source_id: Option<String>,
-    pub(crate) created_at: DateTime<Utc>,
-    pub(crate) updated_at: DateTime<Utc>,
 }
 
 impl EndpointRow {
@@ -249,10 +232,7 @@ pub(crate) async fn insert(
                                   rate_limit_per_second, max_concurrency, headers, retry_delays,
                                   max_attempts, rate_limit_burst, source_id)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-           RETURNING id, url, description, enabled, disabled_reason, secret, timeout_ms,
-                     rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
-                  source_id,
-                  created_at, updated_at"#,
+           RETURNING *"#,
         id.as_str(),
         project.id.as_str(),
         url,
@@ -286,16 +266,7 @@ pub(crate) async fn insert(
 
 /// A Source's live Destinations, oldest first.
 pub(crate) async fn of_source(state: &AppState, source_id: &str) -> ApiResult<Vec<Endpoint>> {
-    let rows = sqlx::query_as!(
-        EndpointRow,
-        r#"SELECT id, url, description, enabled, disabled_reason, secret, timeout_ms,
-                  rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays,
-                  max_attempts, source_id, created_at, updated_at
-           FROM endpoints WHERE source_id = $1 AND deleted_at IS NULL ORDER BY id"#,
-        source_id
-    )
-    .fetch_all(&state.pool)
-    .await?;
+    let rows = store::of_source(&state.pool, source_id).await?;
     Ok(rows.into_iter().map(|r| r.view(&state.keyring)).collect())
 }
 
@@ -313,21 +284,13 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<Endpoint>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    let rows = sqlx::query_as!(
-        EndpointRow,
-        r#"SELECT id, url, description, enabled, disabled_reason, secret, timeout_ms,
-                  rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
-                  source_id,
-                  created_at, updated_at
-           FROM endpoints
-           WHERE project_id = $1 AND deleted_at IS NULL AND kind = 'webhook'
-             AND ($2::text IS NULL OR id < $2)
-           ORDER BY id DESC LIMIT $3"#,
+    let rows = store::page(
+        &state.pool,
         project.id.as_str(),
-        page.after,
-        page.fetch()
+        Kind::Webhook,
+        page.after.as_deref(),
+        page.fetch(),
     )
-    .fetch_all(&state.pool)
     .await?;
     let rows = rows.into_iter().map(|r| r.view(&state.keyring)).collect();
     Ok(Json(page.finish(rows, |e: &Endpoint| &e.id)))
@@ -343,20 +306,9 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Endpoint>> {
     let id = parse_id(&id)?;
-    let row = sqlx::query_as!(
-        EndpointRow,
-        r#"SELECT id, url, description, enabled, disabled_reason, secret, timeout_ms,
-                  rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
-                  source_id,
-                  created_at, updated_at
-           FROM endpoints
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'"#,
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
+    let row = store::find(&state.pool, project.id.as_str(), id.as_str(), Kind::Webhook)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
     Ok(Json(row.view(&state.keyring)))
 }
 
@@ -447,10 +399,7 @@ pub async fn update(
                rate_limit_burst = CASE WHEN $16 THEN $17 ELSE rate_limit_burst END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
-           RETURNING id, url, description, enabled, disabled_reason, secret, timeout_ms,
-                     rate_limit_per_second, rate_limit_burst, max_concurrency, headers, retry_delays, max_attempts,
-                  source_id,
-                  created_at, updated_at"#,
+           RETURNING *"#,
         id.as_str(),
         project.id.as_str(),
         url,

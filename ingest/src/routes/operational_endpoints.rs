@@ -23,6 +23,7 @@ use crate::routes::endpoint_secret::{self, EndpointSecret};
 use crate::routes::endpoints::parse_id;
 use crate::routes::validate_url;
 use crate::state::AppState;
+use crate::store::endpoints::{self as store, EndpointRow, Kind};
 
 /// The operational ladder: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h (8 Attempts over ~17.5 h).
 /// Shorter than the message ladder: an operator's pager wants to know today.
@@ -52,19 +53,8 @@ pub struct CreatedOperationalEndpoint {
     pub secret: String,
 }
 
-struct Row {
-    id: String,
-    url: String,
-    description: String,
-    operational_types: Option<Vec<String>>,
-    enabled: bool,
-    disabled_reason: Option<String>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
-
-impl From<Row> for OperationalEndpoint {
-    fn from(r: Row) -> Self {
+impl From<EndpointRow> for OperationalEndpoint {
+    fn from(r: EndpointRow) -> Self {
         Self {
             id: r.id,
             url: r.url,
@@ -138,12 +128,11 @@ pub async fn create(
     let secret = generate_signing_secret();
     let id = EndpointId::generate();
     let row = sqlx::query_as!(
-        Row,
+        EndpointRow,
         r#"INSERT INTO endpoints (id, project_id, url, description, secret, timeout_ms,
                                   retry_delays, max_attempts, kind, operational_types)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'operational', $9)
-           RETURNING id, url, description, operational_types, enabled, disabled_reason,
-                     created_at, updated_at"#,
+           RETURNING *"#,
         id.as_str(),
         project.id.as_str(),
         url,
@@ -180,19 +169,13 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<OperationalEndpoint>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    let rows = sqlx::query_as!(
-        Row,
-        r#"SELECT id, url, description, operational_types, enabled, disabled_reason,
-                  created_at, updated_at
-           FROM endpoints
-           WHERE project_id = $1 AND kind = 'operational' AND deleted_at IS NULL
-             AND ($2::text IS NULL OR id < $2)
-           ORDER BY id DESC LIMIT $3"#,
+    let rows = store::page(
+        &state.pool,
         project.id.as_str(),
-        page.after,
-        page.fetch()
+        Kind::Operational,
+        page.after.as_deref(),
+        page.fetch(),
     )
-    .fetch_all(&state.pool)
     .await?;
     let rows: Vec<OperationalEndpoint> = rows.into_iter().map(Into::into).collect();
     Ok(Json(page.finish(rows, |e: &OperationalEndpoint| &e.id)))
@@ -208,16 +191,12 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> ApiResult<Json<OperationalEndpoint>> {
     let id = parse_id(&id)?;
-    let row = sqlx::query_as!(
-        Row,
-        r#"SELECT id, url, description, operational_types, enabled, disabled_reason,
-                  created_at, updated_at
-           FROM endpoints
-           WHERE id = $1 AND project_id = $2 AND kind = 'operational' AND deleted_at IS NULL"#,
+    let row = store::find(
+        &state.pool,
+        project.id.as_str(),
         id.as_str(),
-        project.id.as_str()
+        Kind::Operational,
     )
-    .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("operational endpoint"))?;
     Ok(Json(row.into()))
@@ -249,7 +228,7 @@ pub async fn update(
     let description = description(body.description)?;
     let types = body.event_types.map(|t| event_types(Some(t))).transpose()?;
     let row = sqlx::query_as!(
-        Row,
+        EndpointRow,
         r#"UPDATE endpoints SET
                url = coalesce($3, url),
                description = coalesce($4, description),
@@ -260,8 +239,7 @@ pub async fn update(
                failing_since = CASE WHEN $6 IS TRUE THEN NULL ELSE failing_since END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND kind = 'operational' AND deleted_at IS NULL
-           RETURNING id, url, description, operational_types, enabled, disabled_reason,
-                     created_at, updated_at"#,
+           RETURNING *"#,
         id.as_str(),
         project.id.as_str(),
         url,

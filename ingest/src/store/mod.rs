@@ -2,5 +2,6 @@
 //! never has SQL of its own, so it shows exactly what the API would return.
 
 pub mod deliveries;
+pub mod endpoints;
 pub mod replays;
 pub mod subscriptions;
