@@ -10,7 +10,6 @@ use chrono::{DateTime, Utc};
 use railhook_common::event_type::EventType;
 use railhook_common::ids::{EndpointId, EventId, ReplayId};
 use serde::{Deserialize, Serialize};
-use sqlx::FromRow;
 
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
@@ -41,7 +40,7 @@ pub struct NewReplay {
     pub dry_run: bool,
 }
 
-#[derive(Debug, Serialize, FromRow, utoipa::ToSchema)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Replay {
     pub id: String,
     /// `RUNNING`, `COMPLETED` or `CANCELLED`.
@@ -65,8 +64,47 @@ pub struct ReplayPreview {
     pub events_total: i64,
 }
 
-const COLUMNS: &str = "id, status, event_ids, from_time AS \"from\", to_time AS \"to\", \
-    event_types, endpoint_id, events_total, events_done, deliveries_created, created_at, finished_at";
+/// The `replays` row, column for column: every statement reads or returns `*`, so no
+/// column list is written out (a column added to the table is a compile error here).
+struct ReplayRow {
+    id: String,
+    #[allow(dead_code)] // scoped by the statements' WHERE; not shown
+    project_id: String,
+    status: String,
+    event_ids: Option<Vec<String>>,
+    from_time: Option<DateTime<Utc>>,
+    to_time: Option<DateTime<Utc>>,
+    event_types: Option<Vec<String>>,
+    endpoint_id: Option<String>,
+    events_total: i64,
+    events_done: i64,
+    deliveries_created: i64,
+    #[allow(dead_code)] // the engine's, read by crate::replay
+    cursor: Option<String>,
+    created_at: DateTime<Utc>,
+    #[allow(dead_code)]
+    updated_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+}
+
+impl From<ReplayRow> for Replay {
+    fn from(r: ReplayRow) -> Self {
+        Self {
+            id: r.id,
+            status: r.status,
+            event_ids: r.event_ids,
+            from: r.from_time,
+            to: r.to_time,
+            event_types: r.event_types,
+            endpoint_id: r.endpoint_id,
+            events_total: r.events_total,
+            events_done: r.events_done,
+            deliveries_created: r.deliveries_created,
+            created_at: r.created_at,
+            finished_at: r.finished_at,
+        }
+    }
+}
 
 /// A validated request: which Events, and to where.
 struct Validated {
@@ -185,17 +223,16 @@ pub enum Started {
 
 /// Validates a Replay request, counts its Events and, unless it is a dry run, records it
 /// for the engine (`crate::replay`). Shared by the API and the dashboard.
-#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiResult<Started> {
     let dry_run = body.dry_run;
     let sel = validate(body)?;
     if let Some(endpoint) = &sel.endpoint_id {
-        let exists: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM endpoints
-                            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL)",
+        let exists = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM endpoints
+                              WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL) AS "exists!""#,
+            endpoint,
+            project.id.as_str()
         )
-        .bind(endpoint)
-        .bind(project.id.as_str())
         .fetch_one(&state.pool)
         .await?;
         if !exists {
@@ -246,36 +283,42 @@ pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiR
             events_total: total,
         }));
     }
-    let replay: Replay = sqlx::query_as(&format!(
+    let replay_id = ReplayId::generate();
+    let replay = sqlx::query_as!(
+        ReplayRow,
         "INSERT INTO replays (id, project_id, event_ids, from_time, to_time, event_types,
                               endpoint_id, events_total, status, finished_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
-                 CASE WHEN $8 = 0 THEN 'COMPLETED' ELSE 'RUNNING' END,
-                 CASE WHEN $8 = 0 THEN now() END)
-         RETURNING {COLUMNS}"
-    ))
-    .bind(ReplayId::generate().as_str())
-    .bind(project.id.as_str())
-    .bind(&sel.event_ids)
-    .bind(sel.from)
-    .bind(sel.to)
-    .bind(&sel.event_types)
-    .bind(&sel.endpoint_id)
-    .bind(total)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::bigint,
+                 CASE WHEN $8::bigint = 0 THEN 'COMPLETED' ELSE 'RUNNING' END,
+                 CASE WHEN $8::bigint = 0 THEN now() END)
+         RETURNING *",
+        replay_id.as_str(),
+        project.id.as_str(),
+        sel.event_ids.as_deref(),
+        sel.from,
+        sel.to,
+        sel.event_types.as_deref(),
+        sel.endpoint_id,
+        total
+    )
     .fetch_one(&state.pool)
-    .await?;
+    .await?
+    .into();
     Ok(Started::Replay(replay))
 }
 
-#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn recent(state: &AppState, project: &Project, limit: i64) -> ApiResult<Vec<Replay>> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM replays WHERE project_id = $1 ORDER BY id DESC LIMIT $2"
-    ))
-    .bind(project.id.as_str())
-    .bind(limit)
+    Ok(sqlx::query_as!(
+        ReplayRow,
+        "SELECT * FROM replays WHERE project_id = $1 ORDER BY id DESC LIMIT $2",
+        project.id.as_str(),
+        limit
+    )
     .fetch_all(&state.pool)
-    .await?)
+    .await?
+    .into_iter()
+    .map(Replay::from)
+    .collect())
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -287,36 +330,40 @@ pub struct ListQuery {
 #[utoipa::path(get, path = "/v1/replays", tag = "replays", params(ListQuery),
     responses((status = 200, body = Listing<Replay>), (status = 422, body = Problem)),
     security(("api_key" = [])))]
-#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn list(
     project: Project,
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<Replay>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    let rows: Vec<Replay> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM replays
+    let rows: Vec<Replay> = sqlx::query_as!(
+        ReplayRow,
+        "SELECT * FROM replays
          WHERE project_id = $1 AND ($2::text IS NULL OR id < $2)
-         ORDER BY id DESC LIMIT $3"
-    ))
-    .bind(project.id.as_str())
-    .bind(&page.after)
-    .bind(page.fetch())
+         ORDER BY id DESC LIMIT $3",
+        project.id.as_str(),
+        page.after,
+        page.fetch()
+    )
     .fetch_all(&state.pool)
-    .await?;
+    .await?
+    .into_iter()
+    .map(Replay::from)
+    .collect();
     Ok(Json(page.finish(rows, |r: &Replay| &r.id)))
 }
 
-#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<Replay> {
     let id = ReplayId::parse(raw).map_err(|_| ApiError::NotFound("replay"))?;
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM replays WHERE id = $1 AND project_id = $2"
-    ))
-    .bind(id.as_str())
-    .bind(project.id.as_str())
+    sqlx::query_as!(
+        ReplayRow,
+        "SELECT * FROM replays WHERE id = $1 AND project_id = $2",
+        id.as_str(),
+        project.id.as_str()
+    )
     .fetch_optional(&state.pool)
     .await?
+    .map(Replay::from)
     .ok_or(ApiError::NotFound("replay"))
 }
 
@@ -336,22 +383,23 @@ pub async fn get(
     responses((status = 200, body = Replay), (status = 404, body = Problem),
               (status = 409, description = "the Replay is not RUNNING", body = Problem)),
     security(("api_key" = [])))]
-#[allow(clippy::disallowed_methods)] // composed: the Replay's column list (COLUMNS) is shared by every statement that returns one
 pub async fn cancel(
     project: Project,
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Replay>> {
     let current = find(&state, &project, &id).await?;
-    sqlx::query_as(&format!(
+    sqlx::query_as!(
+        ReplayRow,
         "UPDATE replays SET status = 'CANCELLED', finished_at = now(), updated_at = now()
          WHERE id = $1 AND project_id = $2 AND status = 'RUNNING'
-         RETURNING {COLUMNS}"
-    ))
-    .bind(&current.id)
-    .bind(project.id.as_str())
+         RETURNING *",
+        current.id,
+        project.id.as_str()
+    )
     .fetch_optional(&state.pool)
     .await?
+    .map(Replay::from)
     .map(Json)
     .ok_or(ApiError::InvalidState(
         "only a RUNNING replay can be cancelled",
