@@ -22,11 +22,6 @@
 //! workers write on. Every DDL statement runs under [`LOCK_TIMEOUT`], so a long transaction
 //! elsewhere makes the pass give up and try again rather than queue writers behind it.
 
-// The retention task composes DDL around partition names (CREATE, DETACH, ATTACH, DROP of
-// `<table>_p<day>`) and counts rows in a partition named at run time, so its statements are
-// built as text; tests/retention.rs runs every one of them against real Postgres.
-#![allow(clippy::disallowed_methods)]
-
 mod metrics;
 mod partitions;
 mod retire;
@@ -120,19 +115,24 @@ async fn pass(
     retention_days: u32,
     metrics: Option<&RetentionMetrics>,
 ) -> Result<Report, sqlx::Error> {
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))")
-        .bind(PASS_LOCK)
-        .fetch_one(&mut *conn)
-        .await?;
+    let locked = sqlx::query_scalar!(
+        r#"SELECT pg_try_advisory_lock(hashtext($1)) AS "locked!""#,
+        PASS_LOCK
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     if !locked {
         return Ok(Report {
             skipped: true,
             ..Report::default()
         });
     }
-    sqlx::query(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'"))
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "SELECT set_config('lock_timeout', $1, false) AS applied",
+        LOCK_TIMEOUT
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     let mut report = Report::default();
     retire::finish_interrupted(&mut *conn, &mut report).await?;
     report.created = ensure_ahead(&mut *conn, now.date_naive()).await?;

@@ -91,17 +91,21 @@ pub async fn plan(
     now: DateTime<Utc>,
     retention_days: u32,
 ) -> Result<Vec<Partition>, sqlx::Error> {
-    let rows: Vec<(String, i64, f32)> = sqlx::query_as(
-        "SELECT c.relname::text, pg_total_relation_size(c.oid), c.reltuples
-         FROM pg_inherits i
-         JOIN pg_class c ON c.oid = i.inhrelid
-         JOIN pg_class p ON p.oid = i.inhparent
-         WHERE p.relname IN ('events', 'deliveries', 'attempts') AND c.relkind = 'r'
-           AND p.relnamespace = 'public'::regnamespace
-         ORDER BY c.relname",
+    let rows: Vec<(String, i64, f32)> = sqlx::query!(
+        r#"SELECT c.relname::text AS "name!", pg_total_relation_size(c.oid) AS "bytes!",
+                  c.reltuples AS "tuples!"
+           FROM pg_inherits i
+           JOIN pg_class c ON c.oid = i.inhrelid
+           JOIN pg_class p ON p.oid = i.inhparent
+           WHERE p.relname IN ('events', 'deliveries', 'attempts') AND c.relkind = 'r'
+             AND p.relnamespace = 'public'::regnamespace
+           ORDER BY c.relname"#,
     )
     .fetch_all(&mut *conn)
-    .await?;
+    .await?
+    .into_iter()
+    .map(|r| (r.name, r.bytes, r.tuples))
+    .collect();
     let today = now.date_naive();
     let mut out = Vec::new();
     for (name, bytes, tuples) in rows {
@@ -151,6 +155,7 @@ pub async fn plan(
 
 /// Open (PENDING or PROCESSING) Deliveries in the day's Delivery partition, up to 1,000.
 /// Reads the partition itself, attached or not.
+#[allow(clippy::disallowed_methods)] // composed: the partition is named by the day
 pub(super) async fn open_deliveries_in(
     conn: &mut sqlx::PgConnection,
     day: NaiveDate,
@@ -173,15 +178,15 @@ pub(super) async fn open_deliveries_into_events_of(
     conn: &mut sqlx::PgConnection,
     day: NaiveDate,
 ) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM (
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "open!" FROM (
              SELECT 1 FROM deliveries
              WHERE status IN ('PENDING', 'PROCESSING')
                AND event_id >= railhook_ulid_floor('evt_', $1::date::timestamp AT TIME ZONE 'UTC')
                AND event_id < railhook_ulid_floor('evt_', ($1::date + 1)::timestamp AT TIME ZONE 'UTC')
-             LIMIT 1000) open",
+             LIMIT 1000) open"#,
+        day
     )
-    .bind(day)
     .fetch_one(&mut *conn)
     .await
 }
@@ -190,8 +195,7 @@ pub(super) async fn table_exists(
     conn: &mut sqlx::PgConnection,
     name: &str,
 ) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(name)
+    sqlx::query_scalar!(r#"SELECT to_regclass($1) IS NOT NULL AS "exists!""#, name)
         .fetch_one(&mut *conn)
         .await
 }
@@ -200,10 +204,11 @@ pub(super) async fn is_attached(
     conn: &mut sqlx::PgConnection,
     name: &str,
 ) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT coalesce((SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)), false)",
+    sqlx::query_scalar!(
+        r#"SELECT coalesce((SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)), false)
+               AS "attached!""#,
+        name
     )
-    .bind(name)
     .fetch_one(&mut *conn)
     .await
 }
@@ -214,11 +219,13 @@ pub async fn ensure_ahead(
     conn: impl sqlx::PgExecutor<'_>,
     today: NaiveDate,
 ) -> Result<i32, sqlx::Error> {
-    sqlx::query_scalar("SELECT railhook_ensure_partitions($1, $2)")
-        .bind(today - Days::new(1))
-        .bind(today + Days::new(AHEAD_DAYS))
-        .fetch_one(conn)
-        .await
+    sqlx::query_scalar!(
+        r#"SELECT railhook_ensure_partitions($1, $2) AS "made!""#,
+        today - Days::new(1),
+        today + Days::new(AHEAD_DAYS)
+    )
+    .fetch_one(conn)
+    .await
 }
 
 #[cfg(test)]

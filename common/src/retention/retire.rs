@@ -50,17 +50,21 @@ pub(super) async fn retire_day(
 /// and not dropped (a standalone `<table>_p<day>`; nothing else makes one). Both are
 /// finished the way the killed pass would have: the check is made again, then drop or put
 /// back.
+#[allow(clippy::disallowed_methods)] // composed: DDL naming a partition
 pub(super) async fn finish_interrupted(
     conn: &mut sqlx::PgConnection,
     report: &mut Report,
 ) -> Result<(), sqlx::Error> {
-    let pending: Vec<(String, String)> = sqlx::query_as(
-        "SELECT p.relname::text, c.relname::text FROM pg_inherits i
-         JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
-         WHERE i.inhdetachpending",
+    let pending: Vec<(String, String)> = sqlx::query!(
+        r#"SELECT p.relname::text AS "parent!", c.relname::text AS "child!" FROM pg_inherits i
+           JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
+           WHERE i.inhdetachpending"#,
     )
     .fetch_all(&mut *conn)
-    .await?;
+    .await?
+    .into_iter()
+    .map(|r| (r.parent, r.child))
+    .collect();
     for (parent, child) in pending {
         tracing::info!(partition = %child, "retention: finishing an interrupted detach");
         sqlx::query(&format!(
@@ -69,11 +73,11 @@ pub(super) async fn finish_interrupted(
         .execute(&mut *conn)
         .await?;
     }
-    let loose: Vec<String> = sqlx::query_scalar(
-        "SELECT relname::text FROM pg_class
-         WHERE relnamespace = 'public'::regnamespace AND relkind = 'r' AND NOT relispartition
-           AND relname ~ '^(events|deliveries|attempts)_p[0-9]{8}$'
-         ORDER BY relname",
+    let loose: Vec<String> = sqlx::query_scalar!(
+        r#"SELECT relname::text AS "name!" FROM pg_class
+           WHERE relnamespace = 'public'::regnamespace AND relkind = 'r' AND NOT relispartition
+             AND relname ~ '^(events|deliveries|attempts)_p[0-9]{8}$'
+           ORDER BY relname"#,
     )
     .fetch_all(&mut *conn)
     .await?;
@@ -117,6 +121,7 @@ async fn drop_deliveries_day(
     drop_table(&mut *conn, &Table::Deliveries.partition(day), report).await
 }
 
+#[allow(clippy::disallowed_methods)] // composed: DDL naming a partition
 async fn detach(
     conn: &mut sqlx::PgConnection,
     table: Table,
@@ -132,19 +137,21 @@ async fn detach(
 }
 
 /// Puts a detached day back with the bounds it was created with.
+#[allow(clippy::disallowed_methods)] // composed: DDL naming a partition
 async fn attach(
     conn: &mut sqlx::PgConnection,
     table: Table,
     day: NaiveDate,
 ) -> Result<(), sqlx::Error> {
-    let (lo, hi): (String, String) = sqlx::query_as(
-        "SELECT railhook_ulid_floor($1, $2::date::timestamp AT TIME ZONE 'UTC'),
-                railhook_ulid_floor($1, ($2::date + 1)::timestamp AT TIME ZONE 'UTC')",
+    let bounds = sqlx::query!(
+        r#"SELECT railhook_ulid_floor($1, $2::date::timestamp AT TIME ZONE 'UTC') AS "lo!",
+                  railhook_ulid_floor($1, ($2::date + 1)::timestamp AT TIME ZONE 'UTC') AS "hi!""#,
+        table.prefix(),
+        day
     )
-    .bind(table.prefix())
-    .bind(day)
     .fetch_one(&mut *conn)
     .await?;
+    let (lo, hi) = (bounds.lo, bounds.hi);
     sqlx::query(&format!(
         "ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ('{lo}') TO ('{hi}')",
         table.name(),
@@ -155,6 +162,7 @@ async fn attach(
     Ok(())
 }
 
+#[allow(clippy::disallowed_methods)] // composed: DDL naming a partition
 async fn drop_table(
     conn: &mut sqlx::PgConnection,
     name: &str,
