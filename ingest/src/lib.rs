@@ -170,7 +170,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
-        .route("/openapi.json", get(health::openapi))
+        .route("/openapi.json", get(openapi::serve))
         .fallback(|| async { ApiError::NotFound("route") })
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(TimeoutLayer::with_status_code(

@@ -98,3 +98,9 @@ struct ApiDoc;
 pub fn document() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
+
+/// `GET /openapi.json`. Served from here rather than from `routes`, which the document
+/// lists: the routes never depend on their own description.
+pub async fn serve() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(document())
+}

@@ -1,6 +1,5 @@
 //! Liveness, readiness, metrics and the OpenAPI document.
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -32,8 +31,4 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     let mut registries = vec![state.metrics.registry(), state.deps.registry()];
     registries.extend(state.other_registries.iter());
     state.metrics_access.respond(&headers, &registries)
-}
-
-pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(crate::openapi::document())
 }
