@@ -5,6 +5,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod e2e;
+mod idle_consumer;
 mod ingest;
 mod isolation;
 mod memory;
@@ -45,6 +46,9 @@ enum Bench {
     /// Healthy endpoints' delivery latency with and without one failing endpoint beside
     /// them (500s and timeouts), same load, same run.
     Isolation(isolation::Args),
+    /// The broker's CPU for an idle consumer, with the given client properties: finds by
+    /// elimination what an idle worker asks of the broker.
+    IdleConsumer(idle_consumer::Args),
 }
 
 #[tokio::main]
@@ -57,5 +61,6 @@ async fn main() -> anyhow::Result<()> {
         Bench::Isolation(args) => isolation::run(args).await,
         Bench::Roles(args) => roles::run(args).await,
         Bench::Retention(args) => retention::run(args).await,
+        Bench::IdleConsumer(args) => idle_consumer::run(args).await,
     }
 }
