@@ -78,7 +78,13 @@ impl Extra {
             .iter()
             .position(|(k, _)| k == CONTENT_TYPE)
             .map(|i| headers.remove(i).1);
-        headers.extend(pairs(custom));
+        // A custom header replaces a forwarded one of the same name, here, so the list has
+        // each name once and every reader (the Runner's header map, the dashboard) sees the
+        // same set.
+        for (name, value) in pairs(custom) {
+            headers.retain(|(k, _)| !k.eq_ignore_ascii_case(&name));
+            headers.push((name, value));
+        }
         Self {
             content_type,
             headers,
@@ -101,8 +107,8 @@ pub struct Request<'a> {
     pub extra: &'a Extra,
 }
 
-/// The request's headers in the order they are set; a later pair with the same name
-/// replaces an earlier one (the Runner inserts them into a header map in this order).
+/// The request's headers, each name once: [`Extra::merge`] leaves one per name, and the
+/// API refuses an endpoint header named like one of Railhook's ([`RESERVED`]).
 pub fn request_headers(r: &Request<'_>) -> Vec<(String, String)> {
     let mut h: Vec<(String, String)> = r.extra.headers.clone();
     let mut set = |name: &str, value: &str| h.push((name.to_owned(), value.to_owned()));
@@ -184,6 +190,21 @@ mod tests {
                 "{name} is set by Railhook but not reserved"
             );
         }
+    }
+
+    #[test]
+    fn an_endpoint_header_replaces_a_forwarded_one_of_the_same_name() {
+        let extra = Extra::merge(
+            Some(&json!({"x-github-event": "push", "x-team": "from-provider"})),
+            Some(&json!({"X-Team": "billing"})),
+        );
+        assert_eq!(
+            extra.headers,
+            vec![
+                ("x-github-event".to_owned(), "push".to_owned()),
+                ("X-Team".to_owned(), "billing".to_owned())
+            ]
+        );
     }
 
     #[test]

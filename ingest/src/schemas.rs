@@ -102,19 +102,20 @@ impl SchemaCache {
     }
 
     /// Checks each Event whose type has a schema (`schemas`: type name → schema id;
-    /// `events`: each Event's type and payload as JSON text). The first failure is the answer; `prefix(i)` names item `i` in it (`events[3].`), and is
+    /// `parts`: an Event's type and its payload as JSON text). The first failure is the answer; `prefix(i)` names item `i` in it (`events[3].`), and is
     /// only called for a failure, so a request whose types have no schema allocates nothing.
-    pub async fn check<'a>(
+    pub async fn check<E>(
         &self,
         pool: &PgPool,
         schemas: &HashMap<String, i64>,
-        events: impl IntoIterator<Item = (&'a str, &'a str)>,
+        events: &[E],
+        parts: impl Fn(&E) -> (&str, &str),
         prefix: impl Fn(usize) -> String,
     ) -> ApiResult<()> {
         if schemas.is_empty() {
             return Ok(());
         }
-        for (i, (event_type, raw)) in events.into_iter().enumerate() {
+        for (i, (event_type, raw)) in events.iter().map(parts).enumerate() {
             let Some(&id) = schemas.get(event_type) else {
                 continue;
             };

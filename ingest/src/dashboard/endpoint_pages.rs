@@ -19,8 +19,12 @@ use crate::store::endpoints::{self, Kind};
 // Endpoints
 
 pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageResult {
-    let rows =
-        endpoints::of_project(&state.pool, session.project.id.as_str(), Kind::Webhook).await?;
+    let rows = endpoints::of_project(
+        &state.pool,
+        session.project.id.as_str(),
+        Some(Kind::Webhook),
+    )
+    .await?;
     let now = Utc::now();
     let body = html! {
         table #endpoints {

@@ -17,7 +17,7 @@ use crate::routes::failed::{FailedFilter, list_failed, retry_matching};
 use crate::routes::replays::{self, NewReplay, Started};
 use crate::state::AppState;
 use crate::store::deliveries::{self as delivery_store, DeliveryFilter};
-use crate::store::endpoints::{self, Kind};
+use crate::store::endpoints;
 use railhook_common::DeliveryStatus;
 use railhook_common::headers::{self, Extra};
 
@@ -104,11 +104,7 @@ async fn endpoint_choices(
     session: &Session,
 ) -> Result<Vec<(String, String)>, sqlx::Error> {
     // Every live endpoint of the project, operational ones too: Deliveries go to both.
-    let mut rows = Vec::new();
-    for kind in [Kind::Webhook, Kind::Operational] {
-        rows.extend(endpoints::of_project(&state.pool, session.project.id.as_str(), kind).await?);
-    }
-    rows.sort_by(|a, b| a.id.cmp(&b.id));
+    let rows = endpoints::of_project(&state.pool, session.project.id.as_str(), None).await?;
     Ok(rows.into_iter().map(|r| (r.id, r.url)).collect())
 }
 
@@ -226,7 +222,7 @@ fn request_view(
     for (_, value) in &mut extra.headers {
         *value = "<custom value>".to_owned();
     }
-    let mut sent = headers::request_headers(&headers::Request {
+    headers::request_headers(&headers::Request {
         delivery_id: &d.id,
         event_id: &d.event_id,
         event_type: &d.event_type,
@@ -236,13 +232,7 @@ fn request_view(
         traceparent: Some("<the Attempt's span in the Event's trace>"),
         tracestate: parts.tracestate.as_deref(),
         extra: &extra,
-    });
-    // What is sent as a header map: a later name replaces an earlier one.
-    let mut seen = std::collections::HashSet::new();
-    sent.reverse();
-    sent.retain(|(k, _)| seen.insert(k.to_ascii_lowercase()));
-    sent.reverse();
-    sent
+    })
 }
 
 pub async fn delivery(

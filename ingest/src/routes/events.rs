@@ -182,7 +182,8 @@ pub async fn create(
         .check(
             &state.pool,
             &sender.schemas,
-            [(event.event_type.as_str(), event.payload.get())],
+            std::slice::from_ref(&event),
+            |e| (e.event_type.as_str(), e.payload.get()),
             |_| String::new(),
         )
         .await?;
@@ -242,15 +243,15 @@ pub async fn create_batch(
         event.tracestate.clone_from(&tracestate);
         events.push(event);
     }
-    let typed: Vec<(&str, &str)> = events
-        .iter()
-        .map(|e| (e.event_type.as_str(), e.payload.get()))
-        .collect();
     state
         .schemas
-        .check(&state.pool, &sender.schemas, typed, |i| {
-            format!("events[{i}].")
-        })
+        .check(
+            &state.pool,
+            &sender.schemas,
+            &events,
+            |e| (e.event_type.as_str(), e.payload.get()),
+            |i| format!("events[{i}]."),
+        )
         .await?;
     let accepted = ingest(&state, &sender.project, &sender.subscriptions, events).await?;
     let data = accepted

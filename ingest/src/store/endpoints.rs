@@ -106,19 +106,21 @@ pub async fn page(
     .await
 }
 
-/// Every live endpoint of the project of one kind, oldest first (the dashboard's list and
-/// its filters' choices; a project has tens of endpoints, not thousands).
+/// Every live endpoint of the project, of one kind or (`None`) of both, oldest first (the
+/// dashboard's list and its filters' choices; a project has tens of endpoints, not
+/// thousands).
 pub async fn of_project(
     db: impl PgExecutor<'_>,
     project_id: &str,
-    kind: Kind,
+    kind: Option<Kind>,
 ) -> Result<Vec<EndpointRow>, sqlx::Error> {
     sqlx::query_as!(
         EndpointRow,
         r#"SELECT * FROM endpoints
-           WHERE project_id = $1 AND deleted_at IS NULL AND kind = $2 ORDER BY id"#,
+           WHERE project_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR kind = $2)
+           ORDER BY id"#,
         project_id,
-        kind.as_str()
+        kind.map(Kind::as_str)
     )
     .fetch_all(db)
     .await
