@@ -6,9 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
-use railhook_common::ids::{DeliveryId, EndpointId, ProjectId};
-use railhook_common::{DeliveryStatus, OutboxReason};
+use railhook_common::DeliveryStatus;
 use railhook_worker::attempt::{Outcome, Report};
 use railhook_worker::schedule::Decision;
 use railhook_worker::{claim, fence, sweeps};
@@ -251,30 +249,7 @@ async fn duplicate_hints_in_kafka_deliver_once_across_two_workers() {
     let (endpoint, _) = p.endpoint(&receiver.url, 5_000).await;
     let (_, delivery) = p.send(json!({})).await;
     // The relay's Announcement plus five copies, as after relay restarts and redeliveries.
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &p.settings.kafka_brokers)
-        .create()
-        .expect("producer");
-    let topic = railhook_common::kafka::deliveries_topic(&p.settings.topic_prefix);
-    let copy = Announcement {
-        v: ANNOUNCEMENT_VERSION,
-        delivery_id: DeliveryId::from_trusted(delivery.clone()),
-        endpoint_id: EndpointId::from_trusted(endpoint.clone()),
-        project_id: ProjectId::from_trusted("proj".into()),
-        reason: OutboxReason::Created,
-        outbox_id: 0,
-        commit_lsn: "0/0".into(),
-    };
-    for _ in 0..5 {
-        let payload = copy.encode();
-        producer
-            .send(
-                FutureRecord::to(&topic).key(&endpoint).payload(&payload),
-                Duration::from_secs(5),
-            )
-            .await
-            .expect("produce");
-    }
+    p.announce_by_hand(&delivery, &endpoint, 5).await;
     p.wait_status(&delivery, "SUCCEEDED", Duration::from_secs(30))
         .await;
     // Every duplicate hint was produced before the first arrived; a Claim that let one

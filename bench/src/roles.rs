@@ -33,6 +33,9 @@ pub struct Args {
     /// The workers' `RAILHOOK_KAFKA_FETCH_WAIT_MS` (unset: the default).
     #[arg(long)]
     fetch_wait_ms: Option<u64>,
+    /// The workers' `RAILHOOK_WORKER_DOZE_AFTER_MS` (unset: the default; 0: never doze).
+    #[arg(long)]
+    doze_after_ms: Option<u64>,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -94,6 +97,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(ms) = args.fetch_wait_ms {
         env.push(("RAILHOOK_KAFKA_FETCH_WAIT_MS".into(), ms.to_string()));
     }
+    if let Some(ms) = args.doze_after_ms {
+        env.push(("RAILHOOK_WORKER_DOZE_AFTER_MS".into(), ms.to_string()));
+    }
     let mut roles = Vec::new();
     for name in ["ingest", "relay", "worker"] {
         let child = Command::new(&args.railhook)
@@ -139,33 +145,64 @@ fn cpu_of(pids: &[u32]) -> f64 {
         .sum()
 }
 
-/// Every process's CPU while nothing is sent, as % of one core: what an idle Railhook costs
-/// itself and the services it talks to. The broker, Postgres and Redis are found by their
-/// process names (every one on the machine: run nothing else beside the bench).
-async fn idle(roles: &[(&'static str, u32)], window: Duration) {
-    let mut groups: Vec<(String, Vec<u32>)> = roles
+/// Every process the bench accounts for: the three roles, and the broker, Postgres and Redis
+/// found by their process names (every one on the machine: run nothing else beside the
+/// bench). Postgres' backends come and go, so they are looked up again at each reading.
+struct Groups {
+    roles: Vec<(String, Vec<u32>)>,
+}
+
+impl Groups {
+    fn new(roles: &[(&'static str, u32)]) -> Self {
+        Self {
+            roles: roles
+                .iter()
+                .map(|(name, pid)| ((*name).to_owned(), vec![*pid]))
+                .collect(),
+        }
+    }
+
+    /// (name, CPU seconds used so far) per group.
+    fn read(&self) -> Vec<(String, f64)> {
+        let mut groups = self.roles.clone();
+        groups.push((
+            "broker (tansu, nisshi)".into(),
+            processes_named(&["tansu", "nisshi"]),
+        ));
+        groups.push((
+            "Postgres (every backend)".into(),
+            processes_named(&["postgres"]),
+        ));
+        groups.push(("Redis".into(), processes_named(&["redis-server"])));
+        groups
+            .into_iter()
+            .map(|(name, pids)| (name, cpu_of(&pids)))
+            .collect()
+    }
+}
+
+/// CPU seconds each group used between two readings. A backend that ended in between took
+/// its seconds with it, so Postgres' figure is a lower bound.
+fn used(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
+    after
         .iter()
-        .map(|(name, pid)| ((*name).to_owned(), vec![*pid]))
-        .collect();
-    groups.push((
-        "broker (tansu, nisshi)".into(),
-        processes_named(&["tansu", "nisshi"]),
-    ));
-    groups.push((
-        "Postgres (every backend)".into(),
-        processes_named(&["postgres"]),
-    ));
-    groups.push(("Redis".into(), processes_named(&["redis-server"])));
-    let before: Vec<f64> = groups.iter().map(|(_, p)| cpu_of(p)).collect();
+        .zip(before)
+        .map(|((name, a), (_, b))| (name.clone(), (a - b).max(0.0)))
+        .collect()
+}
+
+/// Every process's CPU while nothing is sent, as % of one core: what an idle Railhook costs
+/// itself and the services it talks to.
+async fn idle(groups: &Groups, window: Duration) {
+    let before = groups.read();
     eprintln!("roles: idle for {} s", window.as_secs());
     tokio::time::sleep(window).await;
     println!(
         "## Idle for {} s after the warm-up: CPU as % of one core\n\n| process | % of a core |\n| --- | ---: |",
         window.as_secs()
     );
-    for ((name, pids), b) in groups.iter().zip(before) {
-        let used = cpu_of(pids) - b;
-        println!("| {name} | {:.1} % |", 100.0 * used / window.as_secs_f64());
+    for (name, cpu) in used(&before, &groups.read()) {
+        println!("| {name} | {:.1} % |", 100.0 * cpu / window.as_secs_f64());
     }
     println!();
 }
@@ -216,9 +253,11 @@ async fn measure(
     arrivals.lock().map(|mut a| a.clear()).ok();
 
     let pids: Vec<(&'static str, u32)> = roles.iter().map(|r| (r.name, r.child.id())).collect();
+    let groups = Groups::new(&pids);
     if args.idle_seconds > 0 {
-        idle(&pids, Duration::from_secs(args.idle_seconds)).await;
+        idle(&groups, Duration::from_secs(args.idle_seconds)).await;
     }
+    let all_before = groups.read();
     let before: HashMap<&str, (f64, f64)> = pids
         .iter()
         .filter_map(|(n, p)| crate::stats::process_usage(*p).map(|u| (*n, u)))
@@ -272,6 +311,7 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let window = started.elapsed().as_secs_f64();
+    let all_used = used(&all_before, &groups.read());
     sampling.abort();
     let after: HashMap<&str, (f64, f64)> = pids
         .iter()
@@ -321,5 +361,22 @@ async fn measure(
         }
     }
     println!("\n(window: {window:.1} s from the first POST to the last arrival)");
+    if delivered > 0 {
+        println!(
+            "\n## All-in CPU per delivered message (load window)\n\n| process | CPU s | ms per message |\n| --- | ---: | ---: |"
+        );
+        let mut total = 0.0;
+        for (name, cpu) in &all_used {
+            total += cpu;
+            println!(
+                "| {name} | {cpu:.1} | {:.2} |",
+                1000.0 * cpu / delivered as f64
+            );
+        }
+        println!(
+            "| **all** | {total:.1} | **{:.2}** |",
+            1000.0 * total / delivered as f64
+        );
+    }
     Ok(())
 }

@@ -175,6 +175,10 @@ pub struct Settings {
     /// had messages waiting and an unmoving committed offset for this long (0: never). The
     /// guard against a broker that keeps a dead member's partitions assigned (group_watch.rs).
     pub worker_stall_rejoin_seconds: u64,
+    /// A worker that has read nothing and heard no doorbell for this long pauses its
+    /// partitions until the doorbell rings (common/src/doorbell.rs); 0: never doze, always
+    /// fetch. At least 1,000 ms, so a ring always outlives the ringer's gap.
+    pub worker_doze_after_ms: u64,
     /// librdkafka's `max.poll.interval.ms` for the workers' consumer (at least the 10 s
     /// session timeout). The loop never waits on an Attempt, so only a wedged worker
     /// exceeds it.

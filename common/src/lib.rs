@@ -7,6 +7,7 @@
 pub mod announcement;
 pub mod config;
 pub mod db;
+pub mod doorbell;
 pub mod event_type;
 pub mod headers;
 pub mod health;

@@ -46,6 +46,7 @@ use futures::channel::oneshot::Canceled;
 use futures::stream::FuturesUnordered;
 use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
 use railhook_common::announcement::Announcement;
+use railhook_common::doorbell::Ringer;
 use railhook_common::health::{Backoff, Dependencies};
 use railhook_common::trace_context::{self, TraceParent};
 use rdkafka::error::KafkaError;
@@ -277,7 +278,16 @@ impl Relay {
             metrics: self.metrics.clone(),
         };
         let _prune = AbortOnDrop(tokio::spawn(pruner.run(confirmed)));
-        let mut s = Session::new(&self.config, producer, prune_up_to);
+        // The doorbell (common/src/doorbell.rs), on a connection of its own, opened at the
+        // first ring.
+        let ringer = Ringer::spawn(
+            self.config
+                .postgres
+                .sqlx_options()
+                .map_err(SlotError::from)?
+                .application_name("railhook-relay-doorbell"),
+        );
+        let mut s = Session::new(&self.config, producer, prune_up_to, ringer);
         let result = self
             .stream(&mut stream, &mut control, &mut s, stopping)
             .await;
@@ -470,6 +480,8 @@ impl Relay {
         match delivered {
             Ok(Ok(_)) => {
                 self.metrics.published.inc();
+                // Dozing workers pause their partitions; the ring makes them fetch this.
+                s.ringer.ring();
                 s.window.acked(seq, bytes);
                 self.confirm_ready(stream, s)
             }

@@ -206,6 +206,39 @@ impl Pipeline {
         }
     }
 
+    /// Produces `copies` Announcements of `delivery` straight to the deliveries topic, as
+    /// relay restarts or a hand-made hint would: no Outbox row, no doorbell.
+    pub async fn announce_by_hand(&self, delivery: &str, endpoint: &str, copies: usize) {
+        use railhook_common::announcement::{ANNOUNCEMENT_VERSION, Announcement};
+        use railhook_common::ids::{DeliveryId, EndpointId, ProjectId};
+        use railhook_common::status::OutboxReason;
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.settings.kafka_brokers)
+            .create()
+            .expect("producer");
+        let topic = railhook_common::kafka::deliveries_topic(&self.settings.topic_prefix);
+        let payload = Announcement {
+            v: ANNOUNCEMENT_VERSION,
+            delivery_id: DeliveryId::from_trusted(delivery.to_owned()),
+            endpoint_id: EndpointId::from_trusted(endpoint.to_owned()),
+            project_id: ProjectId::from_trusted("proj".into()),
+            reason: OutboxReason::Created,
+            outbox_id: 0,
+            commit_lsn: "0/0".into(),
+        }
+        .encode();
+        for _ in 0..copies {
+            producer
+                .send(
+                    FutureRecord::to(&topic).key(endpoint).payload(&payload),
+                    Duration::from_secs(5),
+                )
+                .await
+                .expect("produce");
+        }
+    }
+
     /// Stops the relay (the first task started); workers keep running.
     pub async fn stop_relay(&mut self) {
         if !self.stops.is_empty() {

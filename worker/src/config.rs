@@ -37,6 +37,9 @@ pub struct WorkerConfig {
     pub stranded_after: Duration,
     /// See [`crate::group_watch`]; `None` turns the guard off.
     pub stall_rejoin_after: Option<Duration>,
+    /// How long a worker that read nothing and heard no doorbell stays awake before it
+    /// pauses its partitions (`RAILHOOK_WORKER_DOZE_AFTER_MS`); `None`: never doze.
+    pub doze_after: Option<Duration>,
     pub allow_private_targets: String,
     pub message_timeout: Duration,
     pub redis: railhook_common::redis_client::RedisClient,
@@ -77,6 +80,8 @@ impl WorkerConfig {
             stranded_after: Duration::from_secs(s.stranded_after_seconds),
             stall_rejoin_after: (s.worker_stall_rejoin_seconds > 0)
                 .then(|| Duration::from_secs(s.worker_stall_rejoin_seconds)),
+            doze_after: (s.worker_doze_after_ms > 0)
+                .then(|| Duration::from_millis(s.worker_doze_after_ms)),
             allow_private_targets: s.allow_private_targets.clone(),
             message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
             redis: s.redis_client()?,

@@ -73,10 +73,14 @@ pub(crate) fn subscribe(
     Ok(consumer)
 }
 
-/// Stalled partitions, as the group watch saw them at `at`.
-pub(crate) struct Stalled {
+/// What the group watch saw at `at`.
+pub(crate) struct Seen {
     at: Instant,
-    partitions: Vec<(String, i32)>,
+    /// Partitions that stood still with messages waiting for the stall window.
+    stalled: Vec<(String, i32)>,
+    /// Partitions with messages past the group's committed offset: a dozing worker that
+    /// holds one of them missed a doorbell (worker.rs).
+    pub(crate) waiting: Vec<(String, i32)>,
 }
 
 /// Aborts the task when dropped, so the watch ends with `run`.
@@ -88,14 +92,20 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Reads the group's positions every few seconds (off the async threads: the probe blocks)
-/// and reports the partitions that stalled.
-pub(crate) async fn watch_group(probe: Probe, after: Duration, tx: mpsc::Sender<Stalled>) {
+/// Reads the group's positions about every `every` (off the async threads: the probe
+/// blocks) and reports the partitions that stalled (when `after` is set) and those with
+/// messages waiting.
+pub(crate) async fn watch_group(
+    probe: Probe,
+    after: Option<Duration>,
+    every: Duration,
+    tx: mpsc::Sender<Seen>,
+) {
     let probe = Arc::new(probe);
-    let mut stalls = Stalls::new(after);
-    // A few seconds, jittered, so the workers of a group do not look (and rejoin) in step.
-    let every = (after / 6).max(Duration::from_secs(1));
+    let new_stalls = || after.map(Stalls::new);
+    let mut stalls = new_stalls();
     loop {
+        // Jittered, so the workers of a group do not look (and rejoin) in step.
         let jitter = rand::random_range(0.75..1.25);
         tokio::time::sleep(every.mul_f64(jitter)).await;
         let p = probe.clone();
@@ -106,20 +116,46 @@ pub(crate) async fn watch_group(probe: Probe, after: Duration, tx: mpsc::Sender<
                 // The broker is away: what happened meanwhile is unknown, so every clock
                 // starts again (a restarted broker is not a stall).
                 tracing::debug!(error = %e, "group positions not read");
-                stalls = Stalls::new(after);
+                stalls = new_stalls();
                 continue;
             }
             Err(_) => return,
         };
-        let partitions = stalls.observe(Instant::now(), &positions);
-        if !partitions.is_empty() {
+        let stalled = match stalls.as_mut() {
+            Some(s) => s.observe(Instant::now(), &positions),
+            None => Vec::new(),
+        };
+        let waiting: Vec<(String, i32)> = positions
+            .into_iter()
+            .filter(|p| p.committed < p.end)
+            .map(|p| (p.topic, p.partition))
+            .collect();
+        if !stalled.is_empty() || !waiting.is_empty() {
             // A full channel means the last report is still unread: this one can wait.
-            let _ = tx.try_send(Stalled {
+            let _ = tx.try_send(Seen {
                 at: Instant::now(),
-                partitions,
+                stalled,
+                waiting,
             });
         }
     }
+}
+
+/// Whether one of `held` (topic, partition) has messages waiting in `report`: a fresh
+/// report only, like `orphaned`.
+pub(crate) fn waiting_on(consumer: &StreamConsumer<LagContext>, report: &Seen) -> bool {
+    if report.waiting.is_empty() || report.at.elapsed() > Duration::from_secs(5) {
+        return false;
+    }
+    let Ok(mine) = consumer.assignment() else {
+        return false;
+    };
+    mine.elements().iter().any(|e| {
+        report
+            .waiting
+            .iter()
+            .any(|(t, p)| t == e.topic() && *p == e.partition())
+    })
 }
 
 /// Whether `report` names a partition this member does not hold: then some other member
@@ -127,8 +163,8 @@ pub(crate) async fn watch_group(probe: Probe, after: Duration, tx: mpsc::Sender<
 /// every partition again. A stall of this member's own partitions is its own slowness (a
 /// full in-flight bound, Postgres away), which a rejoin would not cure. A report from before
 /// a long pause of this loop (Postgres away) is stale and ignored.
-pub(crate) fn orphaned(consumer: &StreamConsumer<LagContext>, report: Stalled) -> bool {
-    if report.at.elapsed() > Duration::from_secs(5) {
+pub(crate) fn orphaned(consumer: &StreamConsumer<LagContext>, report: &Seen) -> bool {
+    if report.stalled.is_empty() || report.at.elapsed() > Duration::from_secs(5) {
         return false;
     }
     let Ok(mine) = consumer.assignment() else {
@@ -140,7 +176,7 @@ pub(crate) fn orphaned(consumer: &StreamConsumer<LagContext>, report: Stalled) -
         .map(|e| (e.topic(), e.partition()))
         .collect();
     let orphans: Vec<String> = report
-        .partitions
+        .stalled
         .iter()
         .filter(|(t, p)| !held.contains(&(t.as_str(), *p)))
         .map(|(t, p)| format!("{t}/{p}"))
@@ -210,6 +246,9 @@ impl ConsumerContext for LagContext {
                     && let Err(e) = consumer.pause(&paused)
                 {
                     tracing::warn!(error = %e, "assigned partitions of a paused lane not paused");
+                }
+                if assigned.count() > 0 {
+                    self.pauses.assigned.notify_one();
                 }
                 "assign"
             }

@@ -29,7 +29,7 @@ use rdkafka::Message;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::BorrowedMessage;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use crate::metrics::WorkerMetrics;
@@ -63,13 +63,17 @@ pub(crate) struct Waiting {
 }
 
 /// Which lanes are paused, shared with the consumer's context so a rebalance keeps a paused
-/// lane paused on the partitions it assigns.
+/// lane paused on the partitions it assigns. A rebalance that assigns partitions also wakes
+/// a dozing worker (`assigned`): the partitions may come from a member that died with
+/// hints unread, and no doorbell rings for those.
 #[derive(Debug, Default)]
 pub(crate) struct Pauses {
     deliveries_topic: String,
     retries_topic: String,
     fresh: AtomicBool,
     retry: AtomicBool,
+    /// Notified by every rebalance that assigns partitions.
+    pub(crate) assigned: Notify,
 }
 
 impl Pauses {
@@ -107,6 +111,11 @@ pub(crate) struct Lane {
     /// All the lane's permits: holding them all means none of its Attempts is running.
     pub capacity: u32,
     waiting: VecDeque<Waiting>,
+    /// Paused because too many hints wait (`throttle`).
+    backlog: bool,
+    /// Paused because the worker dozes (`doze`, worker.rs).
+    dozing: bool,
+    /// What the consumer was last told: paused if either of the above.
     paused: bool,
     pauses: Arc<Pauses>,
 }
@@ -124,6 +133,8 @@ impl Lane {
             permits: Arc::new(Semaphore::new(permits)),
             capacity: u32::try_from(permits).unwrap_or(u32::MAX),
             waiting: VecDeque::new(),
+            backlog: false,
+            dozing: false,
             paused: false,
             pauses,
         }
@@ -183,13 +194,32 @@ impl Lane {
             .hints_waiting
             .with_label_values(&[self.name])
             .set(self.waiting.len() as i64);
-        let pause = if !self.paused && self.waiting.len() >= PAUSE_AT {
-            true
-        } else if self.paused && self.waiting.len() < RESUME_BELOW {
-            false
-        } else {
+        if !self.backlog && self.waiting.len() >= PAUSE_AT {
+            self.backlog = true;
+        } else if self.backlog && self.waiting.len() < RESUME_BELOW {
+            self.backlog = false;
+        }
+        self.apply(consumer);
+    }
+
+    /// Pauses the lane's topic while the worker dozes, resumes it (unless a backlog keeps
+    /// it paused) when it wakes.
+    pub(crate) fn doze<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
+        &mut self,
+        consumer: &C,
+        dozing: bool,
+    ) {
+        self.dozing = dozing;
+        self.apply(consumer);
+    }
+
+    /// Tells the consumer when the lane's pause changed: paused while a backlog waits or
+    /// the worker dozes.
+    fn apply<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(&mut self, consumer: &C) {
+        let pause = self.backlog || self.dozing;
+        if pause == self.paused {
             return;
-        };
+        }
         self.paused = pause;
         let flag = if self.name == "fresh" {
             &self.pauses.fresh
@@ -214,8 +244,10 @@ impl Lane {
         tracing::debug!(
             lane = self.name,
             pause,
+            backlog = self.backlog,
+            dozing = self.dozing,
             waiting = self.waiting.len(),
-            "lane throttled"
+            "lane paused or resumed"
         );
         if let Err(e) = result {
             tracing::warn!(error = %e, lane = self.name, pause, "lane's partitions not paused or resumed");

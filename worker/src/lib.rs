@@ -7,6 +7,7 @@ pub mod attempt;
 pub mod claim;
 mod config;
 mod consumer;
+mod doze;
 pub mod fence;
 pub mod group_watch;
 mod handoff;

@@ -26,6 +26,8 @@ pub const CONSUMER_LAG: &str = "railhook_worker_consumer_lag";
 pub const GROUP_REJOINS_TOTAL: &str = "railhook_worker_group_rejoins_total";
 pub const REBALANCES_TOTAL: &str = "railhook_worker_rebalances_total";
 pub const HINTS_WAITING: &str = "railhook_worker_hints_waiting";
+pub const DOZING: &str = "railhook_worker_dozing";
+pub const WAKES_TOTAL: &str = "railhook_worker_wakes_total";
 pub const ATTEMPT_DURATION_SECONDS: &str = "railhook_worker_attempt_duration_seconds";
 pub const INTERNAL_ERRORS_TOTAL: &str = "railhook_worker_internal_errors_total";
 pub const OLDEST_DUE_RETRY_AGE_SECONDS: &str = "railhook_worker_oldest_due_retry_age_seconds";
@@ -60,6 +62,11 @@ pub const LATENCY_BUCKETS: [f64; 16] = [
 pub const REBALANCE_KINDS: [&str; 3] = ["assign", "revoke", "error"];
 /// `lane` label values of [`HINTS_WAITING`] (see `lanes.rs`).
 pub const LANES: [&str; 2] = ["fresh", "retry"];
+
+/// `reason` label values of [`WAKES_TOTAL`] (see `doze.rs`): the doorbell rang, or a
+/// rebalance assigned partitions, or the group watch found messages waiting on a partition
+/// of a dozing worker (a missed ring: non-zero means the doorbell is not reaching it).
+pub const WAKE_REASONS: [&str; 3] = ["ring", "rebalance", "missed_ring"];
 
 /// `reason` label values of [`DEFERRALS_TOTAL`] (see `limits::Reason`).
 pub const DEFERRAL_REASONS: [&str; 5] = ["breaker", "throttled", "concurrency", "rate", "ordering"];
@@ -108,6 +115,10 @@ pub struct WorkerMetrics {
     /// Hints read from Kafka and not yet claimed, per `lane`: they wait for a free in-flight
     /// permit, and the lane's topic is paused while too many wait.
     pub hints_waiting: IntGaugeVec,
+    /// 1 while the worker dozes: its partitions are paused until the doorbell rings.
+    pub dozing: IntGauge,
+    /// Times a dozing worker woke, by `reason` (one of [`WAKE_REASONS`]).
+    pub wakes: IntCounterVec,
     /// Each Attempt's request time by `result` (one of [`ATTEMPT_RESULTS`]).
     pub attempt_duration: HistogramVec,
     /// Final states reached by this worker's writes: `succeeded` or `failed`.
@@ -282,6 +293,25 @@ impl WorkerMetrics {
                 )
                 .expect("valid metric"),
             ),
+            dozing: reg(
+                &r,
+                IntGauge::new(
+                    DOZING,
+                    "1 while this worker dozes (idle, its partitions paused until the doorbell rings).",
+                )
+                .expect("valid metric"),
+            ),
+            wakes: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        WAKES_TOTAL,
+                        "Times this dozing worker woke, by reason (missed_ring: the doorbell did not reach it).",
+                    ),
+                    &["reason"],
+                )
+                .expect("valid metric"),
+            ),
             attempt_duration: reg(
                 &r,
                 HistogramVec::new(
@@ -341,6 +371,9 @@ impl WorkerMetrics {
         }
         for state in ["scheduled", "due"] {
             m.retry_backlog.with_label_values(&[state]);
+        }
+        for reason in WAKE_REASONS {
+            m.wakes.with_label_values(&[reason]);
         }
         for reason in DEFERRAL_REASONS {
             m.deferrals.with_label_values(&[reason]);

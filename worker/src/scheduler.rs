@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
+use railhook_common::doorbell::Ringer;
 use railhook_common::ids::{DeliveryId, EndpointId};
 use railhook_common::kafka;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -34,6 +35,12 @@ pub(crate) async fn run_scheduler(
             return;
         }
     };
+    // Dozing workers hear about published RetryHints through the doorbell.
+    let ringer = Ringer::spawn(
+        (*shared.pool.connect_options())
+            .clone()
+            .application_name("railhook-scheduler-doorbell"),
+    );
     let mut tick = tokio::time::interval(config.scheduler_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -45,7 +52,7 @@ pub(crate) async fn run_scheduler(
         // A full round is followed at once by the next: a backlog of due retries drains at
         // the broker's pace, not one round per interval.
         loop {
-            match schedule_retries(&shared, &config, &producer).await {
+            match schedule_retries(&shared, &config, &producer, &ringer).await {
                 Round::Full if !*stop.borrow() => continue,
                 Round::Full => break,
                 Round::Partial => break,
@@ -100,6 +107,7 @@ pub(crate) async fn schedule_retries(
     shared: &Shared,
     config: &WorkerConfig,
     producer: &FutureProducer,
+    ringer: &Ringer,
 ) -> Round {
     let due = match claim::claim_due(&shared.pool, ROUND).await {
         Ok(d) => d,
@@ -146,6 +154,9 @@ pub(crate) async fn schedule_retries(
                 failed.push((hint.delivery_id.to_string(), hint.token));
             }
         }
+    }
+    if !published.is_empty() {
+        ringer.ring();
     }
     shared
         .metrics

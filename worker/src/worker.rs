@@ -12,7 +12,10 @@
 //!  sweeps task, every sweep_ms: PROCESSING too long → PENDING; PENDING unscheduled too long
 //!                 → retry path
 //!  group watch: a partition this worker does not hold stood still with messages waiting
-//!               for worker_stall_rejoin_seconds → leave and rejoin the group (group_watch.rs)
+//!               for worker_stall_rejoin_seconds → leave and rejoin the group (group_watch.rs);
+//!               a partition it holds has messages waiting while it dozes → wake
+//!  doze: nothing read and no doorbell for worker_doze_after_ms → pause both lanes until
+//!        the doorbell rings (doze.rs)
 //! ```
 //!
 //! The loop never waits on an Attempt or on the scheduler: it claims only what it has free
@@ -41,7 +44,8 @@ use uuid::Uuid;
 
 use crate::attempt::Runner;
 use crate::config::{WorkerConfig, WorkerError};
-use crate::consumer::{AbortOnDrop, orphaned, subscribe, watch_group};
+use crate::consumer::{AbortOnDrop, orphaned, subscribe, waiting_on, watch_group};
+use crate::doze::{self, Doze, WATCH_WHILE_DOZING};
 use crate::fence;
 use crate::group_watch::Probe;
 use crate::handoff::{drain, start};
@@ -161,20 +165,41 @@ pub async fn run(
         ))),
     ];
     let pauses = Arc::new(Pauses::new(&config.deliveries_topic, &config.retries_topic));
-    let (stalled_tx, mut stalled) = mpsc::channel(1);
-    let _watch = match config.stall_rejoin_after {
-        Some(after) => {
+    let (seen_tx, mut seen) = mpsc::channel(1);
+    // The group watch looks every few seconds: for stalls (a sixth of the stall window),
+    // and, while dozing is on, for a missed doorbell (WATCH_WHILE_DOZING).
+    let watch_every = [
+        config
+            .stall_rejoin_after
+            .map(|after| (after / 6).max(Duration::from_secs(1))),
+        config.doze_after.map(|_| WATCH_WHILE_DOZING),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    let _watch = match watch_every {
+        Some(every) => {
             let probe = Probe::new(
                 &config.kafka,
                 &config.group,
                 &[&config.deliveries_topic, &config.retries_topic],
             )?;
             Some(AbortOnDrop(tokio::spawn(watch_group(
-                probe, after, stalled_tx,
+                probe,
+                config.stall_rejoin_after,
+                every,
+                seen_tx,
             ))))
         }
         None => None,
     };
+    // The doorbell's listener, on a connection of its own (common/src/doorbell.rs).
+    let bell = config.doze_after.map(|_| {
+        let options = (*shared.pool.connect_options())
+            .clone()
+            .application_name("railhook-worker-doorbell");
+        railhook_common::doorbell::listen(options)
+    });
     // A new membership gets a full stall window to settle before it may rejoin again.
     let settle = config.stall_rejoin_after.unwrap_or_default();
     let mut rejoined: Option<Instant> = None;
@@ -196,6 +221,7 @@ pub async fn run(
             config.max_in_flight.div_ceil(2),
             pauses.clone(),
         );
+        let mut doze = Doze::new(config.doze_after, bell.clone(), shared.metrics.clone());
         // Whatever the consumer has ready, up to a batch.
         let mut hints = consumer.stream().ready_chunks(CLAIM_BATCH);
         loop {
@@ -218,6 +244,7 @@ pub async fn run(
             }
             let fresh_free = fresh.permits.clone();
             let retry_free = retry.permits.clone();
+            let doze_at = doze.due();
             tokio::select! {
                 _ = &mut shutdown => {
                     // The scheduler and the sweeps stop first (a round in progress ends), so
@@ -232,6 +259,7 @@ pub async fn run(
                 }
                 batch = hints.next() => {
                     let Some(batch) = batch else { return Ok(()) };
+                    doze.stir();
                     for m in batch {
                         match m {
                             Ok(m) if m.topic() == config.retries_topic => retry.push(&m, &shared.metrics),
@@ -243,9 +271,19 @@ pub async fn run(
                 // A permit came free: the next pass claims for the lane that waits on it.
                 _ = fresh_free.acquire(), if fresh.has_waiting() => {}
                 _ = retry_free.acquire(), if retry.has_waiting() => {}
-                Some(report) = stalled.recv() => {
+                () = doze::rung(doze.bell.as_mut()) => {
+                    doze.wake([&mut fresh, &mut retry], &consumer, "ring");
+                }
+                () = doze::until(doze_at) => doze.sleep([&mut fresh, &mut retry], &consumer),
+                () = pauses.assigned.notified() => {
+                    doze.wake([&mut fresh, &mut retry], &consumer, "rebalance");
+                }
+                Some(report) = seen.recv() => {
+                    if doze.is_dozing() && waiting_on(&consumer, &report) {
+                        doze.wake([&mut fresh, &mut retry], &consumer, "missed_ring");
+                    }
                     let settled = rejoined.is_none_or(|at| at.elapsed() >= settle);
-                    if settled && orphaned(&consumer, report) {
+                    if settled && orphaned(&consumer, &report) {
                         shared.metrics.group_rejoins.inc();
                         rejoined = Some(Instant::now());
                         break;

@@ -115,6 +115,13 @@ impl Settings {
                 "must be between 1 and 5000 (below the consumer's session timeout)",
             ));
         }
+        if self.worker_doze_after_ms != 0 && !(1_000..=600_000).contains(&self.worker_doze_after_ms)
+        {
+            return Err(invalid(
+                "worker_doze_after_ms",
+                "must be 0 (never doze) or between 1000 and 600000",
+            ));
+        }
         if self.relay_heartbeat_ms < 10 || self.relay_status_ms < 10 {
             return Err(invalid(
                 "relay_heartbeat_ms",

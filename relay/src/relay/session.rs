@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pgwire_replication::{Lsn, ReplicationClient};
+use railhook_common::doorbell::Ringer;
 use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 
@@ -27,6 +28,8 @@ pub(super) struct Session {
     pub(super) last_heartbeat_micros: Option<i64>,
     /// The newest confirmed commit, for the prune job.
     pub(super) prune_up_to: watch::Sender<Option<i64>>,
+    /// Rung after every acknowledged Announcement, so dozing workers fetch it.
+    pub(super) ringer: Ringer,
 }
 
 /// The transaction being read (between Begin and Commit).
@@ -41,6 +44,7 @@ impl Session {
         config: &RelayConfig,
         producer: FutureProducer,
         prune_up_to: watch::Sender<Option<i64>>,
+        ringer: Ringer,
     ) -> Self {
         Self {
             producer,
@@ -51,6 +55,7 @@ impl Session {
             last_confirmed_commit_micros: None,
             last_heartbeat_micros: None,
             prune_up_to,
+            ringer,
         }
     }
 

@@ -1,0 +1,171 @@
+//! Dozing workers and the doorbell (common/src/doorbell.rs, worker/src/doze.rs), against
+//! real Postgres, the broker and real HTTP: an idle worker pauses its partitions, the relay's
+//! and the scheduler's rings wake it, a hint nobody rang for is still found, and the
+//! doorbell's listener comes back after its connection is killed.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::time::Duration;
+
+use railhook_common::doorbell::{self, Ringer};
+use serde_json::json;
+use sqlx::postgres::PgConnectOptions;
+use support::pipeline::Pipeline;
+use support::receiver::{Behaviour, Receiver};
+use support::{eventually, spawn_app};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn wakes(p: &Pipeline, reason: &str) -> u64 {
+    p.worker_metrics.wakes.with_label_values(&[reason]).get()
+}
+
+async fn wait_dozing(p: &Pipeline) {
+    eventually("the worker dozes", WAIT, || async {
+        (p.worker_metrics.dozing.get() == 1).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_dozes_and_the_relays_ring_wakes_it_for_the_next_event() {
+    let p = Pipeline::start(|s| s.worker_doze_after_ms = 1_000).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    wait_dozing(&p).await;
+    let (_, delivery) = p.send(json!({"n": 1})).await;
+    p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    assert!(wakes(&p, "ring") >= 1, "the relay's ring woke the worker");
+    assert_eq!(wakes(&p, "missed_ring"), 0, "no hint waited unannounced");
+    // It dozes again once idle, and the next Event wakes it again.
+    wait_dozing(&p).await;
+    let before = wakes(&p, "ring");
+    let (_, second) = p.send(json!({"n": 2})).await;
+    p.wait_status(&second, "SUCCEEDED", WAIT).await;
+    assert!(wakes(&p, "ring") > before);
+    assert_eq!(wakes(&p, "missed_ring"), 0);
+    assert_eq!(receiver.count(), 2);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_due_while_the_worker_dozes_is_rung_in_by_the_scheduler() {
+    // The retry waits 3 s, three times the doze threshold: the worker is dozing when the
+    // scheduler publishes the RetryHint.
+    let p = Pipeline::start(|s| {
+        s.worker_doze_after_ms = 1_000;
+        s.retry_outgoing_delays = "3".into();
+    })
+    .await;
+    let receiver = Receiver::start(vec![Behaviour::Status(503)], Behaviour::Status(200)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    let (_, delivery) = p.send(json!({})).await;
+    eventually("the first attempt", WAIT, || async {
+        (receiver.count() == 1).then_some(())
+    })
+    .await;
+    wait_dozing(&p).await;
+    let rings = wakes(&p, "ring");
+    p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    assert!(
+        wakes(&p, "ring") > rings,
+        "the scheduler's ring woke the worker"
+    );
+    assert_eq!(wakes(&p, "missed_ring"), 0);
+    assert_eq!(receiver.count(), 2);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hint_no_doorbell_announced_is_found_by_the_group_watch() {
+    let mut p = Pipeline::start(|s| s.worker_doze_after_ms = 1_000).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    let (endpoint, _) = p.endpoint(&receiver.url, 5_000).await;
+    // Without the relay nothing rings: the Delivery is PENDING and only the hint produced
+    // here, behind the doorbell's back, names it.
+    p.stop_relay().await;
+    let (_, delivery) = p.send(json!({})).await;
+    wait_dozing(&p).await;
+    p.announce_by_hand(&delivery, &endpoint, 1).await;
+    p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    assert!(
+        wakes(&p, "missed_ring") >= 1,
+        "the group watch found the hint waiting"
+    );
+    p.stop().await;
+}
+
+fn options(database_url: &str) -> PgConnectOptions {
+    database_url.parse().expect("database url")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rings_in_a_burst_become_at_most_two_notifies_and_each_is_heard() {
+    let app = spawn_app().await;
+    let mut heard = doorbell::listen(options(&app.database_url));
+    eventually("the listener is up", WAIT, || async {
+        heard.borrow().listening.then_some(())
+    })
+    .await;
+    let start = heard.borrow_and_update().rings;
+    let ringer = Ringer::spawn(options(&app.database_url));
+    for _ in 0..1_000 {
+        ringer.ring();
+    }
+    eventually("the first ring is heard", WAIT, || async {
+        (heard.borrow().rings > start).then_some(())
+    })
+    .await;
+    // The rest of the burst is folded into at most one more NOTIFY, after the gap.
+    tokio::time::sleep(doorbell::GAP * 5).await;
+    let burst = heard.borrow().rings - start;
+    assert!(
+        (1..=2).contains(&burst),
+        "1,000 rings made {burst} notifies"
+    );
+    // A ring after the gap is heard on its own.
+    ringer.ring();
+    eventually("a later ring is heard", WAIT, || async {
+        (heard.borrow().rings > start + burst).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_whose_connection_is_killed_says_so_and_listens_again() {
+    let app = spawn_app().await;
+    let listener_options = options(&app.database_url).application_name("doze-test-listener");
+    let mut heard = doorbell::listen(listener_options);
+    eventually("the listener is up", WAIT, || async {
+        heard.borrow().listening.then_some(())
+    })
+    .await;
+    let before = heard.borrow_and_update().rings;
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'doze-test-listener'",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("terminate");
+    assert_eq!(killed, vec![true]);
+    // The loss counts as a ring and so does the new LISTEN (either may have hidden a
+    // real ring): two more than before, and listening again.
+    eventually(
+        "the listener reports the loss and listens again",
+        WAIT,
+        || async {
+            let h = *heard.borrow();
+            (h.listening && h.rings >= before + 2).then_some(())
+        },
+    )
+    .await;
+    let before = heard.borrow().rings;
+    Ringer::spawn(options(&app.database_url)).ring();
+    eventually("a ring after the reconnect is heard", WAIT, || async {
+        (heard.borrow().rings > before).then_some(())
+    })
+    .await;
+}
