@@ -394,3 +394,48 @@ async fn the_oldest_waiting_ages_follow_the_rows() {
         (0, 0)
     );
 }
+
+/// A hint can reach the worker before its row is visible: Postgres puts the commit record in
+/// the WAL (which the relay decodes and publishes) before the transaction shows in other
+/// snapshots. Here the row's transaction stays open while its hint is consumed, then
+/// commits: the worker must look again rather than take the hint for a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hint_that_arrives_before_its_row_is_visible_is_claimed_once_it_is() {
+    let p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    let (endpoint, _) = p.endpoint(&receiver.url, 5_000).await;
+    let (_, first) = p.send(json!({})).await;
+    p.wait_status(&first, "SUCCEEDED", Duration::from_secs(30))
+        .await;
+    // A second Delivery of the same Event, inserted in a transaction that is still open
+    // when its hint is consumed.
+    let early = format!("dlv_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let mut tx = p.app.pool.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id) \
+         SELECT $1, project_id, event_id, endpoint_id, subscription_id FROM deliveries WHERE id = $2",
+    )
+    .bind(&early)
+    .bind(&first)
+    .execute(&mut *tx)
+    .await
+    .expect("insert");
+    let misses = p.worker_metrics.claim_misses.get();
+    p.announce_by_hand(&early, &endpoint, 1).await;
+    support::eventually(
+        "the worker looked and did not see the row",
+        Duration::from_secs(30),
+        || async { (p.worker_metrics.early_hints.get() > 0).then_some(()) },
+    )
+    .await;
+    tx.commit().await.expect("commit");
+    p.wait_status(&early, "SUCCEEDED", Duration::from_secs(30))
+        .await;
+    assert_eq!(receiver.count(), 2);
+    assert_eq!(
+        p.worker_metrics.claim_misses.get(),
+        misses,
+        "the early hint was not counted as a duplicate"
+    );
+    p.stop().await;
+}

@@ -9,6 +9,7 @@ mod idle_consumer;
 mod ingest;
 mod isolation;
 mod memory;
+mod ordered;
 mod relay;
 mod retention;
 mod roles;
@@ -49,12 +50,16 @@ enum Bench {
     /// The broker's CPU for an idle consumer, with the given client properties: finds by
     /// elimination what an idle worker asks of the broker.
     IdleConsumer(idle_consumer::Args),
+    /// Ordered deliveries/s on one endpoint against an unordered one in the same run, and
+    /// whether they arrived in Sequence Number order.
+    Ordered(ordered::Args),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
         Bench::Ingest(args) => ingest::run(args).await,
+        Bench::Ordered(args) => ordered::run(args).await,
         Bench::Relay(args) => relay::run(args).await,
         Bench::RelayMemory(args) => memory::run(args).await,
         Bench::E2e(args) => e2e::run(args).await,

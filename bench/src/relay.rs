@@ -26,7 +26,6 @@ use railhook_common::ids::{DeliveryId, EndpointId, ProjectId};
 use railhook_relay::{Faults, RelayConfig, RelayMetrics};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
@@ -172,7 +171,7 @@ fn announcement(n: i64) -> Announcement {
 async fn baseline_producer(
     config: &RelayConfig,
     suffix: &str,
-) -> anyhow::Result<(String, rdkafka::producer::FutureProducer)> {
+) -> anyhow::Result<(String, railhook_common::kafka_producer::Producer)> {
     let topic = format!("{}-{suffix}", config.topic);
     railhook_common::kafka::ensure_topic(&config.kafka, &topic, config.partitions, 1).await?;
     let producer = railhook_common::kafka::producer(
@@ -187,7 +186,7 @@ async fn baseline_producer(
 async fn bare_producer(config: &RelayConfig, rows: i64) -> anyhow::Result<Duration> {
     let (topic, producer) = baseline_producer(config, "bare").await?;
     let started = Instant::now();
-    let mut acks: FuturesUnordered<rdkafka::producer::DeliveryFuture> = FuturesUnordered::new();
+    let mut acks: FuturesUnordered<railhook_common::kafka_producer::Ack> = FuturesUnordered::new();
     for n in 0..rows {
         while acks.len() >= config.max_in_flight {
             let ack = acks.next().await.context("ack")?;
@@ -196,8 +195,7 @@ async fn bare_producer(config: &RelayConfig, rows: i64) -> anyhow::Result<Durati
         }
         let a = announcement(n);
         let payload = a.encode();
-        let record = FutureRecord::to(&topic).key(a.key()).payload(&payload);
-        acks.push(producer.send_result(record).map_err(|(e, _)| e)?);
+        acks.push(producer.send(&topic, a.key(), &payload, None)?);
     }
     while let Some(ack) = acks.next().await {
         ack.map_err(|_| anyhow::anyhow!("canceled"))?
@@ -221,9 +219,9 @@ async fn bare_producer_latency(
         tokio::time::sleep_until((started + period * n as u32).into()).await;
         let a = announcement(n);
         let payload = a.encode();
-        let record = FutureRecord::to(&topic).key(a.key()).payload(&payload);
+
         let sent = Instant::now();
-        let delivery = producer.send_result(record).map_err(|(e, _)| e)?;
+        let delivery = producer.send(&topic, a.key(), &payload, None)?;
         acks.push(async move {
             match delivery.await {
                 Ok(Ok(_)) => Ok(sent.elapsed()),

@@ -30,12 +30,20 @@ pub struct Args {
     /// is measured: the three roles, the broker, Postgres and Redis. 0 skips it.
     #[arg(long, default_value_t = 10)]
     idle_seconds: u64,
+    /// Seconds waited after the warm-up before the idle window opens, so a worker that
+    /// dozes after `WORKER_DOZE_AFTER_MS` (2 s) is measured dozing, not on its way there.
+    #[arg(long, default_value_t = 5)]
+    idle_settle_seconds: u64,
     /// The workers' `RAILHOOK_KAFKA_FETCH_WAIT_MS` (unset: the default).
     #[arg(long)]
     fetch_wait_ms: Option<u64>,
     /// The workers' `RAILHOOK_WORKER_DOZE_AFTER_MS` (unset: the default; 0: never doze).
     #[arg(long)]
     doze_after_ms: Option<u64>,
+    /// Write each role's log (stdout, at `RUST_LOG`, default warn) to `<dir>/<role>.log`
+    /// instead of discarding it.
+    #[arg(long)]
+    logs: Option<PathBuf>,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -47,6 +55,8 @@ fn free_port() -> anyhow::Result<u16> {
 struct Role {
     name: &'static str,
     child: Child,
+    /// Its `RAILHOOK_METRICS_ADDR`.
+    metrics: String,
 }
 
 impl Drop for Role {
@@ -91,7 +101,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ),
         ("RAILHOOK_HTTP_ADDR".into(), http_addr.clone()),
         ("RAILHOOK_WORKER_MAX_IN_FLIGHT".into(), "256".into()),
-        ("RUST_LOG".into(), "warn".into()),
+        (
+            "RUST_LOG".into(),
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        ),
     ];
     let mut env = env;
     if let Some(ms) = args.fetch_wait_ms {
@@ -102,18 +115,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut roles = Vec::new();
     for name in ["ingest", "relay", "worker"] {
+        let metrics = format!("127.0.0.1:{}", free_port()?);
         let child = Command::new(&args.railhook)
             .arg(name)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env(
-                "RAILHOOK_METRICS_ADDR",
-                format!("127.0.0.1:{}", free_port()?),
-            )
-            .stdout(Stdio::null())
+            .env("RAILHOOK_METRICS_ADDR", &metrics)
+            .stdout(match &args.logs {
+                Some(dir) => Stdio::from(std::fs::File::create(dir.join(format!("{name}.log")))?),
+                None => Stdio::null(),
+            })
             .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("{} (cargo build --release)", args.railhook.display()))?;
-        roles.push(Role { name, child });
+        roles.push(Role {
+            name,
+            child,
+            metrics,
+        });
     }
     let result = measure(&args, &api, &hook, &arrivals, &roles).await;
     drop(roles);
@@ -193,19 +211,31 @@ fn used(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)>
 
 /// Every process's CPU while nothing is sent, as % of one core: what an idle Railhook costs
 /// itself and the services it talks to.
-async fn idle(groups: &Groups, window: Duration) {
+async fn idle(groups: &Groups, settle: Duration, window: Duration) {
     let before = groups.read();
     eprintln!("roles: idle for {} s", window.as_secs());
     tokio::time::sleep(window).await;
     println!(
-        "## Idle for {} s after the warm-up: CPU as % of one core\n\n| process | % of a core |\n| --- | ---: |",
-        window.as_secs()
+        "## Idle for {} s, from {} s after the warm-up: CPU as % of one core\n\n| process | % of a core |\n| --- | ---: |",
+        window.as_secs(),
+        settle.as_secs()
     );
     for (name, cpu) in used(&before, &groups.read()) {
         println!("| {name} | {:.1} % |", 100.0 * cpu / window.as_secs_f64());
     }
     println!();
 }
+
+/// Counters printed after the load.
+const COUNTERS: [&str; 7] = [
+    "railhook_worker_bad_hints_total",
+    "railhook_relay_published_total",
+    "railhook_relay_sessions_total",
+    "railhook_worker_attempts_total{outcome=\"succeeded\"}",
+    "railhook_worker_claim_misses_total",
+    "railhook_worker_wakes_total",
+    "railhook_worker_rebalances_total",
+];
 
 async fn measure(
     args: &Args,
@@ -255,7 +285,13 @@ async fn measure(
     let pids: Vec<(&'static str, u32)> = roles.iter().map(|r| (r.name, r.child.id())).collect();
     let groups = Groups::new(&pids);
     if args.idle_seconds > 0 {
-        idle(&groups, Duration::from_secs(args.idle_seconds)).await;
+        tokio::time::sleep(Duration::from_secs(args.idle_settle_seconds)).await;
+        idle(
+            &groups,
+            Duration::from_secs(args.idle_settle_seconds),
+            Duration::from_secs(args.idle_seconds),
+        )
+        .await;
     }
     let all_before = groups.read();
     let before: HashMap<&str, (f64, f64)> = pids
@@ -348,7 +384,10 @@ async fn measure(
         "\n| role | CPU s during the load | % of one core | RSS at start MiB | RSS peak MiB |"
     );
     println!("| --- | ---: | ---: | ---: | ---: |");
-    let peaks = peaks.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+    let peaks = peaks
+        .lock()
+        .map_err(|_| anyhow::anyhow!("lock"))?
+        .clone();
     for (name, _) in &pids {
         if let (Some(b), Some(a)) = (before.get(name), after.get(name)) {
             let cpu = a.0 - b.0;
@@ -361,6 +400,27 @@ async fn measure(
         }
     }
     println!("\n(window: {window:.1} s from the first POST to the last arrival)");
+    // Where the messages went, from the roles' own counters: a shortfall above shows here
+    // as published < accepted, or hints read but not claimed.
+    let mut counters = Vec::new();
+    for role in roles {
+        let Ok(r) = http
+            .get(format!("http://{}/metrics", role.metrics))
+            .send()
+            .await
+        else {
+            continue;
+        };
+        let text = r.text().await.unwrap_or_default();
+        counters.extend(
+            text.lines()
+                .filter(|l| COUNTERS.iter().any(|c| l.starts_with(c)))
+                .map(str::to_owned),
+        );
+    }
+    if !counters.is_empty() {
+        println!("\n```\n{}\n```", counters.join("\n"));
+    }
     if delivered > 0 {
         println!(
             "\n## All-in CPU per delivered message (load window)\n\n| process | CPU s | ms per message |\n| --- | ---: | ---: |"

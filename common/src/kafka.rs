@@ -16,7 +16,6 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::FutureProducer;
 
 /// Properties an operator's file may not set, each with the setting to use instead or the
 /// guarantee it protects.
@@ -397,9 +396,9 @@ pub fn producer(
     kafka: &KafkaConnection,
     message_timeout: Duration,
     queue_messages: usize,
-) -> Result<FutureProducer, KafkaError> {
-    kafka
-        .client_config()
+) -> Result<crate::kafka_producer::Producer, KafkaError> {
+    let mut config = kafka.client_config();
+    config
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "1")
@@ -414,8 +413,8 @@ pub fn producer(
             "queue.buffering.max.messages",
             (queue_messages * 4 + 10_000).to_string(),
         )
-        .set("reconnect.backoff.max.ms", "1000")
-        .create()
+        .set("reconnect.backoff.max.ms", "1000");
+    crate::kafka_producer::Producer::create(&config)
 }
 
 /// Creates the topic with `partitions` if it does not exist yet.

@@ -14,6 +14,7 @@ pub mod health;
 pub mod http_server;
 pub mod ids;
 pub mod kafka;
+pub mod kafka_producer;
 pub mod metrics_http;
 pub mod postgres_url;
 pub mod redis_client;

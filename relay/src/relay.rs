@@ -48,11 +48,11 @@ use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent}
 use railhook_common::announcement::Announcement;
 use railhook_common::doorbell::Ringer;
 use railhook_common::health::{Backoff, Dependencies};
+use railhook_common::kafka_producer::Producer;
 use railhook_common::trace_context::{self, TraceParent};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgConnection;
 use tokio::sync::watch;
 
@@ -429,7 +429,7 @@ impl Relay {
     /// rides along as the message's `traceparent` header (common/src/trace_context.rs).
     fn produce(
         &self,
-        producer: &FutureProducer,
+        producer: &Producer,
         announcement: &Announcement,
         trace: Option<TraceParent>,
         seq: u64,
@@ -451,18 +451,15 @@ impl Relay {
         };
         let _entered = span.enter();
         let header = trace.map(|parent| trace_context::handed_on(&span, Some(&parent)).to_string());
-        let mut record = FutureRecord::to(&self.config.topic)
-            .key(announcement.key())
-            .payload(&payload);
-        if let Some(value) = &header {
-            record = record.headers(OwnedHeaders::new().insert(Header {
+        let headers = header.as_ref().map(|value| {
+            OwnedHeaders::new().insert(Header {
                 key: "traceparent",
                 value: Some(value.as_str()),
-            }));
-        }
-        match producer.send_result(record) {
+            })
+        });
+        match producer.send(&self.config.topic, announcement.key(), &payload, headers) {
             Ok(delivery) => Ok((Box::pin(async move { (seq, bytes, delivery.await) }), bytes)),
-            Err((e, _)) => {
+            Err(e) => {
                 self.metrics.publish_errors.inc();
                 Err(RelayError::Publish(e))
             }

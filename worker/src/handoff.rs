@@ -68,6 +68,42 @@ where
     }
 }
 
+/// How many times a hint ahead of its row is looked at again, waiting 5 ms, then twice as
+/// long each time: about 1.3 s in all.
+const VISIBILITY_TRIES: u32 = 8;
+
+/// Claims the missed hints whose rows this worker cannot see yet, as they become visible
+/// (`claim::invisible` says why that happens). A hint whose row exists and did not match is
+/// a real duplicate and is left alone at once; one whose row never shows up (its partition
+/// retired, say) is given up after `VISIBILITY_TRIES`. The loop waits meanwhile: the hint's
+/// offset must not be stored before its Claim, and the wait is rare and short.
+async fn claim_when_visible(
+    shared: &Shared,
+    mut missed: Vec<String>,
+) -> Vec<(claim::Claimed, claim::Target)> {
+    let mut won = Vec::new();
+    let mut wait = Duration::from_millis(5);
+    for _ in 0..VISIBILITY_TRIES {
+        missed = until_ok("visibility", || claim::invisible(&shared.pool, &missed)).await;
+        if missed.is_empty() {
+            break;
+        }
+        shared.metrics.early_hints.inc_by(missed.len() as u64);
+        tokio::time::sleep(wait).await;
+        wait *= 2;
+        let got = until_ok("claim", || claim::claim_batch(&shared.pool, &missed)).await;
+        missed.retain(|id| !got.iter().any(|(c, _)| &c.id == id));
+        won.extend(got);
+    }
+    if !missed.is_empty() {
+        tracing::warn!(
+            hints = missed.len(),
+            "hints for deliveries that never became visible; the stranded sweep has them if they ever do"
+        );
+    }
+    won
+}
+
 /// Claims (fresh lane) or swaps (retry lane) what a lane took, in one statement, and starts
 /// an Attempt task for each won Claim with one of the permits taken for it. Returns once the
 /// statement committed (or matched nothing): only then are the hints' offsets stored.
@@ -100,7 +136,16 @@ pub(crate) async fn start(
                 _ => None,
             })
             .collect();
-        until_ok("claim", || claim::claim_batch(&shared.pool, &ids)).await
+        let mut won = until_ok("claim", || claim::claim_batch(&shared.pool, &ids)).await;
+        if won.len() < ids.len() {
+            let missed: Vec<String> = ids
+                .iter()
+                .filter(|id| !won.iter().any(|(c, _)| &c.id == *id))
+                .cloned()
+                .collect();
+            won.extend(claim_when_visible(shared, missed).await);
+        }
+        won
     };
     let misses = asks.len().saturating_sub(won.len());
     shared.metrics.claim_misses.inc_by(misses as u64);

@@ -7,6 +7,7 @@ use prometheus::{
 
 pub const ATTEMPTS_TOTAL: &str = "railhook_worker_attempts_total";
 pub const CLAIM_MISSES_TOTAL: &str = "railhook_worker_claim_misses_total";
+pub const EARLY_HINTS_TOTAL: &str = "railhook_worker_early_hints_total";
 pub const FENCE_REJECTIONS_TOTAL: &str = "railhook_worker_fence_rejections_total";
 pub const ENDPOINTS_DISABLED_TOTAL: &str = "railhook_worker_endpoints_disabled_total";
 pub const RETRIES_SCHEDULED_TOTAL: &str = "railhook_worker_retries_published_total";
@@ -81,6 +82,8 @@ pub struct WorkerMetrics {
     pub registry: Registry,
     pub attempts: IntCounterVec,
     pub claim_misses: IntCounter,
+    /// Looks again at hints whose rows were not visible yet (claim.rs, `invisible`).
+    pub early_hints: IntCounter,
     pub fence_rejections: IntCounter,
     pub endpoints_disabled: IntCounter,
     pub retries_published: IntCounter,
@@ -146,6 +149,10 @@ impl WorkerMetrics {
                     &["outcome"],
                 )
                 .expect("valid metric"),
+            ),
+            early_hints: counter(
+                EARLY_HINTS_TOTAL,
+                "Second looks at hints that arrived before their Delivery's row was visible (the commit was in the WAL, not yet in snapshots).",
             ),
             claim_misses: counter(
                 CLAIM_MISSES_TOTAL,

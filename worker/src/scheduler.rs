@@ -8,7 +8,7 @@ use futures::future::join_all;
 use railhook_common::doorbell::Ringer;
 use railhook_common::ids::{DeliveryId, EndpointId};
 use railhook_common::kafka;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use railhook_common::kafka_producer::Producer;
 use tokio::sync::watch;
 use uuid::Uuid;
 
@@ -106,7 +106,7 @@ pub(crate) enum Round {
 pub(crate) async fn schedule_retries(
     shared: &Shared,
     config: &WorkerConfig,
-    producer: &FutureProducer,
+    producer: &Producer,
     ringer: &Ringer,
 ) -> Round {
     let due = match claim::claim_due(&shared.pool, ROUND).await {
@@ -127,10 +127,12 @@ pub(crate) async fn schedule_retries(
         .collect();
     let sends = hints.iter().map(|hint| {
         let payload = hint.encode();
-        let record = FutureRecord::to(&config.retries_topic)
-            .key(hint.endpoint_id.as_str())
-            .payload(&payload);
-        let queued = producer.send_result(record).map_err(|(e, _)| e);
+        let queued = producer.send(
+            &config.retries_topic,
+            hint.endpoint_id.as_str(),
+            &payload,
+            None,
+        );
         async move {
             match queued {
                 Ok(ack) => match ack.await {

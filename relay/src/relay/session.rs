@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use pgwire_replication::{Lsn, ReplicationClient};
 use railhook_common::doorbell::Ringer;
-use rdkafka::producer::FutureProducer;
+use railhook_common::kafka_producer::Producer;
 use tokio::sync::watch;
 
 use crate::config::RelayConfig;
@@ -19,7 +19,7 @@ const PG_EPOCH_OFFSET_SECS: i64 = 946_684_800;
 
 /// What one session knows; dropped with it.
 pub(super) struct Session {
-    pub(super) producer: FutureProducer,
+    pub(super) producer: Producer,
     pub(super) window: Window,
     pub(super) relations: HashMap<u32, Relation>,
     pub(super) current: Option<Current>,
@@ -42,7 +42,7 @@ pub(super) struct Current {
 impl Session {
     pub(super) fn new(
         config: &RelayConfig,
-        producer: FutureProducer,
+        producer: Producer,
         prune_up_to: watch::Sender<Option<i64>>,
         ringer: Ringer,
     ) -> Self {

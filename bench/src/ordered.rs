@@ -1,0 +1,200 @@
+//! Ordered deliveries per endpoint (issue #21 item 5): `--events` Events to one endpoint
+//! with an ordered subscription, POSTed in batches as fast as they are accepted; deliveries/s
+//! from the first POST to the last arrival, and whether they arrived in Sequence Number
+//! order. The baseline, in the same run and stack: the same number of Events to a second
+//! endpoint whose subscription is not ordered.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use axum::Router;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use serde_json::{Value, json};
+
+use crate::e2e::stack_with;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Events per endpoint.
+    #[arg(long, default_value_t = 3_000)]
+    events: u64,
+    /// Give up waiting for the arrivals after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    limit_seconds: u64,
+}
+
+/// (Sequence Number or 0, arrival) per request, in arrival order.
+type Log = Arc<Mutex<Vec<(i64, Instant)>>>;
+
+async fn receiver(log: Log) -> anyhow::Result<String> {
+    let app = Router::new().route(
+        "/hook",
+        post(move |headers: HeaderMap| {
+            let log = log.clone();
+            async move {
+                let number = headers
+                    .get("x-sequence-number")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(0);
+                if let Ok(mut l) = log.lock() {
+                    l.push((number, Instant::now()));
+                }
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/hook", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(url)
+}
+
+/// One line's result: arrivals, deliveries/s from the first POST, and whether the
+/// Sequence Numbers arrived strictly increasing.
+struct Line {
+    got: usize,
+    per_second: f64,
+    in_order: bool,
+}
+
+/// POSTs `events` Events of `event_type` in batches of 500, then waits for `events`
+/// arrivals in `log`.
+async fn run_line(
+    http: &reqwest::Client,
+    api: &str,
+    key: &str,
+    event_type: &str,
+    events: u64,
+    log: &Log,
+    limit: Duration,
+) -> anyhow::Result<Line> {
+    let started = Instant::now();
+    let mut seq = 0;
+    while seq < events {
+        let n = 500.min(events - seq);
+        let batch: Vec<Value> = (seq..seq + n)
+            .map(|i| json!({"type": event_type, "payload": {"seq": i}}))
+            .collect();
+        let r = http
+            .post(format!("{api}/v1/events/batch"))
+            .bearer_auth(key)
+            .json(&json!({"events": batch}))
+            .send()
+            .await?;
+        if r.status().as_u16() != 201 {
+            bail!("batch refused: {}", r.status());
+        }
+        seq += n;
+    }
+    let count = || log.lock().map(|l| l.len()).unwrap_or(0);
+    while count() < events as usize && started.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let l = log.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+    let last = l.last().map(|(_, at)| *at).unwrap_or_else(Instant::now);
+    Ok(Line {
+        got: l.len(),
+        per_second: l.len() as f64 / last.duration_since(started).as_secs_f64(),
+        in_order: l.windows(2).all(|w| w[0].0 < w[1].0),
+    })
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let (ordered_log, plain_log): (Log, Log) = (Arc::default(), Arc::default());
+    let ordered_url = receiver(ordered_log.clone()).await?;
+    let plain_url = receiver(plain_log.clone()).await?;
+    // No endpoints from the stack: each gets its own subscription below.
+    let st = stack_with(&[]).await?;
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        http.post(format!("{}{path}", st.api))
+            .bearer_auth(&st.key)
+            .json(&body)
+            .send()
+    };
+    for (url, pattern, ordered) in [
+        (&ordered_url, "ordered.*", true),
+        (&plain_url, "plain.*", false),
+    ] {
+        let endpoint: Value = post("/v1/endpoints", json!({"url": url}))
+            .await?
+            .json()
+            .await?;
+        let id = endpoint["id"].as_str().context("endpoint id")?;
+        let r = post(
+            "/v1/subscriptions",
+            json!({"endpoint_id": id, "event_types": [pattern], "ordered": ordered}),
+        )
+        .await?;
+        if r.status().as_u16() != 201 {
+            bail!("subscription refused: {}", r.status());
+        }
+    }
+    // Warm-up through the whole path, on both lines.
+    for (t, log) in [
+        ("ordered.warmup", &ordered_log),
+        ("plain.warmup", &plain_log),
+    ] {
+        post("/v1/events", json!({"type": t, "payload": {}})).await?;
+        let warm = Instant::now() + Duration::from_secs(60);
+        while log.lock().map(|l| l.is_empty()).unwrap_or(true) {
+            if Instant::now() > warm {
+                bail!("the warm-up event never arrived");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        log.lock().map(|mut l| l.clear()).ok();
+    }
+    let limit = Duration::from_secs(args.limit_seconds);
+    eprintln!("ordered: {} events to the unordered endpoint", args.events);
+    let plain = run_line(
+        &http,
+        &st.api,
+        &st.key,
+        "plain.event",
+        args.events,
+        &plain_log,
+        limit,
+    )
+    .await?;
+    eprintln!("ordered: {} events to the ordered endpoint", args.events);
+    let ordered = run_line(
+        &http,
+        &st.api,
+        &st.key,
+        "ordered.event",
+        args.events,
+        &ordered_log,
+        limit,
+    )
+    .await?;
+    let handoffs = st.worker.ordering_handoffs.get();
+    let parks = st.worker.deferrals.with_label_values(&["ordering"]).get();
+    println!(
+        "## One endpoint, {} Events via /v1/events/batch (500 per request)\n",
+        args.events
+    );
+    println!("| subscription | delivered | deliveries/s (first POST → last arrival) | in order |");
+    println!("| --- | ---: | ---: | --- |");
+    println!(
+        "| not ordered (baseline) | {} | {:.0} | — |",
+        plain.got, plain.per_second
+    );
+    println!(
+        "| **ordered** | {} | **{:.0}** | {} |",
+        ordered.got,
+        ordered.per_second,
+        if ordered.in_order { "yes" } else { "**no**" }
+    );
+    println!(
+        "\nordered / not ordered: **{:.2}×**; hand-offs {handoffs}, parks {parks}",
+        ordered.per_second / plain.per_second
+    );
+    st.stop().await;
+    if ordered.got < args.events as usize || !ordered.in_order {
+        bail!("the ordered line did not arrive complete and in order");
+    }
+    Ok(())
+}
