@@ -227,7 +227,8 @@ async fn idle(groups: &Groups, settle: Duration, window: Duration) {
 }
 
 /// Counters printed after the load.
-const COUNTERS: [&str; 7] = [
+const COUNTERS: [&str; 8] = [
+    "railhook_worker_early_hints_total",
     "railhook_worker_bad_hints_total",
     "railhook_relay_published_total",
     "railhook_relay_sessions_total",
@@ -384,10 +385,7 @@ async fn measure(
         "\n| role | CPU s during the load | % of one core | RSS at start MiB | RSS peak MiB |"
     );
     println!("| --- | ---: | ---: | ---: | ---: |");
-    let peaks = peaks
-        .lock()
-        .map_err(|_| anyhow::anyhow!("lock"))?
-        .clone();
+    let peaks = peaks.lock().map_err(|_| anyhow::anyhow!("lock"))?.clone();
     for (name, _) in &pids {
         if let (Some(b), Some(a)) = (before.get(name), after.get(name)) {
             let cpu = a.0 - b.0;

@@ -43,6 +43,9 @@ pub(crate) struct Doze {
     pub(crate) bell: Option<watch::Receiver<Hearing>>,
     awake_until: Instant,
     dozing: bool,
+    /// Woken because hints were found waiting: stay awake until one is read. A broker that
+    /// is slow to answer fetches must not send the worker back to sleep before they arrive.
+    until_read: bool,
     metrics: WorkerMetrics,
 }
 
@@ -58,6 +61,7 @@ impl Doze {
             after,
             bell,
             dozing: false,
+            until_read: false,
             metrics,
         }
     }
@@ -70,10 +74,16 @@ impl Doze {
     /// heard.
     pub(crate) fn due(&self) -> Option<Instant> {
         let listening = self.bell.as_ref().is_some_and(|b| b.borrow().listening);
-        (!self.dozing && listening).then_some(self.awake_until)
+        (!self.dozing && !self.until_read && listening).then_some(self.awake_until)
     }
 
-    /// Something happened (a hint read): stay awake for another `doze_after`.
+    /// A hint was read: stay awake for another `doze_after`.
+    pub(crate) fn read(&mut self) {
+        self.until_read = false;
+        self.stir();
+    }
+
+    /// Something happened: stay awake for another `doze_after`.
     pub(crate) fn stir(&mut self) {
         if let Some(after) = self.after {
             self.awake_until = Instant::now() + after;
@@ -110,6 +120,9 @@ impl Doze {
         reason: &'static str,
     ) {
         self.stir();
+        if reason == "missed_ring" {
+            self.until_read = true;
+        }
         if !self.dozing {
             return;
         }

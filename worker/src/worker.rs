@@ -259,7 +259,7 @@ pub async fn run(
                 }
                 batch = hints.next() => {
                     let Some(batch) = batch else { return Ok(()) };
-                    doze.stir();
+                    doze.read();
                     for m in batch {
                         match m {
                             Ok(m) if m.topic() == config.retries_topic => retry.push(&m, &shared.metrics),
