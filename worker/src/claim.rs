@@ -25,6 +25,9 @@ pub struct Claimed {
     /// Opted into the Ordering Buffer (and not skipped out of it).
     pub ordered: bool,
     pub deferral_count: i32,
+    /// Handed off by its predecessor's resolution, which checked the order under the
+    /// endpoint's lock (ordering.rs, `hand_off_next`): the gate is not run again.
+    pub gated: bool,
 }
 
 /// Where and what to send for a claimed Delivery.
@@ -102,6 +105,7 @@ impl ClaimRow {
             ladder_started_at: self.ladder_started_at,
             ordered: self.ordered,
             deferral_count: self.deferral_count,
+            gated: false,
         };
         let target = Target {
             url: self.url,
@@ -179,6 +183,42 @@ pub async fn claim_batch(
     .fetch_all(pool)
     .await?;
     Ok(rows.into_iter().map(ClaimRow::split).collect())
+}
+
+/// What a hand-off needs to deliver the Delivery its predecessor's resolution claimed for
+/// it (`ordering::hand_off_next`): the same as a Claim returns, read under that Claim's
+/// token. `None` if the row is no longer held under it.
+pub async fn handed_off(
+    pool: &PgPool,
+    id: &str,
+    token: Uuid,
+) -> Result<Option<(Claimed, Target)>, sqlx::Error> {
+    let row = sqlx::query_as!(
+        ClaimRow,
+        r#"SELECT d.id, d.claim_token AS "token!", d.attempt_count, d.event_id, d.endpoint_id,
+                  d.direction, d.sequence_number, d.ladder_started_at,
+                  (d.ordered AND d.ordering_skipped_at IS NULL) AS "ordered!", d.deferral_count,
+                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
+                  e.url, e.secret,
+                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
+                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
+                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
+                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate
+           FROM deliveries d
+           JOIN endpoints e ON e.id = d.endpoint_id
+           JOIN events v ON v.id = d.event_id
+           WHERE d.id = $1 AND d.claim_token = $2 AND d.status = 'PROCESSING'"#,
+        id,
+        token
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| {
+        let (mut claimed, target) = r.split();
+        claimed.gated = true;
+        (claimed, target)
+    }))
 }
 
 /// Which of `ids` this transaction cannot see at all: a hint that came ahead of its row.

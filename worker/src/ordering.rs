@@ -12,14 +12,16 @@
 //! (Claim released, token cleared, no Attempt spent) with `parked_at` set on the first
 //! park, and `next_retry_at` at `parked_at + gap timeout` as the fallback wake-up.
 //!
-//! **Release.** When an ordered Delivery resolves (SUCCEEDED or FAILED), the next parked
-//! one on its endpoint is announced again through the Outbox (reason `RELEASED`), and the
-//! resolving worker hands off to it: right after the commit it claims that Delivery itself
-//! (the ordinary Claim) and delivers it in the same task. The Outbox row is the durable
-//! hint if the worker dies before claiming; when it comes back through the relay and Kafka,
-//! its Claim matches nothing. Without the hand-off every link of an ordered line cost a full
-//! trip through the relay, the broker and the consumer (~30 ms alone, ~240 ms on a busy
-//! 2-core machine: review #19 item 13).
+//! **Release.** When an ordered Delivery resolves (SUCCEEDED or FAILED), the resolving
+//! worker claims the next parked one on its endpoint in the same transaction, if nothing
+//! else unresolved is ahead of it ([`hand_off_next`]), and delivers it in the same task
+//! without running the gate again. A draining worker announces it through the Outbox
+//! instead (reason `RELEASED`, [`release_next`]). Without the hand-off every link of an
+//! ordered line cost a full trip through the relay, the broker and the consumer (~30 ms
+//! alone, ~240 ms on a busy 2-core machine: review #19 item 13); with the hand-off done
+//! after the commit, a Claim and a gate transaction of its own (54 deliveries/s on one
+//! endpoint, issue #21 item 5; 81/s with the claim in the resolution, 100/s with parks
+//! committed asynchronously, docs/BENCHMARKS.md).
 //!
 //! **Lost wake-ups.** Park (check + write) and resolve (finalise + release) each run in a
 //! transaction holding a per-endpoint advisory lock, so one of them always sees the other:
@@ -167,12 +169,22 @@ pub async fn gate(pool: &PgPool, claimed: &Claimed, gap_timeout: Duration) -> sq
     // Park. The fallback wake-up is the gap timeout from the first park; once that has
     // passed (it is waiting only for moving predecessors), look again shortly.
     crate::fence::park(&mut tx, claimed, gap_timeout).await?;
+    // A park need not wait for the WAL's flush (issue #21 item 5: a burst of ordered
+    // Events parks every one of them, each under the endpoint's lock). If Postgres crashes
+    // before the flush, the park is undone: the row is again PROCESSING under this Claim,
+    // nothing was sent, and the processing sweep hands it back. Any later durable commit
+    // (the predecessor's resolution) flushes the park with it, so a release never misses
+    // a parked row it saw. Go and numbering stay synchronous: a number is sent to the
+    // receiver and must never be given out twice.
+    sqlx::query_scalar!("SELECT set_config('synchronous_commit', 'off', true)")
+        .fetch_one(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(Gate::Parked)
 }
 
 /// Opens the transaction a resolving ordered Delivery's finalise runs in: the endpoint's
-/// lock is held until [`release_next`] and the commit.
+/// lock is held until [`hand_off_next`] (or [`release_next`]) and the commit.
 pub async fn begin_resolve(
     pool: &PgPool,
     endpoint_id: &str,
@@ -180,6 +192,52 @@ pub async fn begin_resolve(
     let mut tx = pool.begin().await?;
     lock_endpoint(&mut tx, endpoint_id).await?;
     Ok(tx)
+}
+
+/// Claims the next parked Delivery of the endpoint (the smallest number above
+/// `sequence_number`) for the resolving worker, in the resolution's transaction and under
+/// the endpoint's lock, if nothing else unresolved is ahead of it: the gate's own condition,
+/// checked here so that the hand-off needs no gate transaction, no Claim statement and no
+/// Outbox round trip of its own (issue #21 item 5). Returns its id and the new Claim's
+/// token. If something else is still ahead, nothing is released: whichever of those
+/// resolves last releases it, and its gap-timeout wake-up stays set.
+///
+/// Crash safety: the successor is PROCESSING when the transaction commits, like any
+/// claimed Delivery, so a worker that dies before delivering it leaves it to the processing
+/// sweep (PENDING and due again after `processing_timeout_seconds`), as a worker that dies
+/// mid-Attempt does.
+pub async fn hand_off_next(
+    tx: &mut Transaction<'_, Postgres>,
+    endpoint_id: &str,
+    sequence_number: i64,
+) -> sqlx::Result<Option<(String, uuid::Uuid)>> {
+    let token = uuid::Uuid::new_v4();
+    let id = sqlx::query_scalar!(
+        r#"WITH next AS (
+               SELECT id, sequence_number FROM deliveries
+               WHERE endpoint_id = $1 AND parked_at IS NOT NULL AND status = 'PENDING'
+                 AND sequence_number > $2
+               ORDER BY sequence_number LIMIT 1
+           )
+           UPDATE deliveries d
+           SET status = 'PROCESSING', claim_token = $3, last_attempt_at = now(),
+               updated_at = now(), version = d.version + 1, parked_at = NULL,
+               next_retry_at = NULL
+           FROM next
+           WHERE d.id = next.id
+             AND NOT EXISTS (
+                 SELECT 1 FROM deliveries p
+                 WHERE p.endpoint_id = $1 AND p.ordered AND p.ordering_skipped_at IS NULL
+                   AND p.status IN ('PENDING', 'PROCESSING')
+                   AND p.sequence_number < next.sequence_number)
+           RETURNING d.id"#,
+        endpoint_id,
+        sequence_number,
+        token
+    )
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(id.map(|id| (id, token)))
 }
 
 /// Announces the next parked Delivery of the endpoint (the smallest number above

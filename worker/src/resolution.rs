@@ -13,7 +13,7 @@ use crate::worker::Shared;
 
 /// Ends a claimed Delivery as FAILED without sending anything; counted only if it wrote.
 /// Returns the ordered Delivery it released, if any.
-pub(crate) async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) -> Option<String> {
+pub(crate) async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) -> Option<Released> {
     match resolve(shared, claimed, Resolution::Unsent(reason)).await {
         Ok(Resolved {
             wrote: true,
@@ -35,8 +35,16 @@ pub(crate) async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) ->
 pub(crate) struct Resolved {
     /// It landed (the Fence let it through).
     pub wrote: bool,
-    /// The next parked ordered Delivery it released, to hand off to.
-    pub released: Option<String>,
+    /// The next parked ordered Delivery it released, if any.
+    pub released: Option<Released>,
+}
+
+/// How a resolution released the next parked ordered Delivery.
+pub(crate) enum Released {
+    /// Claimed for this worker in the resolution's transaction: deliver it next.
+    HandedOff { id: String, token: uuid::Uuid },
+    /// Announced through the Outbox (a draining worker starts nothing new).
+    Announced,
 }
 
 /// A write that ends a claimed Delivery's turn.
@@ -85,7 +93,15 @@ pub(crate) async fn resolve(
     let wrote = write_resolution(&mut *tx, shared, claimed, &what).await?;
     let mut released = None;
     if wrote && let Some(seq) = claimed.sequence_number {
-        released = ordering::release_next(&mut tx, &claimed.endpoint_id, seq).await?;
+        released = if shared.draining.load(std::sync::atomic::Ordering::SeqCst) {
+            ordering::release_next(&mut tx, &claimed.endpoint_id, seq)
+                .await?
+                .map(|_| Released::Announced)
+        } else {
+            ordering::hand_off_next(&mut tx, &claimed.endpoint_id, seq)
+                .await?
+                .map(|(id, token)| Released::HandedOff { id, token })
+        };
     }
     tx.commit().await?;
     if released.is_some() {

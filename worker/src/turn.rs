@@ -17,7 +17,7 @@ use crate::claim::{self, Claimed};
 use crate::fence;
 use crate::limits::{Admission, BreakerState, EndpointLimits, Reason, Verdict, rate_hold};
 use crate::ordering::{self, Gate};
-use crate::resolution::{Resolved, defer, finalise_with_retry, give_up};
+use crate::resolution::{Released, Resolved, defer, finalise_with_retry, give_up};
 use crate::schedule::{Decision, decide};
 use crate::worker::Shared;
 
@@ -58,20 +58,26 @@ pub(crate) async fn turns(
         if let Ok(mut running) = shared.running.lock() {
             running.remove(&id);
         }
-        // A draining worker starts nothing new: the Outbox hint brings the released one.
-        let Some(released) = released.filter(|_| !shared.draining.load(Ordering::SeqCst)) else {
+        let Some(Released::HandedOff { id, token }) = released else {
             return;
         };
+        // Claimed at the resolution's commit: the processing window starts there.
         let stamped = Instant::now();
-        match claim::claim_batch(&shared.pool, &[released]).await {
-            Ok(mut won) => {
-                if let Some((claimed, target)) = won.pop() {
-                    shared.metrics.ordering_handoffs.inc();
-                    next = Some((claimed, target, stamped));
-                }
+        if shared.draining.load(Ordering::SeqCst) {
+            // Told to stop after the hand-off was claimed: give it back at once.
+            if let Err(e) = fence::release(&shared.pool, &[(id, token)]).await {
+                tracing::warn!(error = %e, "hand-off not given back; the processing sweep will");
             }
+            return;
+        }
+        match claim::handed_off(&shared.pool, &id, token).await {
+            Ok(Some((claimed, target))) => {
+                shared.metrics.ordering_handoffs.inc();
+                next = Some((claimed, target, stamped));
+            }
+            Ok(None) => {}
             Err(e) => {
-                tracing::warn!(error = %e, "hand-off claim failed; the Outbox hint will bring the delivery")
+                tracing::warn!(error = %e, "hand-off not read; the processing sweep will hand the delivery back")
             }
         }
     }
@@ -106,7 +112,7 @@ enum Admitted {
 /// The checks before a request is built: the ordering gate, then the endpoint's breaker and
 /// limits.
 async fn admit(shared: &Shared, claimed: &mut Claimed, target: &claim::Target) -> Admitted {
-    if claimed.ordered {
+    if claimed.ordered && !claimed.gated {
         match ordering::gate(&shared.pool, claimed, shared.gap_timeout).await {
             Ok(Gate::Go { sequence_number }) => claimed.sequence_number = Some(sequence_number),
             Ok(Gate::GoAfterGap { sequence_number }) => {
@@ -212,7 +218,7 @@ async fn deliver(
     mut claimed: Claimed,
     mut target: claim::Target,
     stamped: Instant,
-) -> Option<String> {
+) -> Option<Released> {
     if !target.enabled {
         return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
     }
