@@ -152,6 +152,33 @@ pub(crate) async fn stack_with(endpoints: &[Value]) -> anyhow::Result<Stack> {
     })
 }
 
+/// POSTs `count` Events, the i-th built by `event(i)`, through /v1/events/batch, 500 per
+/// request, as fast as they are accepted.
+pub(crate) async fn post_batches(
+    http: &reqwest::Client,
+    api: &str,
+    key: &str,
+    count: u64,
+    event: impl Fn(u64) -> Value,
+) -> anyhow::Result<()> {
+    let mut seq = 0;
+    while seq < count {
+        let n = 500.min(count - seq);
+        let events: Vec<Value> = (seq..seq + n).map(&event).collect();
+        let r = http
+            .post(format!("{api}/v1/events/batch"))
+            .bearer_auth(key)
+            .json(&json!({"events": events}))
+            .send()
+            .await?;
+        if r.status().as_u16() != 201 {
+            bail!("batch refused: {}", r.status());
+        }
+        seq += n;
+    }
+    Ok(())
+}
+
 async fn wait_for(arrivals: &Arrivals, count: usize, limit: Duration) -> bool {
     let started = Instant::now();
     while started.elapsed() < limit {
@@ -254,23 +281,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     arrivals.lock().map(|mut a| a.clear()).ok();
     let started = Instant::now();
-    let mut seq = 0;
-    while seq < args.burst {
-        let n = 500.min(args.burst - seq);
-        let events: Vec<Value> = (seq..seq + n)
-            .map(|i| json!({"type": "order.paid", "payload": {"seq": 1_000_000 + i}}))
-            .collect();
-        let r = http
-            .post(format!("{}/v1/events/batch", st.api))
-            .bearer_auth(&st.key)
-            .json(&json!({"events": events}))
-            .send()
-            .await?;
-        if r.status().as_u16() != 201 {
-            bail!("batch refused: {}", r.status());
-        }
-        seq += n;
-    }
+    post_batches(
+        &http,
+        &st.api,
+        &st.key,
+        args.burst,
+        |i| json!({"type": "order.paid", "payload": {"seq": 1_000_000 + i}}),
+    )
+    .await?;
     let accepted = started.elapsed();
     let complete = wait_for(&arrivals, args.burst as usize, Duration::from_secs(300)).await;
     let elapsed = started.elapsed();

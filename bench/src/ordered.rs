@@ -13,7 +13,7 @@ use axum::http::HeaderMap;
 use axum::routing::post;
 use serde_json::{Value, json};
 
-use crate::e2e::stack_with;
+use crate::e2e::{post_batches, stack_with};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -71,23 +71,14 @@ async fn run_line(
     limit: Duration,
 ) -> anyhow::Result<Line> {
     let started = Instant::now();
-    let mut seq = 0;
-    while seq < events {
-        let n = 500.min(events - seq);
-        let batch: Vec<Value> = (seq..seq + n)
-            .map(|i| json!({"type": event_type, "payload": {"seq": i}}))
-            .collect();
-        let r = http
-            .post(format!("{api}/v1/events/batch"))
-            .bearer_auth(key)
-            .json(&json!({"events": batch}))
-            .send()
-            .await?;
-        if r.status().as_u16() != 201 {
-            bail!("batch refused: {}", r.status());
-        }
-        seq += n;
-    }
+    post_batches(
+        http,
+        api,
+        key,
+        events,
+        |i| json!({"type": event_type, "payload": {"seq": i}}),
+    )
+    .await?;
     let count = || log.lock().map(|l| l.len()).unwrap_or(0);
     while count() < events as usize && started.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -148,28 +139,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         log.lock().map(|mut l| l.clear()).ok();
     }
     let limit = Duration::from_secs(args.limit_seconds);
-    eprintln!("ordered: {} events to the unordered endpoint", args.events);
-    let plain = run_line(
-        &http,
-        &st.api,
-        &st.key,
-        "plain.event",
-        args.events,
-        &plain_log,
-        limit,
-    )
-    .await?;
-    eprintln!("ordered: {} events to the ordered endpoint", args.events);
-    let ordered = run_line(
-        &http,
-        &st.api,
-        &st.key,
-        "ordered.event",
-        args.events,
-        &ordered_log,
-        limit,
-    )
-    .await?;
+    let mut lines = Vec::new();
+    for (event_type, log) in [("plain.event", &plain_log), ("ordered.event", &ordered_log)] {
+        eprintln!("ordered: {} {event_type} events", args.events);
+        lines.push(run_line(&http, &st.api, &st.key, event_type, args.events, log, limit).await?);
+    }
+    let (plain, ordered) = (&lines[0], &lines[1]);
     let handoffs = st.worker.ordering_handoffs.get();
     let parks = st.worker.deferrals.with_label_values(&["ordering"]).get();
     println!(

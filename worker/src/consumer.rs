@@ -141,44 +141,47 @@ pub(crate) async fn watch_group(
     }
 }
 
-/// Whether one of `held` (topic, partition) has messages waiting in `report`: a fresh
-/// report only, like `orphaned`.
-pub(crate) fn waiting_on(consumer: &StreamConsumer<LagContext>, report: &Seen) -> bool {
-    if report.waiting.is_empty() || report.at.elapsed() > Duration::from_secs(5) {
-        return false;
+/// The (topic, partition) pairs this member holds, if `report` is fresh enough to act on: a
+/// report from before a long pause of the loop (Postgres away) is stale.
+fn held_if_fresh(
+    consumer: &StreamConsumer<LagContext>,
+    report: &Seen,
+) -> Option<Vec<(String, i32)>> {
+    if report.at.elapsed() > Duration::from_secs(5) {
+        return None;
     }
-    let Ok(mine) = consumer.assignment() else {
-        return false;
-    };
-    mine.elements().iter().any(|e| {
-        report
-            .waiting
+    let mine = consumer.assignment().ok()?;
+    Some(
+        mine.elements()
             .iter()
-            .any(|(t, p)| t == e.topic() && *p == e.partition())
-    })
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect(),
+    )
 }
 
-/// Whether `report` names a partition this member does not hold: then some other member
-/// holds it and does not read it, or nobody does, and a rejoin makes the coordinator assign
-/// every partition again. A stall of this member's own partitions is its own slowness (a
-/// full in-flight bound, Postgres away), which a rejoin would not cure. A report from before
-/// a long pause of this loop (Postgres away) is stale and ignored.
+/// Whether a partition this member holds has messages waiting in `report` (a dozing worker
+/// then missed a doorbell, doze.rs).
+pub(crate) fn waiting_on(consumer: &StreamConsumer<LagContext>, report: &Seen) -> bool {
+    !report.waiting.is_empty()
+        && held_if_fresh(consumer, report)
+            .is_some_and(|held| report.waiting.iter().any(|w| held.contains(w)))
+}
+
+/// Whether `report` names a stalled partition this member does not hold: then some other
+/// member holds it and does not read it, or nobody does, and a rejoin makes the coordinator
+/// assign every partition again. A stall of this member's own partitions is its own
+/// slowness (a full in-flight bound, Postgres away), which a rejoin would not cure.
 pub(crate) fn orphaned(consumer: &StreamConsumer<LagContext>, report: &Seen) -> bool {
-    if report.stalled.is_empty() || report.at.elapsed() > Duration::from_secs(5) {
+    if report.stalled.is_empty() {
         return false;
     }
-    let Ok(mine) = consumer.assignment() else {
+    let Some(held) = held_if_fresh(consumer, report) else {
         return false;
     };
-    let elements = mine.elements();
-    let held: Vec<(&str, i32)> = elements
-        .iter()
-        .map(|e| (e.topic(), e.partition()))
-        .collect();
     let orphans: Vec<String> = report
         .stalled
         .iter()
-        .filter(|(t, p)| !held.contains(&(t.as_str(), *p)))
+        .filter(|s| !held.contains(s))
         .map(|(t, p)| format!("{t}/{p}"))
         .collect();
     if orphans.is_empty() {
