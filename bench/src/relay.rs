@@ -195,7 +195,7 @@ async fn bare_producer(config: &RelayConfig, rows: i64) -> anyhow::Result<Durati
         }
         let a = announcement(n);
         let payload = a.encode();
-        acks.push(producer.send(&topic, a.key(), &payload, None)?);
+        acks.push(producer.send(&topic, a.key(), &payload)?);
     }
     while let Some(ack) = acks.next().await {
         ack.map_err(|_| anyhow::anyhow!("canceled"))?
@@ -221,7 +221,7 @@ async fn bare_producer_latency(
         let payload = a.encode();
 
         let sent = Instant::now();
-        let delivery = producer.send(&topic, a.key(), &payload, None)?;
+        let delivery = producer.send(&topic, a.key(), &payload)?;
         acks.push(async move {
             match delivery.await {
                 Ok(Ok(_)) => Ok(sent.elapsed()),

@@ -238,6 +238,42 @@ const COUNTERS: [&str; 8] = [
     "railhook_worker_rebalances_total",
 ];
 
+/// Histograms whose p50 and p99 are printed after the load: where along the way the time went.
+const HISTOGRAMS: [&str; 4] = [
+    "railhook_relay_commit_to_read_seconds",
+    "railhook_relay_commit_to_ack_seconds",
+    "railhook_worker_delivery_latency_seconds",
+    "railhook_worker_attempt_duration_seconds",
+];
+
+/// The `q` quantile of a Prometheus histogram in `text` (every label set summed), as the
+/// upper bound of the bucket it falls in; None when the histogram is absent or empty.
+fn bucket_quantile(text: &str, name: &str, q: f64) -> Option<String> {
+    let prefix = format!("{name}_bucket{{");
+    let mut buckets: Vec<(f64, String, f64)> = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
+        let (labels, count) = line.rsplit_once(' ')?;
+        let le = labels.split("le=\"").nth(1)?.split('"').next()?;
+        let bound = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().ok()?
+        };
+        let count: f64 = count.parse().ok()?;
+        match buckets.iter_mut().find(|b| b.0 == bound) {
+            Some(b) => b.2 += count,
+            None => buckets.push((bound, le.to_owned(), count)),
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.2;
+    if total == 0.0 {
+        return None;
+    }
+    let bucket = buckets.iter().find(|b| b.2 >= q * total)?;
+    Some(format!("≤ {} s", bucket.1))
+}
+
 async fn measure(
     args: &Args,
     api: &str,
@@ -401,6 +437,7 @@ async fn measure(
     // Where the messages went, from the roles' own counters: a shortfall above shows here
     // as published < accepted, or hints read but not claimed.
     let mut counters = Vec::new();
+    let mut stages = Vec::new();
     for role in roles {
         let Ok(r) = http
             .get(format!("http://{}/metrics", role.metrics))
@@ -410,6 +447,14 @@ async fn measure(
             continue;
         };
         let text = r.text().await.unwrap_or_default();
+        for name in HISTOGRAMS {
+            if let (Some(p50), Some(p99)) = (
+                bucket_quantile(&text, name, 0.5),
+                bucket_quantile(&text, name, 0.99),
+            ) {
+                stages.push(format!("| {name} | {p50} | {p99} |"));
+            }
+        }
         counters.extend(
             text.lines()
                 .filter(|l| COUNTERS.iter().any(|c| l.starts_with(c)))
@@ -418,6 +463,12 @@ async fn measure(
     }
     if !counters.is_empty() {
         println!("\n```\n{}\n```", counters.join("\n"));
+    }
+    if !stages.is_empty() {
+        println!(
+            "\n| the roles' histograms (warm-up included) | p50 | p99 |\n| --- | ---: | ---: |\n{}",
+            stages.join("\n")
+        );
     }
     if delivered > 0 {
         println!(

@@ -23,7 +23,7 @@ use futures::channel::oneshot;
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, OwnedHeaders};
+use rdkafka::message::Message;
 use rdkafka::producer::future_producer::{Delivery, OwnedDeliveryResult};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, ProducerContext};
 
@@ -92,22 +92,14 @@ impl Producer {
         })
     }
 
-    /// Queues one message; its [`Ack`] resolves when the broker answered. An error here
-    /// means librdkafka refused to queue it (its queue is full, the topic is unknown…).
-    pub fn send(
-        &self,
-        topic: &str,
-        key: &str,
-        payload: &[u8],
-        headers: Option<OwnedHeaders>,
-    ) -> Result<Ack, KafkaError> {
+    /// Queues one message, without headers (relay.rs `produce` says why); its [`Ack`]
+    /// resolves when the broker answered. An error here means librdkafka refused to queue
+    /// it (its queue is full, the topic is unknown…).
+    pub fn send(&self, topic: &str, key: &str, payload: &[u8]) -> Result<Ack, KafkaError> {
         let (tx, rx) = oneshot::channel();
-        let mut record = BaseRecord::with_opaque_to(topic, Box::new(tx))
+        let record = BaseRecord::with_opaque_to(topic, Box::new(tx))
             .key(key)
             .payload(payload);
-        if let Some(h) = headers {
-            record = record.headers(h);
-        }
         self.inner.send(record).map_err(|(e, _)| e)?;
         Ok(rx)
     }

@@ -7,9 +7,24 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STATE="${RAILHOOK_STATE:-$ROOT/.local}"
 ENV_FILE="$STATE/env"
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
-TANSU_VERSION="0.6.0"
-TANSU_ROOT="${TANSU_ROOT:-/opt/railhook-tools/tansu-$TANSU_VERSION}"
-TANSU_BIN="$TANSU_ROOT/bin/tansu"
+# The local Kafka-protocol broker: RAILHOOK_BROKER=tansu or nisshi (a fork of tansu with the
+# same command line). Both keep their data in sqlite; docs/BENCHMARKS.md "Choosing the local
+# broker" has the measurements behind the default.
+RAILHOOK_BROKER="${RAILHOOK_BROKER:-tansu}"
+case "$RAILHOOK_BROKER" in
+  tansu)
+    BROKER_VERSION="0.6.0"
+    BROKER_FEATURES=(--no-default-features --features libsql)
+    ;;
+  nisshi)
+    # Later nisshi versions need a newer rustc than the one this project pins.
+    BROKER_VERSION="0.7.0-pre.2"
+    BROKER_FEATURES=(--features libsql)
+    ;;
+  *) printf '[railhook-local] error: RAILHOOK_BROKER must be tansu or nisshi\n' >&2; exit 1 ;;
+esac
+BROKER_ROOT="/opt/railhook-tools/$RAILHOOK_BROKER-$BROKER_VERSION"
+BROKER_BIN="$BROKER_ROOT/bin/$RAILHOOK_BROKER"
 mkdir -p "$STATE"
 
 log() { printf '[railhook-local] %s\n' "$*" >&2; }

@@ -5,7 +5,7 @@
 #   - a PostgreSQL cluster with ssl = on whose pg_hba.conf accepts only hostssl lines
 #     (password auth, replication included) and rejects every plaintext connection;
 #   - Redis on a TLS-only port (--port 0) with a password;
-#   - the broker behind stunnel: a second tansu whose advertised listener is stunnel's TLS
+#   - the broker behind stunnel: a second broker ($RAILHOOK_BROKER) whose advertised listener is stunnel's TLS
 #     port, and stunnel requires a client certificate signed by the CA (mutual TLS).
 # Settings go to .local/env as RAILHOOK_TLS_* (tests/connectivity.rs reads them). With
 # RAILHOOK_LOCAL_TLS=1, up.sh runs this and points DATABASE_URL, REDIS_URL and the KAFKA_*
@@ -140,11 +140,11 @@ broker_up() {
   echo "$plain" > "$bdir/plain-port"
   echo "$tls" > "$bdir/tls-port"
   if ! pid_alive "$bdir/broker.pid"; then
-    log "starting tansu on 127.0.0.1:$plain, advertising stunnel's TLS port $tls"
-    (cd "$bdir" && exec "$TANSU_BIN" broker \
+    log "starting $RAILHOOK_BROKER on 127.0.0.1:$plain, advertising stunnel's TLS port $tls"
+    (cd "$bdir" && exec "$BROKER_BIN" broker \
         --listener-url "tcp://127.0.0.1:$plain" \
         --advertised-listener-url "tcp://127.0.0.1:$tls" \
-        --storage-engine "sqlite://tansu.db" >>"$bdir/broker.log" 2>&1) &
+        --storage-engine "sqlite://$RAILHOOK_BROKER.db" >>"$bdir/broker.log" 2>&1) &
     echo $! > "$bdir/broker.pid"
   fi
   if ! pid_alive "$bdir/stunnel.pid"; then
@@ -164,7 +164,7 @@ CONF
     stunnel4 "$bdir/stunnel.conf" >>"$bdir/stunnel.log" 2>&1 &
     echo $! > "$bdir/stunnel.pid"
   fi
-  wait_for "broker (TLS)" 60 timeout 5 "$TANSU_BIN" topic list --broker "tcp://127.0.0.1:$plain"
+  wait_for "broker (TLS)" 60 timeout 5 "$BROKER_BIN" topic list --broker "tcp://127.0.0.1:$plain"
   wait_for "stunnel" 30 sh -c "echo | timeout 5 openssl s_client -connect 127.0.0.1:$tls -CAfile $DIR/ca.pem -cert $DIR/client.pem -key $DIR/client.key -verify_return_error >/dev/null 2>&1"
   set_env RAILHOOK_TLS_KAFKA_PORT "$tls"
   log "broker (TLS via stunnel) ready on 127.0.0.1:$tls"

@@ -51,7 +51,6 @@ use railhook_common::health::{Backoff, Dependencies};
 use railhook_common::kafka_producer::Producer;
 use railhook_common::trace_context::{self, TraceParent};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use sqlx::PgConnection;
 use tokio::sync::watch;
@@ -425,8 +424,14 @@ impl Relay {
     }
 
     /// Hands one Announcement to the producer; returns its ack future and its size. A row
-    /// with a trace context is published in a `publish` span of that trace, whose context
-    /// rides along as the message's `traceparent` header (common/src/trace_context.rs).
+    /// with a trace context is published in a `publish` span of that trace.
+    ///
+    /// The message carries no headers, the trace context included: no consumer reads them
+    /// (the worker takes the context from the Delivery row, docs/ARCHITECTURE.md "Trace
+    /// context"), and the local brokers (tansu 0.6.0, nisshi 0.7.0-pre.2) keep headers in an
+    /// unindexed sqlite table that every fetched record scans, so a header per message made
+    /// each fetch cost as much as every header ever stored (docs/BENCHMARKS.md, "Kafka
+    /// headers").
     fn produce(
         &self,
         producer: &Producer,
@@ -450,14 +455,7 @@ impl Relay {
             None => tracing::Span::none(),
         };
         let _entered = span.enter();
-        let header = trace.map(|parent| trace_context::handed_on(&span, Some(&parent)).to_string());
-        let headers = header.as_ref().map(|value| {
-            OwnedHeaders::new().insert(Header {
-                key: "traceparent",
-                value: Some(value.as_str()),
-            })
-        });
-        match producer.send(&self.config.topic, announcement.key(), &payload, headers) {
+        match producer.send(&self.config.topic, announcement.key(), &payload) {
             Ok(delivery) => Ok((Box::pin(async move { (seq, bytes, delivery.await) }), bytes)),
             Err(e) => {
                 self.metrics.publish_errors.inc();

@@ -213,7 +213,8 @@ impl KafkaReader {
     }
 }
 
-/// A tansu broker of the test's own on a free port and data folder; SIGKILLed on drop.
+/// A broker of the test's own (the local broker's binary, tansu or nisshi, which share their
+/// command line) on a free port and data folder; SIGKILLed on drop.
 pub struct PrivateBroker {
     pub brokers: String,
     port: u16,
@@ -221,8 +222,9 @@ pub struct PrivateBroker {
     child: Option<Child>,
 }
 
-fn tansu_bin() -> String {
-    std::env::var("TANSU_BIN")
+/// `RAILHOOK_BROKER_BIN`, which deploy/local/broker.sh records in `.local/env`.
+fn broker_bin() -> String {
+    std::env::var("RAILHOOK_BROKER_BIN")
         .unwrap_or_else(|_| "/opt/railhook-tools/tansu-0.6.0/bin/tansu".to_owned())
 }
 
@@ -266,7 +268,7 @@ impl PrivateBroker {
     /// (Re)starts the broker on the same port and data folder and waits for a metadata answer.
     pub fn restart(&mut self) {
         let url = format!("tcp://127.0.0.1:{}", self.port);
-        let child = Command::new(tansu_bin())
+        let child = Command::new(broker_bin())
             .current_dir(&self.dir)
             .args([
                 "broker",
@@ -275,17 +277,17 @@ impl PrivateBroker {
                 "--advertised-listener-url",
                 &url,
                 "--storage-engine",
-                "sqlite://tansu.db",
+                "sqlite://broker.db",
             ])
             .stdout(broker_log(&self.dir))
             .stderr(broker_log(&self.dir))
             .spawn()
-            .expect("tansu (deploy/local/broker.sh install)");
+            .expect("the broker (deploy/local/broker.sh install)");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let ok = Command::new("timeout")
-                .args(["5", &tansu_bin(), "topic", "list", "--broker", &url])
+                .args(["5", &broker_bin(), "topic", "list", "--broker", &url])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()

@@ -127,12 +127,7 @@ pub(crate) async fn schedule_retries(
         .collect();
     let sends = hints.iter().map(|hint| {
         let payload = hint.encode();
-        let queued = producer.send(
-            &config.retries_topic,
-            hint.endpoint_id.as_str(),
-            &payload,
-            None,
-        );
+        let queued = producer.send(&config.retries_topic, hint.endpoint_id.as_str(), &payload);
         async move {
             match queued {
                 Ok(ack) => match ack.await {
