@@ -73,10 +73,15 @@ where
 const VISIBILITY_TRIES: u32 = 8;
 
 /// Claims the missed hints whose rows this worker cannot see yet, as they become visible
-/// (`claim::invisible` says why that happens). A hint whose row exists and did not match is
-/// a real duplicate and is left alone at once; one whose row never shows up (its partition
-/// retired, say) is given up after `VISIBILITY_TRIES`. The loop waits meanwhile: the hint's
-/// offset must not be stored before its Claim, and the wait is rare and short.
+/// (`claim::invisible` says why that happens). The visibility check runs after the Claim
+/// that missed, so a row it sees may have become visible in between: each such row is
+/// claimed once more, and only a row that was already visible when a Claim missed it is a
+/// real duplicate, left alone. A row that never shows up (its partition retired, say) is
+/// given up after `VISIBILITY_TRIES`. The loop waits meanwhile: the hint's offset must not
+/// be stored before its Claim, and the wait is rare and short.
+///
+/// Seen without the second Claim: 1 Delivery in 6,000 at 300 Events/s left PENDING for the
+/// stranded sweep, its row committed between the missed Claim and the check.
 async fn claim_when_visible(
     shared: &Shared,
     mut missed: Vec<String>,
@@ -84,7 +89,18 @@ async fn claim_when_visible(
     let mut won = Vec::new();
     let mut wait = Duration::from_millis(5);
     for _ in 0..VISIBILITY_TRIES {
-        missed = until_ok("visibility", || claim::invisible(&shared.pool, &missed)).await;
+        let unseen = until_ok("visibility", || claim::invisible(&shared.pool, &missed)).await;
+        let seen: Vec<String> = missed
+            .iter()
+            .filter(|id| !unseen.contains(id))
+            .cloned()
+            .collect();
+        if !seen.is_empty() {
+            let got = until_ok("claim", || claim::claim_batch(&shared.pool, &seen)).await;
+            shared.metrics.early_hints.inc_by(got.len() as u64);
+            won.extend(got);
+        }
+        missed = unseen;
         if missed.is_empty() {
             break;
         }
