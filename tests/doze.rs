@@ -83,6 +83,11 @@ async fn a_hint_no_doorbell_announced_is_found_by_the_group_watch() {
     let mut p = Pipeline::start(|s| s.worker_doze_after_ms = 1_000).await;
     let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
     let (endpoint, _) = p.endpoint(&receiver.url, 5_000).await;
+    // One Delivery first, so the worker holds its partitions before it dozes: on a broker
+    // whose group join takes seconds (nisshi: ~5 s) the assignment would wake it otherwise,
+    // and it would find the hint without the group watch.
+    let (_, first) = p.send(json!({"n": 0})).await;
+    p.wait_status(&first, "SUCCEEDED", WAIT).await;
     // Without the relay nothing rings: the Delivery is PENDING and only the hint produced
     // here, behind the doorbell's back, names it.
     p.stop_relay().await;

@@ -1,5 +1,5 @@
 //! Relay memory while Kafka is down: the relay (the release `railhook relay` binary, its own
-//! process, so its RSS is its own) streams from its Slot into a private tansu broker; the
+//! process, so its RSS is its own) streams from its Slot into a private broker (the local one's binary); the
 //! broker is killed; `--rows` Outbox rows are committed while it is down; the broker comes
 //! back and the relay drains them. RSS is sampled from /proc every 500 ms throughout.
 //!
@@ -27,30 +27,31 @@ pub struct Args {
     /// The `railhook` binary (built by deploy/local/bench.sh).
     #[arg(long, default_value = "target/release/railhook")]
     railhook: PathBuf,
+    /// The broker's binary (tansu or nisshi; deploy/local/broker.sh records it).
     #[arg(
         long,
-        env = "TANSU_BIN",
-        default_value = "/opt/railhook-tools/tansu-0.6.0/bin/tansu"
+        env = "RAILHOOK_BROKER_BIN",
+        default_value = "/opt/railhook-tools/nisshi-0.7.0-pre.2/bin/nisshi"
     )]
-    tansu: PathBuf,
+    broker_bin: PathBuf,
 }
 
 struct Broker {
-    tansu: PathBuf,
+    bin: PathBuf,
     port: u16,
     dir: PathBuf,
     child: Option<Child>,
 }
 
 impl Broker {
-    fn start(tansu: PathBuf) -> anyhow::Result<Self> {
+    fn start(bin: PathBuf) -> anyhow::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let dir = std::env::temp_dir().join(unique("rh-bench-broker-"));
         std::fs::create_dir_all(&dir)?;
         let mut b = Self {
-            tansu,
+            bin,
             port,
             dir,
             child: None,
@@ -66,7 +67,7 @@ impl Broker {
     fn restart(&mut self) -> anyhow::Result<()> {
         let url = self.url();
         self.child = Some(
-            Command::new(&self.tansu)
+            Command::new(&self.bin)
                 .current_dir(&self.dir)
                 .args([
                     "broker",
@@ -75,17 +76,17 @@ impl Broker {
                     "--advertised-listener-url",
                     &url,
                 ])
-                .args(["--storage-engine", "sqlite://tansu.db"])
+                .args(["--storage-engine", "sqlite://broker.db"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .context("tansu (deploy/local/broker.sh install)")?,
+                .context("the broker (deploy/local/broker.sh install)")?,
         );
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             let ok = Command::new("timeout")
                 .arg("5")
-                .arg(&self.tansu)
+                .arg(&self.bin)
                 .args(["topic", "list", "--broker", &url])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -169,7 +170,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .bind(&slot)
         .execute(&pool)
         .await?;
-    let mut broker = Broker::start(args.tansu.clone())?;
+    let mut broker = Broker::start(args.broker_bin.clone())?;
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
