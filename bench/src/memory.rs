@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(
         long,
         env = "RAILHOOK_BROKER_BIN",
-        default_value = "/opt/railhook-tools/nisshi-0.7.0-pre.2/bin/nisshi"
+        default_value = "/opt/railhook-tools/tansu-0.6.0/bin/tansu"
     )]
     broker_bin: PathBuf,
 }

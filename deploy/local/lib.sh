@@ -10,7 +10,7 @@ PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 # The local Kafka-protocol broker: RAILHOOK_BROKER=tansu or nisshi (a fork of tansu with the
 # same command line). Both keep their data in sqlite; docs/BENCHMARKS.md "Choosing the local
 # broker" has the measurements behind the default.
-RAILHOOK_BROKER="${RAILHOOK_BROKER:-nisshi}"
+RAILHOOK_BROKER="${RAILHOOK_BROKER:-tansu}"
 case "$RAILHOOK_BROKER" in
   tansu)
     BROKER_VERSION="0.6.0"

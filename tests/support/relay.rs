@@ -225,7 +225,7 @@ pub struct PrivateBroker {
 /// `RAILHOOK_BROKER_BIN`, which deploy/local/broker.sh records in `.local/env`.
 fn broker_bin() -> String {
     std::env::var("RAILHOOK_BROKER_BIN")
-        .unwrap_or_else(|_| "/opt/railhook-tools/nisshi-0.7.0-pre.2/bin/nisshi".to_owned())
+        .unwrap_or_else(|_| "/opt/railhook-tools/tansu-0.6.0/bin/tansu".to_owned())
 }
 
 /// The broker's log, appended across restarts: in `$RAILHOOK_RELIABILITY_LOGS` when that is
