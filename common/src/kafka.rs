@@ -390,7 +390,7 @@ pub fn retries_topic(prefix: &str) -> String {
 }
 
 /// The producers' batching defaults, each overridable in `KAFKA_PROPERTIES`.
-const PRODUCER_TUNING: [(&str, &str); 2] = [("linger.ms", "5"), ("compression.type", "none")];
+const PRODUCER_TUNING: [(&str, &str); 2] = [("linger.ms", "1"), ("compression.type", "none")];
 
 /// `enable.idempotence` makes librdkafka's own retries write each message once per
 /// partition, in order; `acks=all` means an acknowledgement survives the loss of a broker.

@@ -94,7 +94,7 @@ pub(super) const DEFAULTS: Defaults = Defaults {
     relay_heartbeat_ms: 5_000,
     relay_status_ms: 2_000,
     outbox_retention_seconds: 3_600,
-    kafka_fetch_wait_ms: 50,
+    kafka_fetch_wait_ms: 10,
     worker_group: "railhook-workers",
     worker_max_in_flight: 64,
     retry_outgoing_delays: "60,300,900,3600,21600,86400",
