@@ -404,12 +404,26 @@ async fn rows_kept_by_the_retention_show_their_age() {
 struct RelayProcess {
     child: std::process::Child,
     metrics_url: String,
+    /// The process's log (info level), printed when a scenario fails; removed on drop.
+    log: std::path::PathBuf,
+}
+
+impl RelayProcess {
+    /// The last lines of the process's log, for a failed assertion's message.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
 }
 
 impl RelayProcess {
     fn start(fx: &RelayFixture, brokers: &str) -> Self {
         let port = support::free_port();
         let prefix = fx.config.topic.trim_end_matches("deliveries");
+        let log = std::env::temp_dir().join(format!("rh-relay-{}-{port}.log", fx.slot));
+        let out = std::fs::File::create(&log).expect("relay log");
+        let err = out.try_clone().expect("relay log");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
             .arg("relay")
             .env("DATABASE_URL", &fx.database_url)
@@ -420,13 +434,15 @@ impl RelayProcess {
             .env("RAILHOOK_RELAY_HEARTBEAT_MS", "200")
             .env("RAILHOOK_RELAY_STATUS_MS", "200")
             .env("RAILHOOK_METRICS_ADDR", format!("127.0.0.1:{port}"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .env("RUST_LOG", "info")
+            .stdout(out)
+            .stderr(err)
             .spawn()
             .expect("railhook relay");
         Self {
             child,
             metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+            log,
         }
     }
 
@@ -458,6 +474,7 @@ impl Drop for RelayProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -622,7 +639,13 @@ async fn a_relay_sent_sigterm_drains_and_its_standby_resends_nothing() {
         exited.as_millis(),
         takeover.as_millis()
     );
-    assert_eq!(duplicates, 0, "a drained relay's standby resent messages");
+    assert_eq!(
+        duplicates,
+        0,
+        "a drained relay's standby resent messages\ndrained relay's log:\n{}\nstandby's log:\n{}",
+        relays[active].log_tail(),
+        relays[standby].log_tail()
+    );
     assert!(
         takeover < Duration::from_secs(10),
         "takeover took {takeover:?}"

@@ -807,6 +807,10 @@ async fn sigterm_to_a_worker_process_drains_it_and_it_exits_cleanly() {
     let receiver = Receiver::start(vec![], Behaviour::Delay(Duration::from_secs(2), 200)).await;
     p.endpoint(&receiver.url, 5_000).await;
     let s = &p.settings;
+    // The child's log is kept until the end, and printed if it never starts delivering.
+    let log = std::env::temp_dir().join(format!("rh-worker-{}.log", s.worker_group));
+    let out = std::fs::File::create(&log).expect("worker log");
+    let err = out.try_clone().expect("worker log");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
         .arg("worker")
         .env("DATABASE_URL", &p.app.database_url)
@@ -822,20 +826,27 @@ async fn sigterm_to_a_worker_process_drains_it_and_it_exits_cleanly() {
             "RAILHOOK_METRICS_ADDR",
             format!("127.0.0.1:{}", support::free_port()),
         )
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .env("RUST_LOG", "info")
+        .stdout(out)
+        .stderr(err)
         .spawn()
         .expect("railhook worker");
     let mut deliveries = Vec::new();
     for n in 0..9 {
         deliveries.push(p.send(json!({"n": n})).await.1);
     }
-    support::eventually(
-        "three Attempts in flight",
-        Duration::from_secs(60),
-        || async { (receiver.count() >= 3).then_some(()) },
-    )
-    .await;
+    let waiting = Instant::now();
+    while receiver.count() < 3 {
+        if waiting.elapsed() > Duration::from_secs(60) {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            panic!(
+                "timed out waiting for three Attempts in flight; the worker's log ends:\n{}",
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let status = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -885,4 +896,5 @@ async fn sigterm_to_a_worker_process_drains_it_and_it_exits_cleanly() {
     ids.dedup();
     assert_eq!((total, ids.len()), (9, 9), "every webhook-id exactly once");
     p.stop().await;
+    let _ = std::fs::remove_file(&log);
 }
