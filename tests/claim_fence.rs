@@ -38,9 +38,10 @@ fn report(outcome: Outcome) -> Report {
 /// Claims one Delivery with the statement production runs (`claim_batch`, which the
 /// worker uses for every batch of Announcements).
 async fn claim_one(pool: &sqlx::PgPool, id: &str) -> Option<claim::Claimed> {
-    claim::claim_batch(pool, &[id.to_owned()])
+    claim::claim_batch(pool, &[id.to_owned()], std::time::Duration::from_secs(60))
         .await
         .expect("claim")
+        .won
         .into_iter()
         .next()
         .map(|(claimed, _)| claimed)

@@ -90,6 +90,10 @@ struct ClaimRow {
     expunged: bool,
     traceparent: Option<String>,
     tracestate: Option<String>,
+    /// Goes without the ordering gate: the statement checked the order itself.
+    gated: bool,
+    /// Parked by the statement, not claimed (`claim_batch` only).
+    parked: bool,
 }
 
 impl ClaimRow {
@@ -105,7 +109,7 @@ impl ClaimRow {
             ladder_started_at: self.ladder_started_at,
             ordered: self.ordered,
             deferral_count: self.deferral_count,
-            gated: false,
+            gated: self.gated,
         };
         let target = Target {
             url: self.url,
@@ -132,11 +136,28 @@ impl ClaimRow {
     }
 }
 
+/// What one Claim statement did with a batch of fresh hints.
+#[derive(Debug, Default)]
+pub struct Claims {
+    /// Won Claims, with what their Attempts need.
+    pub won: Vec<(Claimed, Target)>,
+    /// Ordered Deliveries parked by the statement instead of claimed: something ahead of
+    /// them on their endpoint is unresolved (ordering.rs, "Parking in the Claim").
+    pub parked: Vec<String>,
+}
+
 /// The Claim (duplicate windows 4 and 5), the only one: one worker gets each row; every other
 /// copy of the hint — a republished Outbox row, a rebalance replay — matches nothing.
 /// Claims a batch of hinted Deliveries in one statement (one commit for the whole batch)
 /// and returns each won Claim with what its Attempt needs. A hint repeated in the batch, or
 /// for a row that is not due, simply returns nothing for it.
+///
+/// An ordered Delivery is decided here too, from the same snapshot the ordering gate would
+/// read (ordering.rs, "Parking in the Claim"): with nothing unresolved ahead of it, it is
+/// claimed and goes without the gate (`gated`); with something ahead, it is parked by this
+/// statement (PENDING, its gap-timeout wake-up set) instead of being claimed, gated and
+/// parked in three transactions; unnumbered, or parked past its gap timeout, it is claimed
+/// and the gate decides, as before.
 ///
 /// The stamp (`last_attempt_at`) starts the processing window: the worker claims only what
 /// it can start at once (a free in-flight permit per hint), so the window is not spent
@@ -145,24 +166,52 @@ impl ClaimRow {
 pub async fn claim_batch(
     pool: &PgPool,
     ids: &[String],
-) -> Result<Vec<(Claimed, Target)>, sqlx::Error> {
+    gap_timeout: std::time::Duration,
+) -> Result<Claims, sqlx::Error> {
     let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
     let rows = sqlx::query_as!(
         ClaimRow,
         r#"WITH want AS (
                SELECT * FROM unnest($1::text[], $2::uuid[]) AS w(id, token)
+           ), verdict AS (
+               SELECT d.id, w.token,
+                      CASE
+                          WHEN NOT (d.ordered AND d.ordering_skipped_at IS NULL)
+                               OR d.sequence_number IS NULL THEN 'claim'
+                          WHEN NOT EXISTS (
+                              SELECT 1 FROM deliveries p
+                              WHERE p.endpoint_id = d.endpoint_id AND p.ordered
+                                AND p.ordering_skipped_at IS NULL
+                                AND p.status IN ('PENDING', 'PROCESSING')
+                                AND p.sequence_number < d.sequence_number) THEN 'go'
+                          WHEN d.parked_at + make_interval(secs => $3) <= now() THEN 'claim'
+                          ELSE 'park'
+                      END AS verdict
+               FROM want w JOIN deliveries d ON d.id = w.id
+               WHERE d.status = 'PENDING' AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
            ), claimed AS (
                UPDATE deliveries d
-               SET status = 'PROCESSING', claim_token = w.token, last_attempt_at = now(),
+               SET status = CASE WHEN v.verdict = 'park' THEN 'PENDING' ELSE 'PROCESSING' END,
+                   claim_token = CASE WHEN v.verdict = 'park' THEN NULL ELSE v.token END,
+                   last_attempt_at = CASE WHEN v.verdict = 'park' THEN d.last_attempt_at
+                                          ELSE now() END,
+                   parked_at = CASE v.verdict WHEN 'park' THEN coalesce(d.parked_at, now())
+                                              WHEN 'go' THEN NULL ELSE d.parked_at END,
+                   next_retry_at = CASE WHEN v.verdict = 'park'
+                       THEN greatest(coalesce(d.parked_at, now()) + make_interval(secs => $3),
+                                     now() + interval '1 second')
+                       ELSE d.next_retry_at END,
+                   deferral_count = d.deferral_count
+                                    + CASE WHEN v.verdict = 'park' THEN 1 ELSE 0 END,
                    updated_at = now(), version = d.version + 1
-               FROM want w
-               WHERE d.id = w.id AND d.status = 'PENDING'
+               FROM verdict v
+               WHERE d.id = v.id AND d.status = 'PENDING'
                  AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
-               RETURNING d.id, d.claim_token, d.attempt_count, d.event_id, d.endpoint_id,
+               RETURNING d.id, v.token, v.verdict, d.attempt_count, d.event_id, d.endpoint_id,
                          d.direction, d.sequence_number, d.ladder_started_at,
                          (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
            )
-           SELECT c.id AS "id!", c.claim_token AS "token!", c.attempt_count AS "attempt_count!",
+           SELECT c.id AS "id!", c.token AS "token!", c.attempt_count AS "attempt_count!",
                   c.event_id AS "event_id!", c.endpoint_id AS "endpoint_id!",
                   c.direction AS "direction!", c.sequence_number,
                   c.ladder_started_at AS "ladder_started_at!",
@@ -173,16 +222,68 @@ pub async fn claim_batch(
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
                   v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
                   v.created_at AS event_created_at, v.raw_body, v.forward_headers,
-                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate
+                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
+                  c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            JOIN events v ON v.id = c.event_id"#,
         ids,
-        &tokens
+        &tokens,
+        gap_timeout.as_secs_f64()
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows.into_iter().map(ClaimRow::split).collect())
+    let mut claims = Claims::default();
+    for r in rows {
+        if r.parked {
+            claims.parked.push(r.id);
+        } else {
+            claims.won.push(r.split());
+        }
+    }
+    Ok(claims)
+}
+
+/// The parker's second look (ordering.rs, "Parking in the Claim"): of the Deliveries a Claim
+/// statement just parked, claims those that nothing unresolved is ahead of any more, because
+/// their predecessor resolved while the statement ran and its resolution could not see the
+/// park. Each such row is claimed at most once: the update re-checks the row itself
+/// (PENDING and parked) on the version it locks. Usually matches nothing and writes nothing.
+pub async fn take_parked(
+    pool: &PgPool,
+    ids: &[String],
+) -> Result<Vec<(Claimed, Target)>, sqlx::Error> {
+    let taken = sqlx::query!(
+        r#"WITH ready AS (
+               SELECT d.id FROM deliveries d
+               WHERE d.id = ANY($1) AND d.status = 'PENDING' AND d.parked_at IS NOT NULL
+                 AND NOT EXISTS (
+                     SELECT 1 FROM deliveries p
+                     WHERE p.endpoint_id = d.endpoint_id AND p.ordered
+                       AND p.ordering_skipped_at IS NULL
+                       AND p.status IN ('PENDING', 'PROCESSING')
+                       AND p.sequence_number < d.sequence_number)
+           )
+           UPDATE deliveries d
+           SET status = 'PROCESSING', claim_token = gen_random_uuid(), last_attempt_at = now(),
+               parked_at = NULL, next_retry_at = NULL, updated_at = now(),
+               version = d.version + 1
+           FROM ready r
+           WHERE d.id = r.id AND d.status = 'PENDING' AND d.parked_at IS NOT NULL
+           RETURNING d.id, d.claim_token AS "token!""#,
+        ids
+    )
+    .fetch_all(pool)
+    .await?;
+    // Rare (a predecessor resolved while the parking statement ran): read each like a
+    // hand-off rather than write the Claim's column list a fourth time.
+    let mut won = Vec::new();
+    for t in taken {
+        if let Some(got) = handed_off(pool, &t.id, t.token).await? {
+            won.push(got);
+        }
+    }
+    Ok(won)
 }
 
 /// What a hand-off needs to deliver the Delivery its predecessor's resolution claimed for
@@ -204,7 +305,8 @@ pub async fn handed_off(
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
                   v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
                   v.created_at AS event_created_at, v.raw_body, v.forward_headers,
-                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate
+                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
+                  true AS "gated!", false AS "parked!"
            FROM deliveries d
            JOIN endpoints e ON e.id = d.endpoint_id
            JOIN events v ON v.id = d.event_id
@@ -214,11 +316,7 @@ pub async fn handed_off(
     )
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|r| {
-        let (mut claimed, target) = r.split();
-        claimed.gated = true;
-        (claimed, target)
-    }))
+    Ok(row.map(ClaimRow::split))
 }
 
 /// Which of `ids` this transaction cannot see at all: a hint that came ahead of its row.
@@ -278,7 +376,8 @@ pub async fn swap_batch(
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
                   v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
                   v.created_at AS event_created_at, v.raw_body, v.forward_headers,
-                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate
+                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
+                  false AS "gated!", false AS "parked!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            JOIN events v ON v.id = c.event_id"#,

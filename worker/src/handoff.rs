@@ -85,6 +85,7 @@ const VISIBILITY_TRIES: u32 = 8;
 async fn claim_when_visible(
     shared: &Shared,
     mut missed: Vec<String>,
+    parked: &mut usize,
 ) -> Vec<(claim::Claimed, claim::Target)> {
     let mut won = Vec::new();
     let mut wait = Duration::from_millis(5);
@@ -96,7 +97,7 @@ async fn claim_when_visible(
             .cloned()
             .collect();
         if !seen.is_empty() {
-            let got = until_ok("claim", || claim::claim_batch(&shared.pool, &seen)).await;
+            let got = claim(shared, &seen, parked).await;
             shared.metrics.early_hints.inc_by(got.len() as u64);
             won.extend(got);
         }
@@ -107,9 +108,12 @@ async fn claim_when_visible(
         shared.metrics.early_hints.inc_by(missed.len() as u64);
         tokio::time::sleep(wait).await;
         wait *= 2;
-        let got = until_ok("claim", || claim::claim_batch(&shared.pool, &missed)).await;
-        missed.retain(|id| !got.iter().any(|(c, _)| &c.id == id));
-        won.extend(got);
+        let got = until_ok("claim", || {
+            claim::claim_batch(&shared.pool, &missed, shared.gap_timeout)
+        })
+        .await;
+        missed.retain(|id| !got.won.iter().any(|(c, _)| &c.id == id) && !got.parked.contains(id));
+        won.extend(settle_parked(shared, got, parked).await);
     }
     if !missed.is_empty() {
         tracing::warn!(
@@ -117,6 +121,50 @@ async fn claim_when_visible(
             "hints for deliveries that never became visible; the stranded sweep has them if they ever do"
         );
     }
+    won
+}
+
+/// One Claim statement for `ids`, with its parked rows settled (see [`settle_parked`]).
+async fn claim(
+    shared: &Shared,
+    ids: &[String],
+    parked: &mut usize,
+) -> Vec<(claim::Claimed, claim::Target)> {
+    let got = until_ok("claim", || {
+        claim::claim_batch(&shared.pool, ids, shared.gap_timeout)
+    })
+    .await;
+    settle_parked(shared, got, parked).await
+}
+
+/// Counts the ordered Deliveries a Claim statement parked and takes a second look at them
+/// (`claim::take_parked`): the statement's park and a predecessor's resolution may have
+/// missed each other, and whichever looks after the other's commit must release the
+/// Delivery (ordering.rs, "Parking in the Claim"). Returns the won Claims with any parked
+/// Delivery taken back.
+async fn settle_parked(
+    shared: &Shared,
+    got: claim::Claims,
+    parked: &mut usize,
+) -> Vec<(claim::Claimed, claim::Target)> {
+    let mut won = got.won;
+    if got.parked.is_empty() {
+        return won;
+    }
+    shared
+        .metrics
+        .deferrals
+        .with_label_values(&[crate::limits::Reason::Ordering.as_str()])
+        .inc_by(got.parked.len() as u64);
+    let taken = until_ok("parked look", || {
+        claim::take_parked(&shared.pool, &got.parked)
+    })
+    .await;
+    if !taken.is_empty() {
+        shared.metrics.ordering_released.inc_by(taken.len() as u64);
+    }
+    *parked += got.parked.len() - taken.len();
+    won.extend(taken);
     won
 }
 
@@ -135,6 +183,8 @@ pub(crate) async fn start(
     // Before the statement: the Claim's stamp is no earlier than this, so the age measured
     // from here is never less than the Claim's own (see `deliver`).
     let stamped = Instant::now();
+    // Ordered hints the Claim parked: answered, not missed.
+    let mut parked = 0;
     let won = if lane == "retry" {
         let hints: Vec<(String, Uuid)> = asks
             .iter()
@@ -152,18 +202,26 @@ pub(crate) async fn start(
                 _ => None,
             })
             .collect();
-        let mut won = until_ok("claim", || claim::claim_batch(&shared.pool, &ids)).await;
-        if won.len() < ids.len() {
-            let missed: Vec<String> = ids
-                .iter()
-                .filter(|id| !won.iter().any(|(c, _)| &c.id == *id))
+        let got = until_ok("claim", || {
+            claim::claim_batch(&shared.pool, &ids, shared.gap_timeout)
+        })
+        .await;
+        let answered = got.won.len() + got.parked.len();
+        let missed: Vec<String> = if answered < ids.len() {
+            ids.iter()
+                .filter(|id| !got.won.iter().any(|(c, _)| &c.id == *id) && !got.parked.contains(id))
                 .cloned()
-                .collect();
-            won.extend(claim_when_visible(shared, missed).await);
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut won = settle_parked(shared, got, &mut parked).await;
+        if !missed.is_empty() {
+            won.extend(claim_when_visible(shared, missed, &mut parked).await);
         }
         won
     };
-    let misses = asks.len().saturating_sub(won.len());
+    let misses = asks.len().saturating_sub(won.len() + parked);
     shared.metrics.claim_misses.inc_by(misses as u64);
     for (claimed, target) in won {
         let Some(permit) = permits.pop() else {

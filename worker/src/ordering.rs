@@ -6,7 +6,8 @@
 //! process died between commit and numbering), the gate numbers the Delivery here, under
 //! the same row lock discipline, so no Delivery is numbered twice and none goes unnumbered.
 //!
-//! **The gate** (run after the Claim, before anything is built): a Delivery may go when no
+//! **The gate** (run after the Claim, before anything is built, for a Delivery the Claim
+//! statement did not decide itself; see below): a Delivery may go when no
 //! ordered Delivery of the same endpoint with a smaller number is still unresolved
 //! (`PENDING` or `PROCESSING`, and not skipped). Otherwise it is **parked**: a Deferral
 //! (Claim released, token cleared, no Attempt spent) with `parked_at` set on the first
@@ -23,11 +24,23 @@
 //! endpoint, issue #21 item 5; 81/s with the claim in the resolution, 100/s with parks
 //! committed asynchronously, docs/BENCHMARKS.md).
 //!
-//! **Lost wake-ups.** Park (check + write) and resolve (finalise + release) each run in a
-//! transaction holding a per-endpoint advisory lock, so one of them always sees the other:
-//! either the gate sees the predecessor resolved and goes, or the release sees the parked
-//! Delivery and announces it. The gap-timeout wake-up covers a release that was lost to a
-//! crash.
+//! **Parking in the Claim.** Most ordered Deliveries never reach the gate: the Claim
+//! statement (`claim::claim_batch`) asks the gate's question from its own snapshot. Nothing
+//! unresolved ahead: claimed and sent without the gate. Something ahead: parked by the Claim
+//! statement itself (PENDING, `parked_at`, the gap-timeout wake-up), not claimed, gated and
+//! parked in three transactions. A burst of N ordered Events costs N such parks, and the
+//! gate's three transactions per park under the endpoint's lock were what held one line to
+//! 100 deliveries/s (issue #21 item 5). Unnumbered Deliveries, and those parked past their
+//! gap timeout, are still claimed and gated.
+//!
+//! **Lost wake-ups.** The gate's park (check + write) and a resolution (finalise + release)
+//! each run in a transaction holding a per-endpoint advisory lock, so one of them always sees
+//! the other. The Claim's park holds no lock; instead both sides look again after their own
+//! commit: the parker re-reads its parked rows (`claim::take_parked`) and the resolver, if
+//! its release found nothing, looks for a parked successor once more (`resolution::resolve`).
+//! Whichever commits second then sees the other's commit, so one of the two looks releases
+//! the Delivery; if both do, the conditional update lets one of them have it. The
+//! gap-timeout wake-up covers a release that was lost to a crash.
 //!
 //! **Gap timeout.** A Delivery parked for longer than the gap timeout (from its first park)
 //! stops waiting for predecessors that are stuck: those that have failed at least once and
@@ -207,7 +220,7 @@ pub async fn begin_resolve(
 /// sweep (PENDING and due again after `processing_timeout_seconds`), as a worker that dies
 /// mid-Attempt does.
 pub async fn hand_off_next(
-    tx: &mut Transaction<'_, Postgres>,
+    db: impl sqlx::PgExecutor<'_>,
     endpoint_id: &str,
     sequence_number: i64,
 ) -> sqlx::Result<Option<(String, uuid::Uuid)>> {
@@ -224,7 +237,7 @@ pub async fn hand_off_next(
                updated_at = now(), version = d.version + 1, parked_at = NULL,
                next_retry_at = NULL
            FROM next
-           WHERE d.id = next.id
+           WHERE d.id = next.id AND d.status = 'PENDING' AND d.parked_at IS NOT NULL
              AND NOT EXISTS (
                  SELECT 1 FROM deliveries p
                  WHERE p.endpoint_id = $1 AND p.ordered AND p.ordering_skipped_at IS NULL
@@ -235,7 +248,7 @@ pub async fn hand_off_next(
         sequence_number,
         token
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(db)
     .await?;
     Ok(id.map(|id| (id, token)))
 }
@@ -245,7 +258,7 @@ pub async fn hand_off_next(
 /// worker hands off to it at once (`worker::deliver`), and the Outbox row is the durable
 /// hint should that worker die first.
 pub async fn release_next(
-    tx: &mut Transaction<'_, Postgres>,
+    db: impl sqlx::PgExecutor<'_>,
     endpoint_id: &str,
     sequence_number: i64,
 ) -> sqlx::Result<Option<String>> {
@@ -266,6 +279,6 @@ pub async fn release_next(
         endpoint_id,
         sequence_number
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(db)
     .await
 }

@@ -93,21 +93,49 @@ pub(crate) async fn resolve(
     let wrote = write_resolution(&mut *tx, shared, claimed, &what).await?;
     let mut released = None;
     if wrote && let Some(seq) = claimed.sequence_number {
-        released = if shared.draining.load(std::sync::atomic::Ordering::SeqCst) {
-            ordering::release_next(&mut tx, &claimed.endpoint_id, seq)
-                .await?
-                .map(|_| Released::Announced)
-        } else {
-            ordering::hand_off_next(&mut tx, &claimed.endpoint_id, seq)
-                .await?
-                .map(|(id, token)| Released::HandedOff { id, token })
-        };
+        released = release(&mut *tx, shared, &claimed.endpoint_id, seq).await?;
     }
     tx.commit().await?;
+    // The resolver's second look (ordering.rs, "Parking in the Claim"): a Claim statement
+    // may have parked the successor, unlocked, after the look above and before this commit.
+    // Either this look, taken after the commit, sees that park, or the parker's own second
+    // look sees this resolution. Only when nothing was released, so at a line's end.
+    if wrote
+        && released.is_none()
+        && let Some(seq) = claimed.sequence_number
+    {
+        match release(&shared.pool, shared, &claimed.endpoint_id, seq).await {
+            Ok(r) => released = r,
+            Err(e) => {
+                tracing::warn!(error = %e, delivery_id = %claimed.id, "second look for a parked successor failed; its gap-timeout wake-up stays set")
+            }
+        }
+    }
     if released.is_some() {
         shared.metrics.ordering_released.inc();
     }
     Ok(Resolved { wrote, released })
+}
+
+/// Releases the next parked ordered Delivery after `seq` on the endpoint: handed off to this
+/// worker, or, while it drains, announced through the Outbox.
+async fn release(
+    db: impl sqlx::PgExecutor<'_>,
+    shared: &Shared,
+    endpoint_id: &str,
+    seq: i64,
+) -> sqlx::Result<Option<Released>> {
+    Ok(
+        if shared.draining.load(std::sync::atomic::Ordering::SeqCst) {
+            ordering::release_next(db, endpoint_id, seq)
+                .await?
+                .map(|_| Released::Announced)
+        } else {
+            ordering::hand_off_next(db, endpoint_id, seq)
+                .await?
+                .map(|(id, token)| Released::HandedOff { id, token })
+        },
+    )
 }
 
 /// A Deferral: the Claim goes back, no Attempt is spent.

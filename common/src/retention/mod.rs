@@ -79,6 +79,10 @@ pub struct Report {
     /// Time spent detaching, checking and dropping expired days (the rest of a pass is
     /// reading the catalogue and creating partitions ahead).
     pub retiring: Duration,
+    /// Of `retiring`, the time spent in `DROP TABLE`: almost all of it is the filesystem
+    /// freeing the day's files (docs/BENCHMARKS.md, Retention), which grows with the day's
+    /// bytes; the rest of a retirement does not.
+    pub dropping: Duration,
 }
 
 /// One retention pass at `now`; see the module documentation. Uses one connection of its

@@ -34,7 +34,8 @@ impl Table {
         }
     }
 
-    pub(super) fn partition(self, day: NaiveDate) -> String {
+    /// The name of its partition for `day`.
+    pub fn partition(self, day: NaiveDate) -> String {
         format!("{}_p{}", self.name(), day.format("%Y%m%d"))
     }
 

@@ -168,9 +168,11 @@ async fn drop_table(
     name: &str,
     report: &mut Report,
 ) -> Result<(), sqlx::Error> {
+    let started = std::time::Instant::now();
     sqlx::query(&format!("DROP TABLE IF EXISTS {name}"))
         .execute(&mut *conn)
         .await?;
+    report.dropping += started.elapsed();
     tracing::info!(partition = %name, "retention: dropped");
     report.dropped.push(name.to_owned());
     Ok(())
