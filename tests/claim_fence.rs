@@ -440,3 +440,143 @@ async fn a_hint_that_arrives_before_its_row_is_visible_is_claimed_once_it_is() {
     );
     p.stop().await;
 }
+
+/// Parking in the Claim (worker/src/ordering.rs): an ordered hint behind an unresolved
+/// Delivery is parked by the Claim statement itself, not claimed; the head goes without the
+/// gate; and a parked Delivery whose predecessor resolved is taken by exactly one of the two
+/// second looks (the resolver's `hand_off_next`, the parker's `take_parked`).
+#[tokio::test]
+async fn ordered_hints_behind_their_predecessor_are_parked_by_the_claim_and_taken_once() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["*"], true).await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let r = app.post_event(&key, "a.b", json!({"n": n}), None).await;
+        ids.push(
+            r.body["deliveries"][0]["id"]
+                .as_str()
+                .expect("id")
+                .to_owned(),
+        );
+    }
+    let numbers: Vec<Option<i64>> = sqlx::query_scalar(
+        "SELECT sequence_number FROM deliveries WHERE id = ANY($1) ORDER BY sequence_number",
+    )
+    .bind(&ids)
+    .fetch_all(&app.pool)
+    .await
+    .expect("numbers");
+    assert_eq!(
+        numbers,
+        vec![Some(1), Some(2), Some(3)],
+        "numbered by ingest"
+    );
+    let gap = Duration::from_secs(60);
+    let state = |id: String| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, bool, bool)>(
+                "SELECT status, parked_at IS NOT NULL,
+                        coalesce(next_retry_at > now() + interval '30 seconds', false)
+                 FROM deliveries WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("row")
+        }
+    };
+
+    // The hints of the second and third come first: both parked, neither claimed.
+    let got = claim::claim_batch(&app.pool, &ids[1..], gap)
+        .await
+        .expect("claim");
+    assert!(got.won.is_empty());
+    assert_eq!(got.parked.len(), 2);
+    assert_eq!(state(ids[1].clone()).await, ("PENDING".into(), true, true));
+    // A repeated hint for a parked row is not due: nothing at all.
+    let again = claim::claim_batch(&app.pool, &ids[1..2], gap)
+        .await
+        .expect("claim");
+    assert!(again.won.is_empty() && again.parked.is_empty());
+    // The head goes without the gate.
+    let head = claim::claim_batch(&app.pool, &ids[..1], gap)
+        .await
+        .expect("claim");
+    assert_eq!(head.won.len(), 1);
+    let (first, _) = &head.won[0];
+    assert!(first.gated && first.sequence_number == Some(1));
+    // Still behind it: the parker's look takes nothing.
+    assert!(
+        claim::take_parked(&app.pool, &ids[1..])
+            .await
+            .expect("look")
+            .is_empty()
+    );
+
+    // The head resolves without its hand-off (as when the park committed after its look):
+    // the resolver's second look takes the next one, and the parker's look then finds it
+    // gone and the third still behind it.
+    assert!(
+        fence::finalise(
+            &app.pool,
+            first,
+            &report(Outcome::Delivered),
+            &Decision::Succeeded,
+            &STREAK
+        )
+        .await
+        .expect("finalise")
+        .wrote
+    );
+    let (second, _) = claim::hand_off_next(&app.pool, &ep, 1)
+        .await
+        .expect("hand-off")
+        .expect("the second is handed off");
+    assert_eq!(second.id, ids[1]);
+    assert!(second.gated && second.sequence_number == Some(2));
+    assert_eq!(
+        state(ids[1].clone()).await,
+        ("PROCESSING".into(), false, false)
+    );
+    assert!(
+        claim::take_parked(&app.pool, &ids[1..])
+            .await
+            .expect("look")
+            .is_empty()
+    );
+
+    // The second resolves and nobody hands off: the parker's look takes the third, once.
+    assert!(
+        fence::finalise(
+            &app.pool,
+            &second,
+            &report(Outcome::Delivered),
+            &Decision::Succeeded,
+            &STREAK
+        )
+        .await
+        .expect("finalise")
+        .wrote
+    );
+    let taken = claim::take_parked(&app.pool, &ids[2..])
+        .await
+        .expect("look");
+    assert_eq!(taken.len(), 1);
+    assert!(taken[0].0.gated && taken[0].0.sequence_number == Some(3));
+    assert!(
+        claim::take_parked(&app.pool, &ids[2..])
+            .await
+            .expect("look")
+            .is_empty()
+    );
+    assert!(
+        claim::hand_off_next(&app.pool, &ep, 2)
+            .await
+            .expect("hand-off")
+            .is_none(),
+        "taken once"
+    );
+}

@@ -1,5 +1,6 @@
 //! The Claim: how a worker takes a Delivery row (duplicate windows 4 and 5), the only
-//! statements that do, and what a won Claim hands to its turn (`Claimed`, `Target`).
+//! statements that do (the ordering hand-off among them), and what a won Claim hands to its
+//! turn (`Claimed`, `Target`).
 //!
 //! A Kafka message is a hint; these statements decide. A fresh hint claims with
 //! [`claim_batch`] (PENDING and due → PROCESSING under a new token); a RetryHint swaps the
@@ -136,6 +137,39 @@ impl ClaimRow {
     }
 }
 
+/// A Claim statement with the read of what its Attempts need, written once for every
+/// statement that takes a Delivery row. `$claimed` is the statement's `WITH` clause: its
+/// last query, named `claimed`, returns each taken (or parked) row as `id, token, verdict,
+/// attempt_count, event_id, endpoint_id, direction, sequence_number, ladder_started_at,
+/// ordered, deferral_count`. `verdict`: `claim` (the gate still runs for an ordered
+/// Delivery), `go` (the order was checked by the statement), or `park` (parked, not
+/// claimed). sqlx's macros take only literal SQL, so the shared part is spliced in here.
+macro_rules! claim_rows {
+    ($claimed:tt, $($arg:expr),* $(,)?) => {
+        sqlx::query_as!(
+            ClaimRow,
+            $claimed + r#"
+           SELECT c.id AS "id!", c.token AS "token!", c.attempt_count AS "attempt_count!",
+                  c.event_id AS "event_id!", c.endpoint_id AS "endpoint_id!",
+                  c.direction AS "direction!", c.sequence_number,
+                  c.ladder_started_at AS "ladder_started_at!",
+                  c.ordered AS "ordered!", c.deferral_count AS "deferral_count!",
+                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
+                  e.url, e.secret,
+                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
+                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
+                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
+                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
+                  c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
+           FROM claimed c
+           JOIN endpoints e ON e.id = c.endpoint_id
+           JOIN events v ON v.id = c.event_id"#,
+            $($arg),*
+        )
+    };
+}
+
 /// What one Claim statement did with a batch of fresh hints.
 #[derive(Debug, Default)]
 pub struct Claims {
@@ -169,8 +203,7 @@ pub async fn claim_batch(
     gap_timeout: std::time::Duration,
 ) -> Result<Claims, sqlx::Error> {
     let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
-    let rows = sqlx::query_as!(
-        ClaimRow,
+    let rows = claim_rows!(
         r#"WITH want AS (
                SELECT * FROM unnest($1::text[], $2::uuid[]) AS w(id, token)
            ), verdict AS (
@@ -179,11 +212,8 @@ pub async fn claim_batch(
                           WHEN NOT (d.ordered AND d.ordering_skipped_at IS NULL)
                                OR d.sequence_number IS NULL THEN 'claim'
                           WHEN NOT EXISTS (
-                              SELECT 1 FROM deliveries p
-                              WHERE p.endpoint_id = d.endpoint_id AND p.ordered
-                                AND p.ordering_skipped_at IS NULL
-                                AND p.status IN ('PENDING', 'PROCESSING')
-                                AND p.sequence_number < d.sequence_number) THEN 'go'
+                              SELECT 1 FROM railhook_ordered_ahead(d.endpoint_id, d.sequence_number))
+                              THEN 'go'
                           WHEN d.parked_at + make_interval(secs => $3) <= now() THEN 'claim'
                           ELSE 'park'
                       END AS verdict
@@ -210,23 +240,7 @@ pub async fn claim_batch(
                RETURNING d.id, v.token, v.verdict, d.attempt_count, d.event_id, d.endpoint_id,
                          d.direction, d.sequence_number, d.ladder_started_at,
                          (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
-           )
-           SELECT c.id AS "id!", c.token AS "token!", c.attempt_count AS "attempt_count!",
-                  c.event_id AS "event_id!", c.endpoint_id AS "endpoint_id!",
-                  c.direction AS "direction!", c.sequence_number,
-                  c.ladder_started_at AS "ladder_started_at!",
-                  c.ordered AS "ordered!", c.deferral_count AS "deferral_count!",
-                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
-                  e.url, e.secret,
-                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
-                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
-                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
-                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
-                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
-                  c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
-           FROM claimed c
-           JOIN endpoints e ON e.id = c.endpoint_id
-           JOIN events v ON v.id = c.event_id"#,
+           )"#,
         ids,
         &tokens,
         gap_timeout.as_secs_f64()
@@ -253,68 +267,73 @@ pub async fn take_parked(
     pool: &PgPool,
     ids: &[String],
 ) -> Result<Vec<(Claimed, Target)>, sqlx::Error> {
-    let taken = sqlx::query!(
+    let rows = claim_rows!(
         r#"WITH ready AS (
                SELECT d.id FROM deliveries d
                WHERE d.id = ANY($1) AND d.status = 'PENDING' AND d.parked_at IS NOT NULL
                  AND NOT EXISTS (
-                     SELECT 1 FROM deliveries p
-                     WHERE p.endpoint_id = d.endpoint_id AND p.ordered
-                       AND p.ordering_skipped_at IS NULL
-                       AND p.status IN ('PENDING', 'PROCESSING')
-                       AND p.sequence_number < d.sequence_number)
-           )
-           UPDATE deliveries d
-           SET status = 'PROCESSING', claim_token = gen_random_uuid(), last_attempt_at = now(),
-               parked_at = NULL, next_retry_at = NULL, updated_at = now(),
-               version = d.version + 1
-           FROM ready r
-           WHERE d.id = r.id AND d.status = 'PENDING' AND d.parked_at IS NOT NULL
-           RETURNING d.id, d.claim_token AS "token!""#,
+                     SELECT 1 FROM railhook_ordered_ahead(d.endpoint_id, d.sequence_number))
+           ), claimed AS (
+               UPDATE deliveries d
+               SET status = 'PROCESSING', claim_token = gen_random_uuid(),
+                   last_attempt_at = now(), parked_at = NULL, next_retry_at = NULL,
+                   updated_at = now(), version = d.version + 1
+               FROM ready r
+               WHERE d.id = r.id AND d.status = 'PENDING' AND d.parked_at IS NOT NULL
+               RETURNING d.id, d.claim_token AS token, 'go' AS verdict, d.attempt_count,
+                         d.event_id, d.endpoint_id, d.direction, d.sequence_number,
+                         d.ladder_started_at,
+                         (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
+           )"#,
         ids
     )
     .fetch_all(pool)
     .await?;
-    // Rare (a predecessor resolved while the parking statement ran): read each like a
-    // hand-off rather than write the Claim's column list a fourth time.
-    let mut won = Vec::new();
-    for t in taken {
-        if let Some(got) = handed_off(pool, &t.id, t.token).await? {
-            won.push(got);
-        }
-    }
-    Ok(won)
+    Ok(rows.into_iter().map(ClaimRow::split).collect())
 }
 
-/// What a hand-off needs to deliver the Delivery its predecessor's resolution claimed for
-/// it (`ordering::hand_off_next`): the same as a Claim returns, read under that Claim's
-/// token. `None` if the row is no longer held under it.
-pub async fn handed_off(
-    pool: &PgPool,
-    id: &str,
-    token: Uuid,
+/// The hand-off (ordering.rs): claims the next parked Delivery of the endpoint (the smallest
+/// number above `sequence_number`) for the resolving worker, if nothing else unresolved is
+/// ahead of it (the gate's own condition, so it goes without the gate), and returns it with
+/// what its Attempt needs, in one statement. Runs in the resolution's transaction under the
+/// endpoint's lock, and once more after its commit (the resolver's second look), so the
+/// update re-checks the row itself (PENDING and parked) on the version it locks: of two
+/// looks, one gets it. If something else is still ahead, nothing is released: whichever of
+/// those resolves last releases it, and its gap-timeout wake-up stays set.
+///
+/// Crash safety: the successor is PROCESSING when the statement commits, like any claimed
+/// Delivery, so a worker that dies before delivering it leaves it to the processing sweep
+/// (PENDING and due again after `processing_timeout_seconds`), as a worker that dies
+/// mid-Attempt does.
+pub async fn hand_off_next(
+    db: impl sqlx::PgExecutor<'_>,
+    endpoint_id: &str,
+    sequence_number: i64,
 ) -> Result<Option<(Claimed, Target)>, sqlx::Error> {
-    let row = sqlx::query_as!(
-        ClaimRow,
-        r#"SELECT d.id, d.claim_token AS "token!", d.attempt_count, d.event_id, d.endpoint_id,
-                  d.direction, d.sequence_number, d.ladder_started_at,
-                  (d.ordered AND d.ordering_skipped_at IS NULL) AS "ordered!", d.deferral_count,
-                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
-                  e.url, e.secret,
-                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
-                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
-                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
-                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
-                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
-                  true AS "gated!", false AS "parked!"
-           FROM deliveries d
-           JOIN endpoints e ON e.id = d.endpoint_id
-           JOIN events v ON v.id = d.event_id
-           WHERE d.id = $1 AND d.claim_token = $2 AND d.status = 'PROCESSING'"#,
-        id,
-        token
+    let row = claim_rows!(
+        r#"WITH next AS (
+               SELECT id, sequence_number FROM deliveries
+               WHERE endpoint_id = $1 AND parked_at IS NOT NULL AND status = 'PENDING'
+                 AND sequence_number > $2
+               ORDER BY sequence_number LIMIT 1
+           ), claimed AS (
+               UPDATE deliveries d
+               SET status = 'PROCESSING', claim_token = gen_random_uuid(),
+                   last_attempt_at = now(), updated_at = now(), version = d.version + 1,
+                   parked_at = NULL, next_retry_at = NULL
+               FROM next
+               WHERE d.id = next.id AND d.status = 'PENDING' AND d.parked_at IS NOT NULL
+                 AND NOT EXISTS (
+                     SELECT 1 FROM railhook_ordered_ahead($1, next.sequence_number))
+               RETURNING d.id, d.claim_token AS token, 'go' AS verdict, d.attempt_count,
+                         d.event_id, d.endpoint_id, d.direction, d.sequence_number,
+                         d.ladder_started_at,
+                         (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
+           )"#,
+        endpoint_id,
+        sequence_number
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await?;
     Ok(row.map(ClaimRow::split))
 }
@@ -351,8 +370,7 @@ pub async fn swap_batch(
     let ids: Vec<&str> = hints.iter().map(|(id, _)| id.as_str()).collect();
     let scheduler_tokens: Vec<Uuid> = hints.iter().map(|(_, t)| *t).collect();
     let tokens: Vec<Uuid> = hints.iter().map(|_| Uuid::new_v4()).collect();
-    let rows = sqlx::query_as!(
-        ClaimRow,
+    let rows = claim_rows!(
         r#"WITH want AS (
                SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[]) AS w(id, held, token)
            ), claimed AS (
@@ -361,26 +379,11 @@ pub async fn swap_batch(
                    updated_at = now(), version = d.version + 1
                FROM want w
                WHERE d.id = w.id AND d.status = 'PROCESSING' AND d.claim_token = w.held
-               RETURNING d.id, d.claim_token, d.attempt_count, d.event_id, d.endpoint_id,
-                         d.direction, d.sequence_number, d.ladder_started_at,
+               RETURNING d.id, d.claim_token AS token, 'claim' AS verdict, d.attempt_count,
+                         d.event_id, d.endpoint_id, d.direction, d.sequence_number,
+                         d.ladder_started_at,
                          (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
-           )
-           SELECT c.id AS "id!", c.claim_token AS "token!", c.attempt_count AS "attempt_count!",
-                  c.event_id AS "event_id!", c.endpoint_id AS "endpoint_id!",
-                  c.direction AS "direction!", c.sequence_number,
-                  c.ladder_started_at AS "ladder_started_at!",
-                  c.ordered AS "ordered!", c.deferral_count AS "deferral_count!",
-                  e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
-                  e.url, e.secret,
-                  CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
-                  e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
-                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
-                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
-                  v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
-                  false AS "gated!", false AS "parked!"
-           FROM claimed c
-           JOIN endpoints e ON e.id = c.endpoint_id
-           JOIN events v ON v.id = c.event_id"#,
+           )"#,
         &ids as &[&str],
         &scheduler_tokens,
         &tokens

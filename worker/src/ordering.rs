@@ -9,13 +9,15 @@
 //! **The gate** (run after the Claim, before anything is built, for a Delivery the Claim
 //! statement did not decide itself; see below): a Delivery may go when no
 //! ordered Delivery of the same endpoint with a smaller number is still unresolved
-//! (`PENDING` or `PROCESSING`, and not skipped). Otherwise it is **parked**: a Deferral
+//! (`PENDING` or `PROCESSING`, and not skipped). Every statement that asks this reads the
+//! one definition of that set, the SQL function `railhook_ordered_ahead` (migration
+//! 20261205000016). Otherwise it is **parked**: a Deferral
 //! (Claim released, token cleared, no Attempt spent) with `parked_at` set on the first
 //! park, and `next_retry_at` at `parked_at + gap timeout` as the fallback wake-up.
 //!
 //! **Release.** When an ordered Delivery resolves (SUCCEEDED or FAILED), the resolving
 //! worker claims the next parked one on its endpoint in the same transaction, if nothing
-//! else unresolved is ahead of it ([`hand_off_next`]), and delivers it in the same task
+//! else unresolved is ahead of it (`claim::hand_off_next`), and delivers it in the same task
 //! without running the gate again. A draining worker announces it through the Outbox
 //! instead (reason `RELEASED`, [`release_next`]). Without the hand-off every link of an
 //! ordered line cost a full trip through the relay, the broker and the consumer (~30 ms
@@ -146,9 +148,7 @@ pub async fn gate(pool: &PgPool, claimed: &Claimed, gap_timeout: Duration) -> sq
              (SELECT parked_at IS NOT NULL FROM deliveries WHERE id = $1) AS "parked!",
              coalesce((SELECT parked_at + make_interval(secs => $4) <= now()
                        FROM deliveries WHERE id = $1), false) AS "timed_out!"
-           FROM deliveries p
-           WHERE p.endpoint_id = $2 AND p.ordered AND p.ordering_skipped_at IS NULL
-             AND p.status IN ('PENDING', 'PROCESSING') AND p.sequence_number < $3"#,
+           FROM railhook_ordered_ahead($2, $3) p"#,
         claimed.id,
         claimed.endpoint_id,
         seq,
@@ -166,8 +166,7 @@ pub async fn gate(pool: &PgPool, claimed: &Claimed, gap_timeout: Duration) -> sq
     if row.timed_out && row.moving == 0 {
         sqlx::query!(
             "UPDATE deliveries SET ordering_skipped_at = now(), updated_at = now()
-             WHERE endpoint_id = $1 AND ordered AND ordering_skipped_at IS NULL
-               AND status IN ('PENDING', 'PROCESSING') AND sequence_number < $2",
+             WHERE id IN (SELECT id FROM railhook_ordered_ahead($1, $2))",
             claimed.endpoint_id,
             seq
         )
@@ -197,7 +196,7 @@ pub async fn gate(pool: &PgPool, claimed: &Claimed, gap_timeout: Duration) -> sq
 }
 
 /// Opens the transaction a resolving ordered Delivery's finalise runs in: the endpoint's
-/// lock is held until [`hand_off_next`] (or [`release_next`]) and the commit.
+/// lock is held until `claim::hand_off_next` (or [`release_next`]) and the commit.
 pub async fn begin_resolve(
     pool: &PgPool,
     endpoint_id: &str,
@@ -205,52 +204,6 @@ pub async fn begin_resolve(
     let mut tx = pool.begin().await?;
     lock_endpoint(&mut tx, endpoint_id).await?;
     Ok(tx)
-}
-
-/// Claims the next parked Delivery of the endpoint (the smallest number above
-/// `sequence_number`) for the resolving worker, in the resolution's transaction and under
-/// the endpoint's lock, if nothing else unresolved is ahead of it: the gate's own condition,
-/// checked here so that the hand-off needs no gate transaction, no Claim statement and no
-/// Outbox round trip of its own (issue #21 item 5). Returns its id and the new Claim's
-/// token. If something else is still ahead, nothing is released: whichever of those
-/// resolves last releases it, and its gap-timeout wake-up stays set.
-///
-/// Crash safety: the successor is PROCESSING when the transaction commits, like any
-/// claimed Delivery, so a worker that dies before delivering it leaves it to the processing
-/// sweep (PENDING and due again after `processing_timeout_seconds`), as a worker that dies
-/// mid-Attempt does.
-pub async fn hand_off_next(
-    db: impl sqlx::PgExecutor<'_>,
-    endpoint_id: &str,
-    sequence_number: i64,
-) -> sqlx::Result<Option<(String, uuid::Uuid)>> {
-    let token = uuid::Uuid::new_v4();
-    let id = sqlx::query_scalar!(
-        r#"WITH next AS (
-               SELECT id, sequence_number FROM deliveries
-               WHERE endpoint_id = $1 AND parked_at IS NOT NULL AND status = 'PENDING'
-                 AND sequence_number > $2
-               ORDER BY sequence_number LIMIT 1
-           )
-           UPDATE deliveries d
-           SET status = 'PROCESSING', claim_token = $3, last_attempt_at = now(),
-               updated_at = now(), version = d.version + 1, parked_at = NULL,
-               next_retry_at = NULL
-           FROM next
-           WHERE d.id = next.id AND d.status = 'PENDING' AND d.parked_at IS NOT NULL
-             AND NOT EXISTS (
-                 SELECT 1 FROM deliveries p
-                 WHERE p.endpoint_id = $1 AND p.ordered AND p.ordering_skipped_at IS NULL
-                   AND p.status IN ('PENDING', 'PROCESSING')
-                   AND p.sequence_number < next.sequence_number)
-           RETURNING d.id"#,
-        endpoint_id,
-        sequence_number,
-        token
-    )
-    .fetch_optional(db)
-    .await?;
-    Ok(id.map(|id| (id, token)))
 }
 
 /// Announces the next parked Delivery of the endpoint (the smallest number above

@@ -42,7 +42,7 @@ pub(crate) struct Resolved {
 /// How a resolution released the next parked ordered Delivery.
 pub(crate) enum Released {
     /// Claimed for this worker in the resolution's transaction: deliver it next.
-    HandedOff { id: String, token: uuid::Uuid },
+    HandedOff(Box<(crate::claim::Claimed, crate::claim::Target)>),
     /// Announced through the Outbox (a draining worker starts nothing new).
     Announced,
 }
@@ -131,9 +131,9 @@ async fn release(
                 .await?
                 .map(|_| Released::Announced)
         } else {
-            ordering::hand_off_next(db, endpoint_id, seq)
+            crate::claim::hand_off_next(db, endpoint_id, seq)
                 .await?
-                .map(|(id, token)| Released::HandedOff { id, token })
+                .map(|taken| Released::HandedOff(Box::new(taken)))
         },
     )
 }

@@ -58,28 +58,21 @@ pub(crate) async fn turns(
         if let Ok(mut running) = shared.running.lock() {
             running.remove(&id);
         }
-        let Some(Released::HandedOff { id, token }) = released else {
+        let Some(Released::HandedOff(taken)) = released else {
             return;
         };
+        let (claimed, target) = *taken;
         // Claimed at the resolution's commit: the processing window starts there.
         let stamped = Instant::now();
         if shared.draining.load(Ordering::SeqCst) {
             // Told to stop after the hand-off was claimed: give it back at once.
-            if let Err(e) = fence::release(&shared.pool, &[(id, token)]).await {
+            if let Err(e) = fence::release(&shared.pool, &[(claimed.id, claimed.token)]).await {
                 tracing::warn!(error = %e, "hand-off not given back; the processing sweep will");
             }
             return;
         }
-        match claim::handed_off(&shared.pool, &id, token).await {
-            Ok(Some((claimed, target))) => {
-                shared.metrics.ordering_handoffs.inc();
-                next = Some((claimed, target, stamped));
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "hand-off not read; the processing sweep will hand the delivery back")
-            }
-        }
+        shared.metrics.ordering_handoffs.inc();
+        next = Some((claimed, target, stamped));
     }
 }
 
