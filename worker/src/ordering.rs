@@ -32,8 +32,8 @@
 //! statement itself (PENDING, `parked_at`, the gap-timeout wake-up), not claimed, gated and
 //! parked in three transactions. A burst of N ordered Events costs N such parks, and the
 //! gate's three transactions per park under the endpoint's lock were what held one line to
-//! 100 deliveries/s (issue #21 item 5). Unnumbered Deliveries, and those parked past their
-//! gap timeout, are still claimed and gated.
+//! 100 deliveries/s (issue #21 item 5; 370/s since, docs/BENCHMARKS.md). Unnumbered
+//! Deliveries, and those parked past their gap timeout, are still claimed and gated.
 //!
 //! **Lost wake-ups.** The gate's park (check + write) and a resolution (finalise + release)
 //! each run in a transaction holding a per-endpoint advisory lock, so one of them always sees
