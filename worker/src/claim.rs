@@ -180,6 +180,14 @@ pub struct Claims {
     pub parked: Vec<String>,
 }
 
+impl Claims {
+    /// Whether the statement answered the hint for `id`: claimed or parked it. A hint it
+    /// did not answer is a miss (a duplicate, or a row not yet visible).
+    pub fn answered(&self, id: &str) -> bool {
+        self.won.iter().any(|(c, _)| c.id == id) || self.parked.iter().any(|p| p == id)
+    }
+}
+
 /// The Claim (duplicate windows 4 and 5), the only one: one worker gets each row; every other
 /// copy of the hint — a republished Outbox row, a rebalance replay — matches nothing.
 /// Claims a batch of hinted Deliveries in one statement (one commit for the whole batch)

@@ -112,7 +112,7 @@ async fn claim_when_visible(
             claim::claim_batch(&shared.pool, &missed, shared.gap_timeout)
         })
         .await;
-        missed.retain(|id| !got.won.iter().any(|(c, _)| &c.id == id) && !got.parked.contains(id));
+        missed.retain(|id| !got.answered(id));
         won.extend(settle_parked(shared, got, parked).await);
     }
     if !missed.is_empty() {
@@ -206,12 +206,9 @@ pub(crate) async fn start(
             claim::claim_batch(&shared.pool, &ids, shared.gap_timeout)
         })
         .await;
-        let answered = got.won.len() + got.parked.len();
-        let missed: Vec<String> = if answered < ids.len() {
-            ids.iter()
-                .filter(|id| !got.won.iter().any(|(c, _)| &c.id == *id) && !got.parked.contains(id))
-                .cloned()
-                .collect()
+        // Every hint answered (the usual case): no per-id search.
+        let missed: Vec<String> = if got.won.len() + got.parked.len() < ids.len() {
+            ids.iter().filter(|id| !got.answered(id)).cloned().collect()
         } else {
             Vec::new()
         };
