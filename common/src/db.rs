@@ -46,6 +46,27 @@ pub fn is_lock_timeout(e: &sqlx::migrate::MigrateError) -> bool {
     db.code().as_deref() == Some("55P03")
 }
 
+/// Turns JIT compilation off for the session.
+///
+/// Why: Postgres compiles a statement with LLVM when the planner's cost estimate passes
+/// `jit_above_cost` (100,000 by default; JIT is on by default and in most managed Postgres).
+/// The Claim statement's estimate grows with the PENDING rows the planner thinks its join may
+/// touch, and once autovacuum's statistics showed a few thousand of them it passed 900,000:
+/// every Claim then spent 3–5 s of CPU compiling itself to run for 5 ms. Measured at 1,000
+/// Events/s (docs/BENCHMARKS.md, "JIT"): 10,000 of 20,000 Events delivered within the run,
+/// Postgres at 6.7 ms of CPU per message. Railhook's hot statements each touch a handful of
+/// rows through indexes, where compiling can never pay for itself.
+///
+/// A `SET` after connecting rather than a startup option: PgBouncer (≥ 1.20) refuses a
+/// startup `options` parameter it does not track. Behind a transaction-mode pooler the
+/// `SET` reaches one server connection only; docs/OPERATIONS.md says to set it on the role.
+async fn turn_jit_off(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query!("SET jit = off")
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
 /// A pooled connection idle for longer than this is pinged before it is handed out.
 const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
@@ -64,6 +85,8 @@ const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// 503) while Postgres is away, and reconnects by itself when it is back. TLS comes from the
 /// URL's libpq parameters ([`crate::postgres_url`]). Callers that must not start without
 /// Postgres wait with [`crate::health::wait_for_postgres`].
+///
+/// Every new connection turns JIT compilation off ([`turn_jit_off`]) before its first use.
 pub fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
     let options = settings
         .postgres()
@@ -73,6 +96,7 @@ pub fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
         .max_connections(settings.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .test_before_acquire(false)
+        .after_connect(|conn, _meta| Box::pin(turn_jit_off(conn)))
         .before_acquire(|conn, meta| {
             Box::pin(async move {
                 if meta.idle_for > PING_IF_IDLE_FOR {
