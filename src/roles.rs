@@ -138,7 +138,7 @@ pub async fn relay(settings: &Settings) -> anyhow::Result<()> {
 }
 
 pub async fn worker(settings: &Settings) -> anyhow::Result<()> {
-    let pool = connect(settings)?;
+    let pool = connect_worker(settings)?;
     let deps = Dependencies::new();
     let metrics = WorkerMetrics::new();
     // Registered here, once per process: tests run several workers on one registry.
@@ -206,7 +206,7 @@ pub async fn all(settings: &Settings) -> anyhow::Result<()> {
         deps.clone(),
         shutdown_signal(),
     );
-    let pool = connect(settings)?;
+    let pool = connect_worker(settings)?;
     db::PoolCollector::register(&registries[1], "worker", pool.clone());
     // Postgres is probed by `ingest_with`, through the API's pool.
     spawn_probes(
@@ -237,6 +237,11 @@ pub async fn all(settings: &Settings) -> anyhow::Result<()> {
 /// A lazy pool: nothing connects yet (see `db::connect`).
 pub(crate) fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
     db::connect(settings).context("configuration: database_url")
+}
+
+/// The worker's lazy pool: its statements keep one generic plan each (`db::Planning`).
+fn connect_worker(settings: &Settings) -> anyhow::Result<PgPool> {
+    db::connect_planned(settings, db::Planning::Generic).context("configuration: database_url")
 }
 
 pub async fn ingest(settings: &Settings) -> anyhow::Result<()> {

@@ -582,7 +582,7 @@ async fn ordered_hints_behind_their_predecessor_are_parked_by_the_claim_and_take
 }
 
 /// Railhook's pool never JIT-compiles, even on a server set to compile every statement
-/// (common/src/db.rs, `turn_jit_off`): at 1,000 Events/s each Claim spent 3–5 s of CPU
+/// (common/src/db.rs, `start_session`): at 1,000 Events/s each Claim spent 3–5 s of CPU
 /// compiling itself once the planner's estimate passed `jit_above_cost`. The control, a plain
 /// connection to the same database, shows the server would compile.
 #[tokio::test]
@@ -637,5 +637,67 @@ async fn the_pool_never_jit_compiles_even_where_the_server_would() {
     assert!(
         !interpreted.contains("JIT:"),
         "Railhook's pool compiled a statement:\n{interpreted}"
+    );
+}
+
+/// How one connection ran the statement whose text starts with `prefix`: (calls on its one
+/// cached generic plan, calls planned anew), from `pg_prepared_statements`.
+async fn plans_of(conn: &mut sqlx::PgConnection, prefix: &str) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+         WHERE ltrim(statement) LIKE $1 || '%'",
+    )
+    .bind(prefix)
+    .fetch_one(conn)
+    .await
+    .expect("the statement is prepared on this connection")
+}
+
+/// The worker's pool plans its outcome write once per connection, however many day
+/// partitions retention keeps (common/src/db.rs, `Planning::Generic`); the server's default
+/// choice plans it at every call, since a generic plan spans every partition. With 30 days
+/// of partitions that planning cost more than the statement's execution.
+#[tokio::test]
+async fn the_worker_pool_plans_its_outcome_write_once_over_a_month_of_partitions() {
+    let (app, id) = one_pending_delivery().await;
+    sqlx::query("SELECT railhook_ensure_partitions(current_date - 30, current_date)")
+        .execute(&app.pool)
+        .await
+        .expect("a month of partitions");
+    let claimed = claim_one(&app.pool, &id).await.expect("won");
+    // A stale token: every call runs the whole statement and lands on nothing.
+    let stale = claim::Claimed {
+        token: uuid::Uuid::new_v4(),
+        ..claimed
+    };
+    let unsent = Report {
+        sent: false,
+        ..report(Outcome::Delivered)
+    };
+    let mut settings = support::settings(&app.database_url, &support::local_setting("REDIS_URL"));
+    settings.db_max_connections = 1;
+    let mut seen = Vec::new();
+    for planning in [
+        railhook_common::db::Planning::Generic,
+        railhook_common::db::Planning::Server,
+    ] {
+        let pool = railhook_common::db::connect_planned(&settings, planning).expect("pool");
+        for _ in 0..8 {
+            let done = fence::finalise(&pool, &stale, &unsent, &Decision::Succeeded, &STREAK)
+                .await
+                .expect("finalise");
+            assert!(!done.wrote, "a stale token writes nothing");
+        }
+        let mut conn = pool.acquire().await.expect("conn");
+        seen.push(plans_of(&mut conn, "WITH upd AS").await);
+    }
+    assert_eq!(
+        seen[0],
+        (8, 0),
+        "the worker's pool: every call on the generic plan"
+    );
+    assert_eq!(
+        seen[1].1, 8,
+        "the server's choice plans every call: if this fails, Postgres now prefers the generic plan by itself and Planning::Generic may be unneeded ({seen:?})"
     );
 }

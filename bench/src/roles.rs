@@ -44,6 +44,11 @@ pub struct Args {
     /// instead of discarding it.
     #[arg(long)]
     logs: Option<PathBuf>,
+    /// Day partitions of `events`, `deliveries` and `attempts` to create before today, empty,
+    /// as a database under `RAILHOOK_RETENTION_DAYS` carries (30 by default): every
+    /// statement that cannot prune at plan time plans over all of them.
+    #[arg(long, default_value_t = 0)]
+    history_days: u32,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -68,6 +73,12 @@ impl Drop for Role {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let (settings, url, pool) = crate::setup::fresh().await?;
+    if args.history_days > 0 {
+        sqlx::query("SELECT railhook_ensure_partitions(current_date - $1, current_date)")
+            .bind(args.history_days as i32)
+            .execute(&pool)
+            .await?;
+    }
     let slot = unique("rh_bench_roles_");
     sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
         .bind(&slot)

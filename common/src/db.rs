@@ -46,25 +46,60 @@ pub fn is_lock_timeout(e: &sqlx::migrate::MigrateError) -> bool {
     db.code().as_deref() == Some("55P03")
 }
 
-/// Turns JIT compilation off for the session.
+/// How a pool's prepared statements are planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Planning {
+    /// The server's choice (`plan_cache_mode`, `auto` unless a DBA changed it): a custom plan
+    /// for each execution until a generic one looks no more expensive. Right for the API,
+    /// whose filters and pages make some parameter values worth planning for.
+    Server,
+    /// One generic plan per statement and connection, pruned to the partitions a call needs
+    /// when it starts (`plan_cache_mode = force_generic_plan`). For the worker, whose
+    /// statements have a fixed shape and look rows up by id.
+    ///
+    /// Why: a generic plan of a statement on a partitioned table spans every partition, so
+    /// Postgres's cost rule never prefers it to a custom plan that pruned at planning time,
+    /// and it plans the statement again at every call. With 30 days of retention (38 day
+    /// partitions) the outcome write (`fence::finalise`) was planned at each of its 18,001
+    /// calls, 1.19 ms each, more than its 1.06 ms of execution (docs/BENCHMARKS.md,
+    /// "Partitions and planning").
+    Generic,
+}
+
+/// The session settings every pooled connection starts with, in one statement.
 ///
-/// Why: Postgres compiles a statement with LLVM when the planner's cost estimate passes
-/// `jit_above_cost` (100,000 by default; JIT is on by default and in most managed Postgres).
-/// The Claim statement's estimate grows with the PENDING rows the planner thinks its join may
-/// touch, and once autovacuum's statistics showed a few thousand of them it passed 900,000:
-/// every Claim then spent 3–5 s of CPU compiling itself to run for 5 ms. Measured at 1,000
-/// Events/s (docs/BENCHMARKS.md, "JIT"): 10,000 of 20,000 Events delivered within the run,
-/// Postgres at 6.7 ms of CPU per message. Railhook's hot statements each touch a handful of
-/// rows through indexes, where compiling can never pay for itself.
+/// `jit = off`. Why: Postgres compiles a statement with LLVM when the planner's cost
+/// estimate passes `jit_above_cost` (100,000 by default; JIT is on by default and in most
+/// managed Postgres). The Claim statement's estimate grows with the PENDING rows the planner
+/// thinks its join may touch, and once autovacuum's statistics showed a few thousand of them
+/// it passed 900,000: every Claim then spent 3–5 s of CPU compiling itself to run for 5 ms.
+/// Measured at 1,000 Events/s (docs/BENCHMARKS.md, "JIT"): 10,000 of 20,000 Events
+/// delivered within the run, Postgres at 6.7 ms of CPU per message. Railhook's hot
+/// statements each touch a handful of rows through indexes, where compiling can never pay
+/// for itself.
+///
+/// `plan_cache_mode` as [`Planning`] says.
 ///
 /// A `SET` after connecting rather than a startup option: PgBouncer (≥ 1.20) refuses a
 /// startup `options` parameter it does not track. Behind a transaction-mode pooler the
-/// `SET` reaches one server connection only; docs/OPERATIONS.md says to set it on the role.
-async fn turn_jit_off(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query!("SET jit = off")
-        .execute(conn)
-        .await
-        .map(|_| ())
+/// settings reach one server connection only; docs/OPERATIONS.md says to set them on the role.
+async fn start_session(
+    conn: &mut sqlx::PgConnection,
+    planning: Planning,
+) -> Result<(), sqlx::Error> {
+    let plan_cache_mode = match planning {
+        Planning::Server => None,
+        Planning::Generic => Some("force_generic_plan"),
+    };
+    sqlx::query!(
+        r#"SELECT set_config('jit', 'off', false) AS "jit!",
+                  set_config('plan_cache_mode',
+                             coalesce($1, current_setting('plan_cache_mode')), false) AS "plans!""#,
+        plan_cache_mode
+    )
+    .fetch_one(conn)
+    .await
+    .map(|_| ())
 }
 
 /// A pooled connection idle for longer than this is pinged before it is handed out.
@@ -86,8 +121,14 @@ const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// URL's libpq parameters ([`crate::postgres_url`]). Callers that must not start without
 /// Postgres wait with [`crate::health::wait_for_postgres`].
 ///
-/// Every new connection turns JIT compilation off ([`turn_jit_off`]) before its first use.
+/// Every new connection runs [`start_session`] before its first use: JIT off, prepared
+/// statements planned as the server chooses ([`Planning::Server`]).
 pub fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
+    connect_planned(settings, Planning::Server)
+}
+
+/// [`connect`], with the statements planned as `planning` says.
+pub fn connect_planned(settings: &Settings, planning: Planning) -> Result<PgPool, sqlx::Error> {
     let options = settings
         .postgres()
         .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?
@@ -96,7 +137,7 @@ pub fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
         .max_connections(settings.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .test_before_acquire(false)
-        .after_connect(|conn, _meta| Box::pin(turn_jit_off(conn)))
+        .after_connect(move |conn, _meta| Box::pin(start_session(conn, planning)))
         .before_acquire(|conn, meta| {
             Box::pin(async move {
                 if meta.idle_for > PING_IF_IDLE_FOR {
