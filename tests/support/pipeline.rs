@@ -91,9 +91,15 @@ impl Pipeline {
     /// Starts one more worker in the same consumer group.
     pub fn spawn_worker(&mut self) {
         let (stop, stopped) = oneshot::channel::<()>();
+        // The pool `railhook worker` makes: JIT off, one generic plan per statement.
+        let pool = railhook_common::db::connect_planned(
+            &self.settings,
+            railhook_common::db::Planning::Generic,
+        )
+        .expect("worker pool");
         let run = railhook_worker::run(
             WorkerConfig::from_settings(&self.settings).expect("worker config"),
-            self.app.pool.clone(),
+            pool,
             self.worker_metrics.clone(),
             Dependencies::new(),
             async move {
