@@ -410,8 +410,8 @@ async fn measure(
             sent.lock().map_err(|_| anyhow::anyhow!("lock"))?,
             arrivals.lock().map_err(|_| anyhow::anyhow!("lock"))?,
         );
-        let first = sent.iter().map(|(_, at)| *at).min();
-        let last = sent.iter().map(|(_, at)| *at).max();
+        let first = sent.values().copied().min();
+        let last = sent.values().copied().max();
         let middle = first.zip(last).map(|(f, l)| f + (l - f) / 2);
         sent.iter()
             .filter_map(|(seq, at)| {
