@@ -325,10 +325,7 @@ pub async fn hand_off_next(
 ) -> Result<Option<(Claimed, Target)>, sqlx::Error> {
     let row = claim_rows!(
         r#"WITH next AS (
-               SELECT id, sequence_number FROM deliveries
-               WHERE endpoint_id = $1 AND parked_at IS NOT NULL AND status = 'PENDING'
-                 AND sequence_number > $2
-               ORDER BY sequence_number LIMIT 1
+               SELECT id, sequence_number FROM railhook_parked_successor($1, $2)
            ), claimed AS (
                UPDATE deliveries d
                SET status = 'PROCESSING', claim_token = gen_random_uuid(),

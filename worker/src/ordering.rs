@@ -217,10 +217,7 @@ pub async fn release_next(
 ) -> sqlx::Result<Option<String>> {
     sqlx::query_scalar!(
         r#"WITH next AS (
-               SELECT id FROM deliveries
-               WHERE endpoint_id = $1 AND parked_at IS NOT NULL AND status = 'PENDING'
-                 AND sequence_number > $2
-               ORDER BY sequence_number LIMIT 1
+               SELECT id FROM railhook_parked_successor($1, $2)
            ), woken AS (
                UPDATE deliveries d SET next_retry_at = NULL, updated_at = now()
                FROM next WHERE d.id = next.id
