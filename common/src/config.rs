@@ -114,6 +114,9 @@ pub struct Settings {
     /// How long a rotated-out signing secret keeps signing alongside the new one.
     pub secret_rotation_overlap_seconds: u64,
     pub db_max_connections: u32,
+    /// Single-Event ingest statements in flight at once; requests that find them all busy
+    /// share the next one (group commit, ingest/src/group_commit.rs). 0: no group commit.
+    pub ingest_writers: u32,
     /// Upper bound on one quota round trip to Redis; past it the charge is skipped.
     pub quota_timeout_ms: u64,
     /// How long a client has to send a request's headers (and how long a kept-alive

@@ -45,6 +45,7 @@ use serde_json::value::RawValue;
 use sqlx::PgPool;
 
 use crate::auth::Project;
+use crate::group_commit::{Rows, insert_rows};
 use crate::problem::{ApiError, InternalError};
 use crate::quota::Reservation;
 use crate::state::AppState;
@@ -94,7 +95,7 @@ struct Existing {
 }
 
 /// The Deliveries to create, as parallel columns for one `unnest` insert.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct DeliveryPlan {
     pub(crate) ids: Vec<String>,
     pub(crate) event_ids: Vec<String>,
@@ -104,6 +105,15 @@ pub(crate) struct DeliveryPlan {
 }
 
 impl DeliveryPlan {
+    pub(crate) fn append(&mut self, other: &DeliveryPlan) {
+        self.ids.extend_from_slice(&other.ids);
+        self.event_ids.extend_from_slice(&other.event_ids);
+        self.endpoint_ids.extend_from_slice(&other.endpoint_ids);
+        self.subscription_ids
+            .extend_from_slice(&other.subscription_ids);
+        self.ordered.extend_from_slice(&other.ordered);
+    }
+
     /// The planned Deliveries whose Event passes `keep`.
     fn keep(&self, keep: impl Fn(&str) -> bool) -> DeliveryPlan {
         let mut out = DeliveryPlan::default();
@@ -307,12 +317,16 @@ async fn write_events(
     // Idempotency-Key reused with another payload (found only once the statement skipped
     // it) must undo the rest.
     let (inserted, results) = if events.len() == 1 && !state.faults.trip_ingest_before_commit() {
-        let inserted = insert_all(&state.pool, project, events, &draft).await?;
+        // Written with whatever other single Events wait at the same moment (group_commit.rs).
+        let inserted = state
+            .group_commit
+            .insert(project.id.as_str(), rows(events, &draft))
+            .await?;
         let results = outcomes(&state.pool, project, events, &draft, &inserted).await?;
         (inserted, results)
     } else {
         let mut tx = state.pool.begin().await?;
-        let inserted = insert_all(&mut *tx, project, events, &draft).await?;
+        let inserted = insert_rows(&mut *tx, project.id.as_str(), &rows(events, &draft)).await?;
         let results = outcomes(&mut *tx, project, events, &draft, &inserted).await?;
         if state.faults.trip_ingest_before_commit() {
             // The crash test's fault point: everything written, never committed.
@@ -388,52 +402,21 @@ fn created(
     }
 }
 
-/// Step 3, the one statement: the Events, the Deliveries of those actually inserted and one
-/// Outbox row per Delivery. A single statement is atomic on its own (Postgres runs it in one
-/// implicit transaction), so it needs no BEGIN/COMMIT round trips: the Event, its Deliveries
-/// and their announcements exist together or not at all. An Event whose Idempotency-Key
-/// holds an Event of the window (or an earlier Event of the same batch) is skipped with its
-/// Deliveries; the caller holds the key's lock. Returns the inserted
-/// Events' ids with their creation time.
-async fn insert_all(
-    db: impl sqlx::PgExecutor<'_>,
-    project: &Project,
-    events: &[NewEvent],
-    draft: &Draft,
-) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
-    let plan = &draft.plan;
-    let ids: Vec<String> = draft.ids.iter().map(|id| id.as_str().to_owned()).collect();
-    let types: Vec<String> = events
-        .iter()
-        .map(|e| e.event_type.as_str().to_owned())
-        .collect();
-    let payloads: Vec<String> = events.iter().map(|e| e.payload.get().to_owned()).collect();
-    let keys: Vec<Option<String>> = events.iter().map(|e| e.idempotency_key.clone()).collect();
-    let traceparents: Vec<Option<String>> = events.iter().map(|e| e.traceparent.clone()).collect();
-    let tracestates: Vec<Option<String>> = events.iter().map(|e| e.tracestate.clone()).collect();
-    // The statement lives in migrations/…_ingest_function.sql (with the trace context:
-    // …_trace_context.sql): it takes the keys' locks and then inserts, each with its own
-    // snapshot, in one round trip.
-    let rows = sqlx::query!(
-        r#"SELECT id AS "id!", created_at AS "created_at!"
-           FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"#,
-        project.id.as_str(),
-        &ids,
-        &types,
-        &payloads,
-        &keys as &[Option<String>],
-        &plan.ids,
-        &plan.event_ids,
-        &plan.endpoint_ids,
-        &plan.subscription_ids,
-        &plan.ordered,
-        IDEMPOTENCY_WINDOW_HOURS,
-        &traceparents as &[Option<String>],
-        &tracestates as &[Option<String>]
-    )
-    .fetch_all(db)
-    .await?;
-    Ok(rows.into_iter().map(|r| (r.id, r.created_at)).collect())
+/// Step 3's rows for `events`: the Events with the ids the draft gave them, and every
+/// Delivery planned for them (the statement keeps those of the Events it inserts).
+fn rows(events: &[NewEvent], draft: &Draft) -> Rows {
+    Rows {
+        ids: draft.ids.iter().map(|id| id.as_str().to_owned()).collect(),
+        types: events
+            .iter()
+            .map(|e| e.event_type.as_str().to_owned())
+            .collect(),
+        payloads: events.iter().map(|e| e.payload.get().to_owned()).collect(),
+        keys: events.iter().map(|e| e.idempotency_key.clone()).collect(),
+        traceparents: events.iter().map(|e| e.traceparent.clone()).collect(),
+        tracestates: events.iter().map(|e| e.tracestate.clone()).collect(),
+        plan: draft.plan.clone(),
+    }
 }
 
 /// Sequence Numbers for ordered Deliveries, assigned after the ingest committed so that a

@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod dashboard;
 pub mod extract;
+pub mod group_commit;
 pub mod incoming;
 pub mod ingest;
 pub mod metrics;

@@ -1,7 +1,9 @@
 //! Ingest metrics: every name, help text and label set in one place. Labels take values from
 //! small fixed sets (route templates, status classes), never ids.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 pub const HTTP_REQUESTS_TOTAL: &str = "railhook_http_requests_total";
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "railhook_http_request_duration_seconds";
@@ -15,6 +17,9 @@ pub const INCOMING_RECEIVED_TOTAL: &str = "railhook_incoming_received_total";
 pub const INCOMING_REJECTED_TOTAL: &str = "railhook_incoming_rejected_total";
 /// `provider` label values of the incoming metrics.
 pub const PROVIDERS: [&str; 5] = ["github", "stripe", "shopify", "standard", "generic"];
+pub const GROUP_COMMIT_EVENTS: &str = "railhook_ingest_group_commit_events";
+pub const GROUP_COMMIT_WAITING: &str = "railhook_ingest_group_commit_waiting";
+pub const GROUP_COMMIT_RETRIED_TOTAL: &str = "railhook_ingest_group_commit_retried_total";
 pub const SEQUENCE_ASSIGNMENT_FAILED_TOTAL: &str =
     "railhook_ingest_sequence_assignment_failed_total";
 
@@ -36,6 +41,13 @@ pub struct IngestMetrics {
     pub quota_charge_skipped: IntCounterVec,
     pub quota_rejected: IntCounter,
     pub sequence_assignment_failed: IntCounter,
+    /// Events per single-Event ingest statement (group_commit.rs): 1 while a writer is free,
+    /// more when requests waited for one.
+    pub group_events: Histogram,
+    /// Single-Event requests waiting for a free writer.
+    pub group_waiting: IntGauge,
+    /// Group statements that failed and were written again one request at a time.
+    pub group_retried: IntCounter,
     /// `provider`, `result`: `accepted` or `duplicate`.
     pub incoming_received: IntCounterVec,
     /// `provider`, `reason`: `missing`, `malformed`, `mismatch` or `stale`.
@@ -77,6 +89,17 @@ impl IngestMetrics {
         registry
             .register(Box::new(http_duration.clone()))
             .expect("unique metric");
+        let group_events = Histogram::with_opts(
+            HistogramOpts::new(
+                GROUP_COMMIT_EVENTS,
+                "Events written by one single-Event ingest statement (group commit).",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(group_events.clone()))
+            .expect("unique metric");
         Self {
             http_requests: counter_vec(
                 &registry,
@@ -111,6 +134,23 @@ impl IngestMetrics {
                 &registry,
                 QUOTA_REJECTED_TOTAL,
                 "Ingest requests refused with 429 because the monthly quota is used up.",
+            ),
+            group_events,
+            group_waiting: {
+                let g = IntGauge::new(
+                    GROUP_COMMIT_WAITING,
+                    "Single-Event ingest requests waiting for a free writer (group commit).",
+                )
+                .expect("valid metric");
+                registry
+                    .register(Box::new(g.clone()))
+                    .expect("unique metric");
+                g
+            },
+            group_retried: counter(
+                &registry,
+                GROUP_COMMIT_RETRIED_TOTAL,
+                "Group ingest statements that failed and were written again one request at a time.",
             ),
             sequence_assignment_failed: counter(
                 &registry,

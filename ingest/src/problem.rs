@@ -146,7 +146,7 @@ fn log_internal(e: &InternalError) {
 }
 
 /// A short, value-free name for a non-server database error.
-fn database_error_kind(e: &sqlx::Error) -> &'static str {
+pub(crate) fn database_error_kind(e: &sqlx::Error) -> &'static str {
     match e {
         sqlx::Error::PoolTimedOut => "pool_timed_out",
         sqlx::Error::PoolClosed => "pool_closed",

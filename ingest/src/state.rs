@@ -15,6 +15,8 @@ use crate::quota::Quota;
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// The writers of single-Event requests (group_commit.rs).
+    pub group_commit: crate::group_commit::GroupCommit,
     pub quota: Quota,
     pub metrics: IngestMetrics,
     pub limits: Limits,
@@ -103,8 +105,16 @@ impl AppState {
         let deps = Dependencies::new();
         deps.declare("postgres", true);
         deps.declare("redis", false);
+        let group_commit = crate::group_commit::GroupCommit::new(
+            pool.clone(),
+            // Each writer holds a connection while its statement runs: never more writers
+            // than the pool has connections.
+            settings.ingest_writers.min(settings.db_max_connections) as usize,
+            metrics.clone(),
+        );
         Ok(Self {
             pool,
+            group_commit,
             quota,
             metrics,
             limits: Limits {

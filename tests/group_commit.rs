@@ -1,0 +1,272 @@
+//! Group commit (ingest/src/group_commit.rs) against real Postgres over real HTTP: single
+//! Events that wait for a busy writer share one statement, each still commits with its
+//! Deliveries and Outbox rows, and one request the database refuses fails alone.
+//!
+//! The writer is made busy deterministically: with one writer, a first request carries an
+//! Idempotency-Key whose advisory lock the test holds, so its statement waits inside
+//! Postgres until the test lets go.
+// Tests and benchmarks build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::json;
+use sqlx::{Postgres, Transaction};
+use support::{TestApp, eventually, local_setting, spawn_app_tuned};
+
+async fn one_writer() -> TestApp {
+    spawn_app_tuned(&local_setting("REDIS_URL"), |f| {
+        f.merge(("ingest_writers", 1))
+    })
+    .await
+}
+
+/// Holds the advisory lock `railhook_ingest()` takes for `key` in `project`.
+async fn hold_key(app: &TestApp, project: &str, key: &str) -> Transaction<'static, Postgres> {
+    let mut tx = app.pool.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))")
+        .bind(project)
+        .bind(key)
+        .execute(&mut *tx)
+        .await
+        .expect("lock");
+    tx
+}
+
+/// Makes the one writer busy: a request with an Idempotency-Key whose lock the test holds,
+/// until the returned transaction ends. Returns once its statement waits on the lock.
+async fn busy_writer(
+    app: &TestApp,
+    project: &str,
+    key: &str,
+) -> (
+    Transaction<'static, Postgres>,
+    tokio::task::JoinHandle<StatusCode>,
+) {
+    let held = hold_key(app, project, "first").await;
+    let (base, client, key) = (app.base.clone(), app.client.clone(), key.to_owned());
+    let first = tokio::spawn(async move {
+        client
+            .post(format!("{base}/v1/events"))
+            .bearer_auth(key)
+            .header("Idempotency-Key", "first")
+            .json(&json!({"type": "order.paid", "payload": {"n": 0}}))
+            .send()
+            .await
+            .expect("request")
+            .status()
+    });
+    writer_blocked(app).await;
+    (held, first)
+}
+
+/// The value of an unlabelled metric line.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+}
+
+/// Waits until the one writer's statement is blocked on the held lock.
+async fn writer_blocked(app: &TestApp) {
+    eventually(
+        "the writer waits on the key's lock",
+        Duration::from_secs(30),
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event = 'advisory'",
+            )
+            .fetch_one(&app.pool)
+            .await
+            .expect("activity");
+            (waiting == 1).then_some(())
+        },
+    )
+    .await;
+}
+
+async fn queued(app: &TestApp, n: f64) {
+    eventually(
+        "requests queue for the writer",
+        Duration::from_secs(30),
+        || async {
+            let text = app.metrics().await;
+            (metric(&text, "railhook_ingest_group_commit_waiting") == n).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_events_waiting_for_a_writer_share_one_statement_and_each_commits_whole() {
+    let app = one_writer().await;
+    let (project, key) = app.project().await;
+    let a = app.endpoint(&key).await;
+    let b = app.endpoint(&key).await;
+    app.subscribe(&key, &a, &["order.*"], false).await;
+    app.subscribe(&key, &b, &["order.paid"], false).await;
+
+    let (held, first) = busy_writer(&app, &project, &key).await;
+    // Ten more, two of them retries of one key: they queue behind the busy writer.
+    let rest: Vec<_> =
+        (1..=10)
+            .map(|n| {
+                let (base, client, key) = (app.base.clone(), app.client.clone(), key.clone());
+                tokio::spawn(async move {
+                    let mut req = client
+                    .post(format!("{base}/v1/events"))
+                    .bearer_auth(key)
+                    .json(&json!({"type": if n % 2 == 0 { "order.paid" } else { "order.refunded" },
+                                  "payload": {"n": if n >= 9 { 9 } else { n }}}));
+                    if n >= 9 {
+                        req = req.header("Idempotency-Key", "twice");
+                    }
+                    let resp = req.send().await.expect("request");
+                    let status = resp.status();
+                    let body: serde_json::Value = resp.json().await.expect("json");
+                    (n, status, body)
+                })
+            })
+            .collect();
+    queued(&app, 10.0).await;
+    held.rollback().await.expect("release");
+
+    assert_eq!(first.await.expect("first"), StatusCode::CREATED);
+    let mut replies = Vec::new();
+    for r in rest {
+        replies.push(r.await.expect("reply"));
+    }
+    // n = 9 and n = 10 carry one key with different types (order.refunded, order.paid):
+    // whichever the statement takes first inserts, the other is a reused key (409).
+    let statuses: Vec<(i32, StatusCode)> = replies.iter().map(|(n, s, _)| (*n, *s)).collect();
+    for (n, status) in &statuses[..8] {
+        assert_eq!(*status, StatusCode::CREATED, "request {n}");
+    }
+    let keyed: Vec<StatusCode> = statuses[8..].iter().map(|(_, s)| *s).collect();
+    assert!(
+        keyed == [StatusCode::CREATED, StatusCode::CONFLICT]
+            || keyed == [StatusCode::CONFLICT, StatusCode::CREATED],
+        "one keyed request wins, the other conflicts: {keyed:?}"
+    );
+
+    // 10 Events: each with a Delivery per matching endpoint and an Outbox row per Delivery,
+    // and every Delivery the API reported is stored.
+    let (events, deliveries, outbox) = app.counts().await;
+    assert_eq!(events, 10);
+    let expected: usize = 2 + replies
+        .iter()
+        .filter(|(_, s, _)| *s == StatusCode::CREATED)
+        .map(|(_, _, body)| body["deliveries"].as_array().expect("deliveries").len())
+        .sum::<usize>();
+    assert_eq!(deliveries as usize, expected);
+    assert_eq!(outbox, deliveries);
+    let orphans: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries d
+         WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = d.event_id)
+            OR NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("orphans");
+    assert_eq!(orphans, 0);
+
+    // Two statements: the first request alone, then the ten that waited, together.
+    let text = app.metrics().await;
+    assert_eq!(
+        metric(&text, "railhook_ingest_group_commit_events_count"),
+        2.0
+    );
+    assert_eq!(
+        metric(&text, "railhook_ingest_group_commit_events_sum"),
+        11.0
+    );
+    assert_eq!(metric(&text, "railhook_ingest_group_commit_waiting"), 0.0);
+    assert_eq!(
+        metric(&text, "railhook_ingest_group_commit_retried_total"),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_database_refuses_fails_alone_and_its_group_still_commits() {
+    let app = one_writer().await;
+    let (project, key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["order.*"], false).await;
+    // A database that refuses one Event: what a constraint, a trigger or a corrupt row
+    // would do to one request of a group.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.payload ? 'poison' THEN RAISE EXCEPTION 'poisoned'; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_poison BEFORE INSERT ON events
+             FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("trigger");
+
+    let (held, first) = busy_writer(&app, &project, &key).await;
+    let rest: Vec<_> = (1..=5)
+        .map(|n| {
+            let (base, client, key) = (app.base.clone(), app.client.clone(), key.clone());
+            let payload = if n == 3 {
+                json!({"poison": true})
+            } else {
+                json!({"n": n})
+            };
+            tokio::spawn(async move {
+                let resp = client
+                    .post(format!("{base}/v1/events"))
+                    .bearer_auth(key)
+                    .json(&json!({"type": "order.paid", "payload": payload}))
+                    .send()
+                    .await
+                    .expect("request");
+                let status = resp.status();
+                let content_type = resp
+                    .headers()
+                    .get("content-type")
+                    .map(|v| v.to_str().unwrap_or("").to_owned());
+                let body = resp.text().await.expect("body");
+                (n, status, content_type, body)
+            })
+        })
+        .collect();
+    queued(&app, 5.0).await;
+    held.rollback().await.expect("release");
+
+    assert_eq!(first.await.expect("first"), StatusCode::CREATED);
+    for r in rest {
+        let (n, status, content_type, body) = r.await.expect("reply");
+        if n == 3 {
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+            assert_eq!(content_type.as_deref(), Some("application/problem+json"));
+            assert!(
+                !body.contains("poisoned"),
+                "database text in the answer: {body}"
+            );
+        } else {
+            assert_eq!(status, StatusCode::CREATED, "request {n}: {body}");
+        }
+    }
+    // The first and the four good ones, each with its Delivery and Outbox row; nothing of
+    // the refused one.
+    assert_eq!(app.counts().await, (5, 5, 5));
+    let text = app.metrics().await;
+    assert_eq!(
+        metric(&text, "railhook_ingest_group_commit_retried_total"),
+        1.0
+    );
+    // The first alone, the group of five (refused), then each of the five on its own.
+    assert_eq!(
+        metric(&text, "railhook_ingest_group_commit_events_count"),
+        7.0
+    );
+}
