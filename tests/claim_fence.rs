@@ -701,3 +701,181 @@ async fn the_worker_pool_plans_its_outcome_write_once_over_a_month_of_partitions
         "the server's choice plans every call: if this fails, Postgres now prefers the generic plan by itself and Planning::Generic may be unneeded ({seen:?})"
     );
 }
+
+/// A group of successes (worker/src/successes.rs) writes, row for row, what `fence::finalise`
+/// writes for each success on its own: the same Delivery columns, the same Attempt rows
+/// (fenced where the Claim was lost), the failure streak reset and the same
+/// `message.attempt.recovered` operational Events.
+#[tokio::test]
+async fn a_group_of_successes_writes_what_finalise_writes_one_by_one() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let ops = app
+        .call(
+            reqwest::Method::POST,
+            "/v1/operational-endpoints",
+            Some(&key),
+            Some(json!({"url": "https://ops.example.com/hook"})),
+        )
+        .await;
+    assert_eq!(ops.status, reqwest::StatusCode::CREATED, "{:?}", ops.body);
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["order.*"], false).await;
+    let mut ids = Vec::new();
+    for n in 0..6 {
+        let r = app
+            .post_event(&key, "order.paid", json!({"n": n}), None)
+            .await;
+        ids.push(
+            r.body["deliveries"][0]["id"]
+                .as_str()
+                .expect("id")
+                .to_owned(),
+        );
+    }
+    // Every Delivery past STREAK.failing_after Attempts: its success is a recovery.
+    sqlx::query("UPDATE deliveries SET attempt_count = 4 WHERE id = ANY($1)")
+        .bind(&ids)
+        .execute(&app.pool)
+        .await
+        .expect("attempts");
+    let failing = || async {
+        sqlx::query(
+            "UPDATE endpoints SET consecutive_failures = 3,
+                    failing_since = now() - interval '1 hour' WHERE id = $1",
+        )
+        .bind(&ep)
+        .execute(&app.pool)
+        .await
+        .expect("failing");
+    };
+    let claims = claim::claim_batch(&app.pool, &ids, Duration::from_secs(60))
+        .await
+        .expect("claim");
+    let mut claimed: Vec<claim::Claimed> = ids
+        .iter()
+        .map(|id| {
+            claims
+                .won
+                .iter()
+                .find(|(c, _)| &c.id == id)
+                .expect("won")
+                .0
+                .clone()
+        })
+        .collect();
+    // The third of each half lost its Claim to another worker.
+    for lost in [2, 5] {
+        sqlx::query("UPDATE deliveries SET claim_token = gen_random_uuid() WHERE id = $1")
+            .bind(&ids[lost])
+            .execute(&app.pool)
+            .await
+            .expect("steal");
+    }
+    let mut report = report(Outcome::Delivered);
+    report.status = Some(204);
+    report.excerpt = Some("ok".into());
+
+    // One by one through finalise, then the same as one group.
+    failing().await;
+    let mut alone = Vec::new();
+    for c in &claimed[..3] {
+        let done = fence::finalise(&app.pool, c, &report, &Decision::Succeeded, &STREAK)
+            .await
+            .expect("finalise");
+        alone.push(done.wrote);
+    }
+    assert_eq!(alone, [true, true, false]);
+    failing().await;
+    let group: Vec<_> = claimed.drain(3..).map(|c| (c, report.clone())).collect();
+    let wrote = railhook_worker::successes::write_successes(&app.pool, &STREAK, &group)
+        .await
+        .expect("group");
+    assert_eq!(wrote, [ids[3].clone(), ids[4].clone()]);
+
+    let (failures, since): (i32, Option<chrono::DateTime<chrono::Utc>>) =
+        sqlx::query_as("SELECT consecutive_failures, failing_since FROM endpoints WHERE id = $1")
+            .bind(&ep)
+            .fetch_one(&app.pool)
+            .await
+            .expect("endpoint");
+    assert_eq!((failures, since), (0, None), "the streak is reset");
+    type Row = (String, i32, Option<i32>, Option<String>, bool, bool);
+    let delivery = |id: String| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_as::<_, Row>(
+                "SELECT status, attempt_count, last_status_code, failure_reason,
+                        claim_token IS NULL, next_retry_at IS NULL
+                 FROM deliveries WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("delivery")
+        }
+    };
+    type AttemptRow = (
+        i32,
+        Option<i32>,
+        String,
+        i32,
+        Option<String>,
+        Option<String>,
+        bool,
+    );
+    let attempts = |id: String| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_as::<_, AttemptRow>(
+                "SELECT attempt_number, status_code, outcome, duration_ms, error_class,
+                        response_excerpt, fenced
+                 FROM attempts WHERE delivery_id = $1 ORDER BY id",
+            )
+            .bind(id)
+            .fetch_all(&pool)
+            .await
+            .expect("attempts")
+        }
+    };
+    let recovered = |id: String| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, serde_json::Value>(
+                "SELECT (payload->'data') - 'delivery_id'::text - 'event_id'::text
+                 FROM events WHERE operational AND event_type = 'message.attempt.recovered'
+                   AND payload->'data'->>'delivery_id' = $1",
+            )
+            .bind(id)
+            .fetch_all(&pool)
+            .await
+            .expect("operational")
+        }
+    };
+    for (a, g) in [(0, 3), (1, 4), (2, 5)] {
+        assert_eq!(
+            delivery(ids[a].clone()).await,
+            delivery(ids[g].clone()).await,
+            "delivery {a} vs {g}"
+        );
+        assert_eq!(
+            attempts(ids[a].clone()).await,
+            attempts(ids[g].clone()).await,
+            "attempts {a} vs {g}"
+        );
+        let (one, other) = (
+            recovered(ids[a].clone()).await,
+            recovered(ids[g].clone()).await,
+        );
+        assert_eq!(one.len(), usize::from(a < 2), "recovered for {a}");
+        assert_eq!(one, other, "recovered {a} vs {g}");
+    }
+    assert_eq!(
+        delivery(ids[4].clone()).await.0,
+        DeliveryStatus::Succeeded.as_str()
+    );
+    assert!(
+        attempts(ids[5].clone()).await[0].6,
+        "the lost Claim's Attempt is fenced"
+    );
+}

@@ -153,6 +153,9 @@ pub struct Settings {
     pub worker_group: String,
     /// Attempts one worker process runs at once.
     pub worker_max_in_flight: usize,
+    /// Statements writing successful outcomes at once; successes that find them all busy
+    /// share the next one (worker/src/successes.rs). 0: each outcome on its own.
+    pub worker_outcome_writers: u32,
     /// Outgoing ladder: waits in seconds, comma-separated, and the number of Attempts.
     #[serde(deserialize_with = "seconds_list")]
     pub retry_outgoing_delays: String,

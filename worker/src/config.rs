@@ -21,6 +21,8 @@ pub struct WorkerConfig {
     pub partitions: i32,
     pub replication_factor: i32,
     pub max_in_flight: usize,
+    /// Statements writing successful outcomes at once (successes.rs); 0: each on its own.
+    pub outcome_writers: usize,
     pub outgoing: Ladder,
     pub incoming: Ladder,
     pub scheduler_interval: Duration,
@@ -68,6 +70,8 @@ impl WorkerConfig {
             partitions: s.kafka_partitions,
             replication_factor: s.kafka_replication_factor,
             max_in_flight: s.worker_max_in_flight,
+            // Each writer holds a connection while its statement runs.
+            outcome_writers: s.worker_outcome_writers.min(s.db_max_connections) as usize,
             outgoing: s.outgoing_ladder(),
             incoming: s.incoming_ladder(),
             scheduler_interval: Duration::from_millis(s.retry_scheduler_ms),

@@ -14,6 +14,10 @@
 //!   finds no token to match.
 //!
 //! Every function returns whether its write landed (`true`) or the Fence refused it.
+//!
+//! A plain success of an unordered Delivery may instead be written with others in one
+//! statement (successes.rs); that statement keeps invariants 3 and 6 per row, and a test
+//! holds it to [`finalise`]'s rows.
 
 use std::time::Duration;
 

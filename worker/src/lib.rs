@@ -19,6 +19,7 @@ mod resolution;
 pub mod schedule;
 mod scheduler;
 pub mod ssrf;
+pub mod successes;
 pub mod sweeps;
 mod turn;
 pub mod worker;

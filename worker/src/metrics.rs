@@ -9,6 +9,8 @@ pub const ATTEMPTS_TOTAL: &str = "railhook_worker_attempts_total";
 pub const CLAIM_MISSES_TOTAL: &str = "railhook_worker_claim_misses_total";
 pub const EARLY_HINTS_TOTAL: &str = "railhook_worker_early_hints_total";
 pub const FENCE_REJECTIONS_TOTAL: &str = "railhook_worker_fence_rejections_total";
+pub const SUCCESS_GROUP: &str = "railhook_worker_success_group_outcomes";
+pub const SUCCESS_GROUP_RETRIED_TOTAL: &str = "railhook_worker_success_group_retried_total";
 pub const ENDPOINTS_DISABLED_TOTAL: &str = "railhook_worker_endpoints_disabled_total";
 pub const RETRIES_SCHEDULED_TOTAL: &str = "railhook_worker_retries_published_total";
 pub const SWEPT_TOTAL: &str = "railhook_worker_swept_total";
@@ -85,6 +87,10 @@ pub struct WorkerMetrics {
     /// Looks again at hints whose rows were not visible yet (claim.rs, `invisible`).
     pub early_hints: IntCounter,
     pub fence_rejections: IntCounter,
+    /// Successful outcomes written by one statement (successes.rs).
+    pub success_group: Histogram,
+    /// Group statements of successes that failed and were written one by one.
+    pub success_group_retried: IntCounter,
     pub endpoints_disabled: IntCounter,
     pub retries_published: IntCounter,
     /// `sweep`: `processing` or `stranded`.
@@ -161,6 +167,21 @@ impl WorkerMetrics {
             fence_rejections: counter(
                 FENCE_REJECTIONS_TOTAL,
                 "Outcomes refused by the Fence: the worker had lost its Claim.",
+            ),
+            success_group: reg(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        SUCCESS_GROUP,
+                        "Successful outcomes written by one statement: 1 while an outcome writer is free, more when they waited for one.",
+                    )
+                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+                )
+                .expect("valid metric"),
+            ),
+            success_group_retried: counter(
+                SUCCESS_GROUP_RETRIED_TOTAL,
+                "Group statements of successful outcomes that failed and were written one outcome at a time.",
             ),
             endpoints_disabled: counter(
                 ENDPOINTS_DISABLED_TOTAL,

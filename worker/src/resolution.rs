@@ -82,6 +82,16 @@ pub(crate) async fn resolve(
     what: Resolution<'_>,
 ) -> sqlx::Result<Resolved> {
     let resolves = !matches!(what, Resolution::Outcome(_, Decision::RetryAfter(_)));
+    if let Resolution::Outcome(report, decision) = &what
+        && shared.successes.takes(claimed, report, decision)
+    {
+        // A plain success: written with the others that wait at the same moment.
+        let wrote = shared.successes.write(claimed, report).await?;
+        return Ok(Resolved {
+            wrote,
+            released: None,
+        });
+    }
     if !(claimed.ordered && resolves) {
         let wrote = write_resolution(&shared.pool, shared, claimed, &what).await?;
         return Ok(Resolved {

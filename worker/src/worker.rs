@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     pub(crate) keyring: railhook_common::sealing::Keyring,
     /// Set when the worker was told to stop: no new hand-offs.
     pub(crate) draining: Arc<AtomicBool>,
+    /// The writers of successful outcomes (successes.rs).
+    pub(crate) successes: crate::successes::Successes,
     /// The Claims whose turns are running, by Delivery id: what a drain that timed out
     /// hands back.
     pub(crate) running: Arc<Mutex<HashMap<String, Uuid>>>,
@@ -133,7 +135,14 @@ pub async fn run(
     if !wait_for_topics(&config, &deps, &mut shutdown).await {
         return Ok(());
     }
+    let successes = crate::successes::Successes::new(
+        pool.clone(),
+        config.outcome_writers,
+        config.streak,
+        metrics.clone(),
+    );
     let shared = Shared {
+        successes,
         pool,
         runner: Runner::new(Allowlist::parse(&config.allow_private_targets)?)?,
         metrics,
