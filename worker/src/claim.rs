@@ -216,6 +216,7 @@ pub async fn claim_batch(
     gap_timeout: std::time::Duration,
 ) -> Result<Claims, sqlx::Error> {
     let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
+    let (lowest, highest) = id_range(ids);
     let rows = claim_rows!(
         r#"WITH want AS (
                SELECT * FROM unnest($1::text[], $2::uuid[]) AS w(id, token)
@@ -232,6 +233,7 @@ pub async fn claim_batch(
                       END AS verdict
                FROM want w JOIN deliveries d ON d.id = w.id
                WHERE d.status = 'PENDING' AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
+                 AND d.id BETWEEN $4 AND $5
            ), claimed AS (
                UPDATE deliveries d
                SET status = CASE WHEN v.verdict = 'park' THEN 'PENDING' ELSE 'PROCESSING' END,
@@ -250,13 +252,16 @@ pub async fn claim_batch(
                FROM verdict v
                WHERE d.id = v.id AND d.status = 'PENDING'
                  AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
+                 AND d.id BETWEEN $4 AND $5
                RETURNING d.id, v.token, v.verdict, d.attempt_count, d.event_id, d.endpoint_id,
                          d.direction, d.sequence_number, d.ladder_started_at,
                          (d.ordered AND d.ordering_skipped_at IS NULL) AS ordered, d.deferral_count
            )"#,
         ids,
         &tokens,
-        gap_timeout.as_secs_f64()
+        gap_timeout.as_secs_f64(),
+        lowest,
+        highest
     )
     .fetch_all(pool)
     .await?;
@@ -269,6 +274,20 @@ pub async fn claim_batch(
         }
     }
     Ok(claims)
+}
+
+/// The smallest and largest of `ids`, for a statement's `d.id BETWEEN $lo AND $hi`.
+///
+/// Redundant as a filter, and there for the executor: the Delivery ids carry their time and
+/// `deliveries` (like `attempts`) is partitioned by it, so a range known when the statement
+/// starts lets PostgreSQL leave out every partition outside it before it opens them. A join
+/// on `d.id = w.id` alone is pruned only row by row, after every partition and its indexes
+/// were opened: with a month of day partitions that opening cost more than the rows' work
+/// (docs/BENCHMARKS.md, "Partitions a statement opens").
+pub fn id_range(ids: &[String]) -> (&str, &str) {
+    let lowest = ids.iter().min().map_or("", String::as_str);
+    let highest = ids.iter().max().map_or("", String::as_str);
+    (lowest, highest)
 }
 
 /// The parker's second look (ordering.rs, "Parking in the Claim"): of the Deliveries a Claim

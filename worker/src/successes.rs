@@ -236,6 +236,9 @@ pub async fn write_successes(
         errors.push(r.error.map(|e| e.as_str().to_owned()));
         excerpts.push(r.excerpt.clone());
     }
+    // The range lets the executor leave out the partitions no id of the group is in
+    // (claim.rs, `id_range`).
+    let (lowest, highest) = crate::claim::id_range(&ids);
     // The same writes as `fence::finalise` makes for a success, row by row: the fenced
     // update; the failure streak reset on endpoints that had one; `message.attempt.recovered`
     // for a Delivery that had been reported failing; every Attempt row, fenced where its
@@ -254,7 +257,7 @@ pub async fn write_successes(
                    last_status_code = coalesce(w.status_code, d.last_status_code),
                    updated_at = now(), version = d.version + 1
                FROM w
-               WHERE d.id = w.id AND d.claim_token = w.token
+               WHERE d.id = w.id AND d.claim_token = w.token AND d.id BETWEEN $11 AND $12
                RETURNING d.id, d.project_id, d.event_id, d.endpoint_id, d.attempt_count
            ), health AS (
                UPDATE endpoints e
@@ -279,7 +282,7 @@ pub async fn write_successes(
                                      response_excerpt, fenced)
                SELECT w.id,
                       (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
-                       WHERE a.delivery_id = w.id),
+                       WHERE a.delivery_id = w.id AND a.delivery_id BETWEEN $11 AND $12),
                       w.started_at, w.finished_at, w.status_code, 'SUCCEEDED', w.duration_ms,
                       w.error_class, w.excerpt, w.id NOT IN (SELECT u.id FROM upd u)
                FROM w
@@ -296,7 +299,9 @@ pub async fn write_successes(
         &millis,
         &errors as &[Option<String>],
         &excerpts as &[Option<String>],
-        i32::try_from(streak.failing_after).unwrap_or(i32::MAX)
+        i32::try_from(streak.failing_after).unwrap_or(i32::MAX),
+        lowest,
+        highest
     )
     .fetch_all(pool)
     .await?;
