@@ -137,6 +137,11 @@ impl ClaimRow {
     }
 }
 
+/// The Event is read by its id, one index lookup per claimed row (`LATERAL … LIMIT 1`). As
+/// a plain join the generic plan hashed the claimed rows and scanned every Event partition
+/// in full (3.9 of the 6.1 ms of a 30-row Claim with 10,000 Events stored, growing with the
+/// day), because the statistics of the day's partition lag behind its inserts.
+///
 /// A Claim statement with the read of what its Attempts need, written once for every
 /// statement that takes a Delivery row. `$claimed` is the statement's `WITH` clause: its
 /// last query, named `claimed`, returns each taken (or parked) row as `id, token, verdict,
@@ -158,13 +163,17 @@ macro_rules! claim_rows {
                   e.url, e.secret,
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
-                  v.event_type, v.payload::text AS "payload!", e.retry_delays, e.max_attempts,
-                  v.created_at AS event_created_at, v.raw_body, v.forward_headers,
+                  v.event_type AS "event_type!", v.payload::text AS "payload!",
+                  e.retry_delays, e.max_attempts,
+                  v.created_at AS "event_created_at!", v.raw_body, v.forward_headers,
                   v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
                   c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
-           JOIN events v ON v.id = c.event_id"#,
+           CROSS JOIN LATERAL (
+               SELECT v.event_type, v.payload, v.created_at, v.raw_body, v.forward_headers,
+                      v.expunged_at, v.traceparent, v.tracestate
+               FROM events v WHERE v.id = c.event_id LIMIT 1) AS v"#,
             $($arg),*
         )
     };
