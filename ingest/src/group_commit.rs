@@ -239,14 +239,18 @@ async fn write_groups(pool: &PgPool, metrics: &IngestMetrics, jobs: Vec<Job>) {
     }
 }
 
+/// Each request in its own statement, with its own result.
+async fn write_each(pool: &PgPool, metrics: &IngestMetrics, project: &str, jobs: Vec<Job>) {
+    for job in jobs {
+        metrics.group_events.observe(job.rows.ids.len() as f64);
+        let result = insert_rows(pool, project, &job.rows).await;
+        let _ = job.reply.send(result);
+    }
+}
+
 async fn write_group(pool: &PgPool, metrics: &IngestMetrics, project: &str, group: Vec<Job>) {
     if group.len() == 1 {
-        for job in group {
-            metrics.group_events.observe(job.rows.ids.len() as f64);
-            let result = insert_rows(pool, project, &job.rows).await;
-            let _ = job.reply.send(result);
-        }
-        return;
+        return write_each(pool, metrics, project, group).await;
     }
     let mut all = Rows::default();
     for job in &group {
@@ -280,11 +284,7 @@ async fn write_group(pool: &PgPool, metrics: &IngestMetrics, project: &str, grou
                 "a group ingest statement failed; writing its requests one by one"
             );
             metrics.group_retried.inc();
-            for job in group {
-                metrics.group_events.observe(job.rows.ids.len() as f64);
-                let result = insert_rows(pool, project, &job.rows).await;
-                let _ = job.reply.send(result);
-            }
+            write_each(pool, metrics, project, group).await;
         }
     }
 }

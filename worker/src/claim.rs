@@ -137,11 +137,6 @@ impl ClaimRow {
     }
 }
 
-/// The Event is read by its id, one index lookup per claimed row (`LATERAL … LIMIT 1`). As
-/// a plain join the generic plan hashed the claimed rows and scanned every Event partition
-/// in full (3.9 of the 6.1 ms of a 30-row Claim with 10,000 Events stored, growing with the
-/// day), because the statistics of the day's partition lag behind its inserts.
-///
 /// A Claim statement with the read of what its Attempts need, written once for every
 /// statement that takes a Delivery row. `$claimed` is the statement's `WITH` clause: its
 /// last query, named `claimed`, returns each taken (or parked) row as `id, token, verdict,
@@ -149,6 +144,11 @@ impl ClaimRow {
 /// ordered, deferral_count`. `verdict`: `claim` (the gate still runs for an ordered
 /// Delivery), `go` (the order was checked by the statement), or `park` (parked, not
 /// claimed). sqlx's macros take only literal SQL, so the shared part is spliced in here.
+///
+/// The Event is read by its id, one index lookup per claimed row (`LATERAL … LIMIT 1`). As
+/// a plain join the generic plan hashed the claimed rows and scanned every Event partition
+/// in full (3.9 of the 6.1 ms of a 30-row Claim with 10,000 Events stored, growing with the
+/// day), because the statistics of the day's partition lag behind its inserts.
 macro_rules! claim_rows {
     ($claimed:tt, $($arg:expr),* $(,)?) => {
         sqlx::query_as!(

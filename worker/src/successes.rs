@@ -175,30 +175,29 @@ async fn write_group(
 ) {
     metrics.success_group.observe(group.len() as f64);
     if group.len() == 1 {
-        for job in group {
-            let (claimed, report) = &job.outcome;
-            let result = write_alone(pool, streak, claimed, report).await;
-            let _ = job.reply.send(result);
-        }
-        return;
+        return write_each(pool, streak, group).await;
     }
-    let (outcomes, replies): (Vec<_>, Vec<_>) =
-        group.into_iter().map(|j| (j.outcome, j.reply)).unzip();
-    match write_successes(pool, streak, &outcomes).await {
+    match write_successes(pool, streak, group.iter().map(|j| &j.outcome)).await {
         Ok(wrote) => {
-            for ((claimed, _), reply) in outcomes.iter().zip(replies) {
-                let _ = reply.send(Ok(wrote.contains(&claimed.id)));
+            for job in group {
+                let _ = job.reply.send(Ok(wrote.contains(&job.outcome.0.id)));
             }
         }
         Err(e) => {
-            tracing::warn!(outcomes = outcomes.len(), error = %e,
+            tracing::warn!(outcomes = group.len(), error = %e,
                 "a group outcome statement failed; writing its outcomes one by one");
             metrics.success_group_retried.inc();
-            for ((claimed, report), reply) in outcomes.iter().zip(replies) {
-                let result = write_alone(pool, streak, claimed, report).await;
-                let _ = reply.send(result);
-            }
+            write_each(pool, streak, group).await;
         }
+    }
+}
+
+/// Each outcome through `fence::finalise` on its own, with its own result.
+async fn write_each(pool: &PgPool, streak: &StreakPolicy, jobs: Vec<Job>) {
+    for job in jobs {
+        let (claimed, report) = &job.outcome;
+        let result = write_alone(pool, streak, claimed, report).await;
+        let _ = job.reply.send(result);
     }
 }
 
@@ -206,24 +205,19 @@ async fn write_group(
 /// statement (each a claimed Delivery whose request delivered). Returns the ids whose update
 /// the Fence let through; the others' Attempts are written `fenced`. Public for the test
 /// that holds it to `fence::finalise` row for row.
-pub async fn write_successes(
+pub async fn write_successes<'a>(
     pool: &PgPool,
     streak: &StreakPolicy,
-    outcomes: &[(Claimed, Report)],
+    outcomes: impl IntoIterator<Item = &'a (Claimed, Report)>,
 ) -> sqlx::Result<Vec<String>> {
-    let n = outcomes.len();
-    let (mut ids, mut tokens, mut endpoints) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
+    let (mut ids, mut tokens, mut endpoints) = (Vec::new(), Vec::new(), Vec::new());
     let (mut started, mut finished, mut codes, mut millis, mut errors, mut excerpts) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
     );
     for (c, r) in outcomes {
         ids.push(c.id.clone());
