@@ -3,7 +3,6 @@
 //! that pass (the same code as the task in the ingest role, common/src/retention/).
 
 use anyhow::Context;
-use chrono::Utc;
 use railhook_common::config::Settings;
 use railhook_common::retention::{self, Partition, Verdict};
 
@@ -16,7 +15,10 @@ pub struct RetentionArgs {
 
 pub async fn run(settings: &Settings, args: RetentionArgs) -> anyhow::Result<()> {
     let pool = railhook_common::db::connect(settings).context("configuration: database_url")?;
-    let now = Utc::now();
+    // The database's clock, as the task's passes use (common/src/retention/mod.rs).
+    let now = retention::database_now(&pool)
+        .await
+        .context("cannot read the database's clock")?;
     let days = settings.retention_days;
     let mut conn = pool.acquire().await.context("cannot connect to Postgres")?;
     let partitions = retention::plan(&mut conn, now, days)

@@ -100,9 +100,13 @@ async fn login_form(app: &TestApp) -> (String, String) {
         .expect("login form");
     assert_eq!(r.status(), StatusCode::OK);
     let set = r.headers()[SET_COOKIE].to_str().expect("cookie").to_owned();
-    for attr in ["HttpOnly", "SameSite=Strict", "Path=/dashboard"] {
+    // Served as HTTPS (the default): `__Host-` names, which browsers keep only with
+    // `Secure; Path=/` and no Domain (review #34 item 15).
+    assert!(set.starts_with("__Host-railhook_login="), "{set}");
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/;", "Secure"] {
         assert!(set.contains(attr), "{attr} in {set}");
     }
+    assert!(!set.contains("Domain"), "{set}");
     let pair = set.split(';').next().expect("pair").to_owned();
     (pair, csrf_of(&r.text().await.expect("form")))
 }
@@ -171,7 +175,7 @@ async fn sessions_are_scoped_to_one_project_and_actions_need_the_csrf_token() {
         r.headers().get_all(SET_COOKIE).iter().all(|c| {
             !c.to_str()
                 .unwrap_or_default()
-                .starts_with("railhook_session=")
+                .starts_with("__Host-railhook_session=")
         })
     };
     assert!(no_session(&r));
@@ -192,7 +196,11 @@ async fn sessions_are_scoped_to_one_project_and_actions_need_the_csrf_token() {
     }
 
     let (cookie, set_cookie) = sign_in(&app, &key).await;
-    for attr in ["HttpOnly", "SameSite=Strict", "Path=/dashboard", "Secure"] {
+    assert!(
+        set_cookie.starts_with("__Host-railhook_session="),
+        "{set_cookie}"
+    );
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/;", "Secure"] {
         assert!(set_cookie.contains(attr), "{attr} in {set_cookie}");
     }
     assert!(

@@ -25,6 +25,17 @@
 //!   deleted meanwhile, a lost connection) is written again one request at one statement,
 //!   with the same ids: each request gets its own result, and a group that did commit before
 //!   its answer was lost inserts nothing twice (the ids are the primary keys).
+//! - **A lost answer is not a failure** (review #34 item 5). A statement whose connection
+//!   died after it committed reports an error although its Events exist. Before any
+//!   request is answered with an error, its own ids are looked up ([`committed`]): found,
+//!   the statement committed (it is atomic) and the request is answered 201 with them. So
+//!   the fallback above, which meets its own Events as duplicate keys, answers 201 too.
+//! - **A request whose caller is gone is not written.** A request that timed out at the API
+//!   (or whose client hung up) while it waited in the queue is dropped from its group before
+//!   the statement, so no Event is created for an answer nobody will read. Once its
+//!   statement has started it can no longer be taken out: then the caller was told 503
+//!   (`ingest/src/lib.rs`, the request timeout), whose problem tells it to retry with its
+//!   Idempotency-Key.
 //! - Idempotency-Keys keep their meaning: two requests in one group with the same key are
 //!   ordered by the function (the first inserts, the second is skipped and answered with the
 //!   first's Event), exactly as when they race on two connections.
@@ -107,6 +118,86 @@ pub(crate) async fn insert_rows(
     Ok(found.into_iter().map(|r| (r.id, r.created_at)).collect())
 }
 
+/// Writes `rows` as [`insert_rows`] does, and tells a statement that committed from one
+/// that did not when its answer is lost: on an error, the rows' own Event ids are looked up,
+/// and any found means the statement committed (it is one atomic statement, and the ids are
+/// this request's own, fresh ULIDs). A lookup that fails too leaves the first error.
+async fn insert_or_find(
+    pool: &PgPool,
+    faults: &AnswerFault,
+    project: &str,
+    rows: &Rows,
+) -> Result<Inserted, sqlx::Error> {
+    let written = if faults.take() {
+        insert_and_lose_answer(pool, project, rows).await
+    } else {
+        insert_rows(pool, project, rows).await
+    };
+    match written {
+        Ok(inserted) => Ok(inserted),
+        Err(e) => match committed(pool, &rows.ids).await {
+            Ok(found) if !found.is_empty() => {
+                tracing::warn!(
+                    events = found.len(),
+                    kind = crate::problem::database_error_kind(&e),
+                    "an ingest statement's answer was lost after it committed; its Events were found"
+                );
+                Ok(found)
+            }
+            _ => Err(e),
+        },
+    }
+}
+
+/// Which of `ids` are stored, with their commit times. The ids carry their day, so the
+/// range bounds let Postgres open only the day partitions they fall in.
+pub(crate) async fn committed(pool: &PgPool, ids: &[String]) -> Result<Inserted, sqlx::Error> {
+    let lowest = ids.iter().min().map_or("", String::as_str);
+    let highest = ids.iter().max().map_or("", String::as_str);
+    let rows = sqlx::query!(
+        r#"SELECT id, created_at FROM events
+           WHERE id = ANY($1) AND id BETWEEN $2 AND $3"#,
+        ids,
+        lowest,
+        highest
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.id, r.created_at)).collect())
+}
+
+/// The test seam for a lost answer: armed, the next statement runs and commits on a
+/// connection of its own, which then ends itself (`pg_terminate_backend`) before the answer
+/// is used, so the writer sees the error a client sees when the connection dies right after
+/// COMMIT. Off unless a test arms it.
+#[derive(Default)]
+pub struct AnswerFault(std::sync::atomic::AtomicBool);
+
+impl AnswerFault {
+    pub fn arm(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn take(&self) -> bool {
+        self.0.swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+async fn insert_and_lose_answer(
+    pool: &PgPool,
+    project: &str,
+    rows: &Rows,
+) -> Result<Inserted, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    insert_rows(&mut *conn, project, rows).await?;
+    // Ends this very connection: the statement fails (or, in a race, answers) here.
+    let _ = sqlx::query_scalar!(r#"SELECT pg_terminate_backend(pg_backend_pid()) AS "ended!""#)
+        .fetch_one(&mut *conn)
+        .await;
+    conn.close_on_drop();
+    Err(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()))
+}
+
 /// One request waiting for a writer.
 struct Job {
     project: String,
@@ -126,6 +217,7 @@ struct Inner {
     writers: usize,
     metrics: IngestMetrics,
     queue: OnceLock<mpsc::Sender<Job>>,
+    faults: Arc<AnswerFault>,
 }
 
 impl GroupCommit {
@@ -137,8 +229,14 @@ impl GroupCommit {
                 writers,
                 metrics,
                 queue: OnceLock::new(),
+                faults: Arc::default(),
             }),
         }
+    }
+
+    /// The lost-answer test seam ([`AnswerFault`]).
+    pub fn answer_fault(&self) -> &AnswerFault {
+        &self.inner.faults
     }
 
     /// Writes `rows` for `project`, alone or with whatever else is waiting, and returns the
@@ -147,7 +245,7 @@ impl GroupCommit {
         let inner = &self.inner;
         if inner.writers == 0 {
             inner.metrics.group_events.observe(rows.ids.len() as f64);
-            return insert_rows(&inner.pool, project, &rows).await;
+            return insert_or_find(&inner.pool, &inner.faults, project, &rows).await;
         }
         let queue = inner.queue.get_or_init(|| {
             let (tx, rx) = mpsc::channel(QUEUE);
@@ -171,7 +269,7 @@ impl GroupCommit {
             // The queue's task is gone: write this request on its own.
             Err(mpsc::error::SendError(job)) => {
                 inner.metrics.group_waiting.dec();
-                insert_rows(&inner.pool, project, &job.rows).await
+                insert_or_find(&inner.pool, &inner.faults, project, &job.rows).await
             }
         }
     }
@@ -183,6 +281,7 @@ impl Inner {
             pool: self.pool.clone(),
             writers: Arc::new(Semaphore::new(self.writers)),
             metrics: self.metrics.clone(),
+            faults: self.faults.clone(),
         }
     }
 }
@@ -192,6 +291,7 @@ struct Parts {
     pool: PgPool,
     writers: Arc<Semaphore>,
     metrics: IngestMetrics,
+    faults: Arc<AnswerFault>,
 }
 
 /// The queue's task: each time a writer is free, takes everything queued (up to
@@ -216,75 +316,96 @@ async fn drain(parts: Parts, mut rx: mpsc::Receiver<Job>) {
             }
         }
         parts.metrics.group_waiting.sub(jobs.len() as i64);
-        let pool = parts.pool.clone();
-        let metrics = parts.metrics.clone();
+        let writer = Writer {
+            pool: parts.pool.clone(),
+            metrics: parts.metrics.clone(),
+            faults: parts.faults.clone(),
+        };
         tokio::spawn(async move {
-            write_groups(&pool, &metrics, jobs).await;
+            writer.write_groups(jobs).await;
             drop(permit);
         });
     }
 }
 
-/// One statement per project among `jobs` (a project's Events are written under its id).
-async fn write_groups(pool: &PgPool, metrics: &IngestMetrics, jobs: Vec<Job>) {
-    let mut by_project: Vec<(String, Vec<Job>)> = Vec::new();
-    for job in jobs {
-        match by_project.iter_mut().find(|(p, _)| *p == job.project) {
-            Some((_, group)) => group.push(job),
-            None => by_project.push((job.project.clone(), vec![job])),
-        }
-    }
-    for (project, group) in by_project {
-        write_group(pool, metrics, &project, group).await;
-    }
+/// What a writer task writes with.
+struct Writer {
+    pool: PgPool,
+    metrics: IngestMetrics,
+    faults: Arc<AnswerFault>,
 }
 
-/// Each request in its own statement, with its own result.
-async fn write_each(pool: &PgPool, metrics: &IngestMetrics, project: &str, jobs: Vec<Job>) {
-    for job in jobs {
-        metrics.group_events.observe(job.rows.ids.len() as f64);
-        let result = insert_rows(pool, project, &job.rows).await;
-        let _ = job.reply.send(result);
-    }
-}
-
-async fn write_group(pool: &PgPool, metrics: &IngestMetrics, project: &str, group: Vec<Job>) {
-    if group.len() == 1 {
-        return write_each(pool, metrics, project, group).await;
-    }
-    let mut all = Rows::default();
-    for job in &group {
-        all.append(&job.rows);
-    }
-    metrics.group_events.observe(all.ids.len() as f64);
-    match insert_rows(pool, project, &all).await {
-        Ok(inserted) => {
-            for job in group {
-                let mine: Inserted = job
-                    .rows
-                    .ids
-                    .iter()
-                    .filter_map(|id| inserted.get(id).map(|at| (id.clone(), *at)))
-                    .collect();
-                let _ = job.reply.send(Ok(mine));
+impl Writer {
+    /// One statement per project among `jobs` (a project's Events are written under its
+    /// id). Requests whose caller has gone (timed out at the API, or hung up) are left out.
+    async fn write_groups(&self, jobs: Vec<Job>) {
+        let mut by_project: Vec<(String, Vec<Job>)> = Vec::new();
+        for job in jobs {
+            if job.reply.is_closed() {
+                self.metrics.group_abandoned.inc();
+                continue;
+            }
+            match by_project.iter_mut().find(|(p, _)| *p == job.project) {
+                Some((_, group)) => group.push(job),
+                None => by_project.push((job.project.clone(), vec![job])),
             }
         }
-        Err(e) => {
-            // Not the group's error for anyone: each request is written on its own, with the
-            // same ids, and gets its own result.
-            // No database text in the log: the SQLSTATE or the kind of failure only.
-            let sqlstate = match &e {
-                sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
-                _ => None,
-            };
-            tracing::warn!(
-                requests = group.len(),
-                sqlstate = sqlstate.as_deref().unwrap_or(""),
-                kind = crate::problem::database_error_kind(&e),
-                "a group ingest statement failed; writing its requests one by one"
-            );
-            metrics.group_retried.inc();
-            write_each(pool, metrics, project, group).await;
+        for (project, group) in by_project {
+            self.write_group(&project, group).await;
+        }
+    }
+
+    /// Each request in its own statement, with its own result.
+    async fn write_each(&self, project: &str, jobs: Vec<Job>) {
+        for job in jobs {
+            if job.reply.is_closed() {
+                self.metrics.group_abandoned.inc();
+                continue;
+            }
+            self.metrics.group_events.observe(job.rows.ids.len() as f64);
+            let result = insert_or_find(&self.pool, &self.faults, project, &job.rows).await;
+            let _ = job.reply.send(result);
+        }
+    }
+
+    async fn write_group(&self, project: &str, group: Vec<Job>) {
+        if group.len() == 1 {
+            return self.write_each(project, group).await;
+        }
+        let mut all = Rows::default();
+        for job in &group {
+            all.append(&job.rows);
+        }
+        self.metrics.group_events.observe(all.ids.len() as f64);
+        match insert_or_find(&self.pool, &self.faults, project, &all).await {
+            Ok(inserted) => {
+                for job in group {
+                    let mine: Inserted = job
+                        .rows
+                        .ids
+                        .iter()
+                        .filter_map(|id| inserted.get(id).map(|at| (id.clone(), *at)))
+                        .collect();
+                    let _ = job.reply.send(Ok(mine));
+                }
+            }
+            Err(e) => {
+                // Not the group's error for anyone: each request is written on its own, with
+                // the same ids, and gets its own result.
+                // No database text in the log: the SQLSTATE or the kind of failure only.
+                let sqlstate = match &e {
+                    sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+                    _ => None,
+                };
+                tracing::warn!(
+                    requests = group.len(),
+                    sqlstate = sqlstate.as_deref().unwrap_or(""),
+                    kind = crate::problem::database_error_kind(&e),
+                    "a group ingest statement failed; writing its requests one by one"
+                );
+                self.metrics.group_retried.inc();
+                self.write_each(project, group).await;
+            }
         }
     }
 }

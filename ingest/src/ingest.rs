@@ -164,15 +164,21 @@ pub async fn ingest(
             .map(|(f, e)| replayed(f, e))
             .collect::<Result<Vec<_>, _>>()?
     } else {
-        match write_events(state, project, subs, &events).await {
+        let mut committed = 0;
+        match write_events(state, project, subs, &events, &mut committed).await {
             Ok(created) => {
                 let n = created.iter().filter(|e| e.created).count();
                 state.quota.settle(organization, reservation, n).await;
                 created
             }
             Err(e) => {
-                // Nothing was written: the whole reservation goes back.
-                state.quota.settle(organization, reservation, 0).await;
+                // The charge follows what was written: a failure after the commit (reading
+                // the answers) keeps the created Events charged, and only the rest of the
+                // reservation goes back (review #34 item 5).
+                state
+                    .quota
+                    .settle(organization, reservation, committed)
+                    .await;
                 return Err(e);
             }
         }
@@ -304,12 +310,14 @@ impl Draft {
     }
 }
 
-/// Step 3 and 4. Returns one result per Event.
+/// Step 3 and 4. Returns one result per Event; `committed` counts the Events created as
+/// soon as their statement committed, so a caller that gets an error still knows.
 async fn write_events(
     state: &AppState,
     project: &Project,
     subs: &[Candidate],
     events: &[NewEvent],
+    committed: &mut usize,
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
     let draft = Draft::new(events, subs);
     // One Event: one statement, atomic by itself (its key's lock is held until it ends).
@@ -322,6 +330,7 @@ async fn write_events(
             .group_commit
             .insert(project.id.as_str(), rows(events, &draft))
             .await?;
+        *committed = inserted.len();
         let results = outcomes(&state.pool, project, events, &draft, &inserted).await?;
         (inserted, results)
     } else {
@@ -334,7 +343,16 @@ async fn write_events(
                 "ingest_before_commit",
             )));
         }
-        tx.commit().await?;
+        if let Err(e) = tx.commit().await {
+            // The commit's answer may be lost after it took effect: the batch's own ids
+            // say which (group_commit.rs, "A lost answer is not a failure").
+            let ids: Vec<String> = draft.ids.iter().map(|id| id.as_str().to_owned()).collect();
+            match crate::group_commit::committed(&state.pool, &ids).await {
+                Ok(found) if !found.is_empty() => {}
+                _ => return Err(e.into()),
+            }
+        }
+        *committed = inserted.len();
         (inserted, results)
     };
     let written = draft.plan.keep(|event| inserted.contains_key(event));

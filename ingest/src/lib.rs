@@ -33,7 +33,6 @@ use axum::routing::{delete, get, post};
 use railhook_common::http_server;
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::timeout::TimeoutLayer;
 use tracing::Instrument;
 
 use crate::incoming::routes as sources;
@@ -174,14 +173,21 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi::serve))
         .fallback(|| async { ApiError::NotFound("route") })
         .layer(middleware::from_fn_with_state(state.clone(), observe))
-        .layer(TimeoutLayer::with_status_code(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            REQUEST_TIMEOUT,
-        ))
+        .layer(middleware::from_fn(time_limit))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::Internal(problem::InternalError::Fault("handler panicked")).into_response()
         }))
         .with_state(state)
+}
+
+/// Ends a request that runs past [`REQUEST_TIMEOUT`] with a problem (`timeout`) that tells
+/// the caller its outcome is unknown and how to retry it safely. Dropping the handler drops
+/// a single Event still queued for a writer, which is then not written (group_commit.rs).
+async fn time_limit(request: Request, next: Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::TimedOut.into_response(),
+    }
 }
 
 /// Clears the sender cache after a successful write (the write has committed by then).

@@ -20,6 +20,7 @@ pub const PROVIDERS: [&str; 5] = ["github", "stripe", "shopify", "standard", "ge
 pub const GROUP_COMMIT_EVENTS: &str = "railhook_ingest_group_commit_events";
 pub const GROUP_COMMIT_WAITING: &str = "railhook_ingest_group_commit_waiting";
 pub const GROUP_COMMIT_RETRIED_TOTAL: &str = "railhook_ingest_group_commit_retried_total";
+pub const GROUP_COMMIT_ABANDONED_TOTAL: &str = "railhook_ingest_group_commit_abandoned_total";
 pub const SEQUENCE_ASSIGNMENT_FAILED_TOTAL: &str =
     "railhook_ingest_sequence_assignment_failed_total";
 
@@ -48,6 +49,9 @@ pub struct IngestMetrics {
     pub group_waiting: IntGauge,
     /// Group statements that failed and were written again one request at a time.
     pub group_retried: IntCounter,
+    /// Queued requests left out of their statement because their caller had gone (timed out
+    /// at the API, or hung up): nothing was written for them.
+    pub group_abandoned: IntCounter,
     /// `provider`, `result`: `accepted` or `duplicate`.
     pub incoming_received: IntCounterVec,
     /// `provider`, `reason`: `missing`, `malformed`, `mismatch` or `stale`.
@@ -151,6 +155,11 @@ impl IngestMetrics {
                 &registry,
                 GROUP_COMMIT_RETRIED_TOTAL,
                 "Group ingest statements that failed and were written again one request at a time.",
+            ),
+            group_abandoned: counter(
+                &registry,
+                GROUP_COMMIT_ABANDONED_TOTAL,
+                "Queued single-Event requests not written because their caller had gone.",
             ),
             sequence_assignment_failed: counter(
                 &registry,

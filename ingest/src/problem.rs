@@ -41,12 +41,21 @@ pub enum ApiError {
         pointer: String,
         detail: String,
     },
+    /// Checking a payload against its type's schema took longer than the API allows.
+    #[error("checking this payload against its type's schema took too long; nothing was written")]
+    SchemaTooSlow { field: String },
     #[error("the organization's monthly event quota is used up")]
     QuotaExceeded,
     #[error("invalid cursor")]
     InvalidCursor,
     #[error("the service is not ready")]
     Unavailable,
+    /// The request ran past the API's time limit. Its outcome is unknown to the caller: an
+    /// Event it carried may have been committed, so the answer says how to retry safely.
+    #[error(
+        "the request took too long and was abandoned; anything it created may exist: retry it with the same Idempotency-Key to get that instead of a duplicate"
+    )]
+    TimedOut,
     #[error("internal error")]
     Internal(#[source] InternalError),
 }
@@ -102,9 +111,11 @@ impl ApiError {
             ApiError::SchemaViolation { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "schema_violation")
             }
+            ApiError::SchemaTooSlow { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "schema_too_slow"),
             ApiError::QuotaExceeded => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
             ApiError::InvalidCursor => (StatusCode::BAD_REQUEST, "invalid_cursor"),
             ApiError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            ApiError::TimedOut => (StatusCode::SERVICE_UNAVAILABLE, "timeout"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -166,7 +177,9 @@ impl IntoResponse for ApiError {
             log_internal(e);
         }
         let (field, pointer) = match &self {
-            ApiError::Validation { field, .. } => (Some(field.clone()), None),
+            ApiError::Validation { field, .. } | ApiError::SchemaTooSlow { field } => {
+                (Some(field.clone()), None)
+            }
             ApiError::SchemaViolation { field, pointer, .. } => {
                 (Some(field.clone()), Some(pointer.clone()))
             }

@@ -16,22 +16,84 @@
 //! Schemas are draft 2020-12, compiled without any resolver that could fetch: a `$ref` to a
 //! URL is refused when the schema is stored (the catalogue must not make the API an HTTP
 //! client; see the SSRF guard in the worker).
+//!
+//! **One tenant's schema cannot stop the API** (review #34 item 2). A schema is a program a
+//! tenant hands us to run on every Event of its type, so its cost is bounded three ways:
+//! - `pattern` and `patternProperties` run on the `regex` crate's engine, whose matching time
+//!   is linear in the input, never on a backtracking one (a pattern that needs backtracking —
+//!   look-around, back-references — is refused when the schema is stored, with the compiled
+//!   size capped at [`PATTERN_SIZE_LIMIT`]), and a schema has at most [`MAX_PATTERNS`];
+//! - validation runs on the blocking pool, never on the runtime's threads that serve every
+//!   other request and (under `railhook all`) the relay and the worker, at most
+//!   [`VALIDATION_SLOTS`] at once, and a request whose validation has not answered within
+//!   [`VALIDATION_DEADLINE`] is refused with 422 `schema_too_slow` (nothing written);
+//! - the compiled validators are cached by their schema's size in bytes, up to
+//!   [`CACHE_BYTES`], not by count.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::PgPool;
+use tokio::sync::Semaphore;
 
 use crate::problem::{ApiError, ApiResult};
 
+/// The most `pattern` and `patternProperties` entries a schema may hold.
+pub const MAX_PATTERNS: usize = 64;
+/// The most bytes one compiled pattern may take (the `regex` crate's size limit); a pattern
+/// that compiles larger (`(a{1000}){1000}`) is refused when its schema is stored.
+pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
+/// How long one request's validation may take, waiting for a slot included.
+pub const VALIDATION_DEADLINE: Duration = Duration::from_millis(500);
+/// Validations running at once on the blocking pool, across every tenant.
+pub const VALIDATION_SLOTS: usize = 4;
+/// The compiled validators kept, weighed by the size of their schemas' JSON text.
+pub const CACHE_BYTES: u64 = 64 << 20;
+
+/// One slot per running validation: a flood of costly payloads queues here (and meets its
+/// deadline) instead of taking every thread of the blocking pool.
+static SLOTS: LazyLock<Arc<Semaphore>> =
+    LazyLock::new(|| Arc::new(Semaphore::new(VALIDATION_SLOTS)));
+
+/// A compiled schema and the bytes it is weighed by in the cache.
+struct Compiled {
+    validator: jsonschema::Validator,
+    bytes: u32,
+}
+
 /// Compiled validators by `schema_id`.
 #[derive(Clone)]
-pub struct SchemaCache(moka::sync::Cache<i64, Arc<jsonschema::Validator>>);
+pub struct SchemaCache(moka::sync::Cache<i64, Arc<Compiled>>);
 
 impl Default for SchemaCache {
     fn default() -> Self {
-        Self(moka::sync::Cache::builder().max_capacity(10_000).build())
+        Self(
+            moka::sync::Cache::builder()
+                .max_capacity(CACHE_BYTES)
+                .weigher(|_, c: &Arc<Compiled>| c.bytes)
+                .build(),
+        )
+    }
+}
+
+/// How many `pattern` and `patternProperties` entries a schema holds, anywhere in it.
+fn patterns(schema: &Value) -> usize {
+    match schema {
+        Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| {
+                let own = match (k.as_str(), v) {
+                    ("pattern", Value::String(_)) => 1,
+                    ("patternProperties", Value::Object(p)) => p.len(),
+                    _ => 0,
+                };
+                own + patterns(v)
+            })
+            .sum(),
+        Value::Array(items) => items.iter().map(patterns).sum(),
+        _ => 0,
     }
 }
 
@@ -48,9 +110,24 @@ pub fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
             place(&pointer(&e))
         )
     })?;
+    let n = patterns(schema);
+    if n > MAX_PATTERNS {
+        return Err(format!(
+            "schema has {n} patterns; the limit is {MAX_PATTERNS}"
+        ));
+    }
     jsonschema::draft202012::options()
+        .with_pattern_options(
+            jsonschema::PatternOptions::regex()
+                .size_limit(PATTERN_SIZE_LIMIT)
+                .dfa_size_limit(PATTERN_SIZE_LIMIT),
+        )
         .build(schema)
-        .map_err(|e| format!("schema cannot be used: {e}"))
+        .map_err(|e| {
+            format!(
+                "schema cannot be used: {e} (patterns run on a linear-time engine: look-around and back-references are not supported)"
+            )
+        })
 }
 
 /// The failing value's JSON Pointer (RFC 6901: `""` is the whole document).
@@ -68,11 +145,7 @@ fn place(pointer: &str) -> &str {
 }
 
 impl SchemaCache {
-    async fn validator(
-        &self,
-        pool: &PgPool,
-        schema_id: i64,
-    ) -> ApiResult<Option<Arc<jsonschema::Validator>>> {
+    async fn validator(&self, pool: &PgPool, schema_id: i64) -> ApiResult<Option<Arc<Compiled>>> {
         if let Some(v) = self.0.get(&schema_id) {
             return Ok(Some(v));
         }
@@ -88,8 +161,9 @@ impl SchemaCache {
         let Some(schema) = stored else {
             return Ok(None);
         };
+        let bytes = u32::try_from(schema.to_string().len()).unwrap_or(u32::MAX);
         let validator = match compile(&schema) {
-            Ok(v) => Arc::new(v),
+            Ok(validator) => Arc::new(Compiled { validator, bytes }),
             Err(e) => {
                 // Stored schemas were compiled when written; one that no longer compiles
                 // (a validator upgrade) must not block the type's Events.
@@ -122,26 +196,60 @@ impl SchemaCache {
             let Some(validator) = self.validator(pool, id).await? else {
                 continue;
             };
-            // Already parsed once as JSON by the request extractor; a second, typed parse
-            // only for Events that have a schema.
-            let payload: Value = serde_json::from_str(raw).map_err(|e| {
-                ApiError::validation(format!("{}payload", prefix(i)), e.to_string())
-            })?;
-            if let Some(e) = validator.iter_errors(&payload).next() {
-                let at = pointer(&e);
+            let field = format!("{}payload", prefix(i));
+            if let Some((at, rule)) = validate(validator, raw.to_owned(), &field).await? {
                 return Err(ApiError::SchemaViolation {
-                    field: format!("{}payload", prefix(i)),
+                    field,
                     detail: format!(
                         "payload does not match the schema of '{}' at {}: {}",
                         event_type,
                         place(&at),
-                        keyword_message(&e)
+                        rule
                     ),
                     pointer: at,
                 });
             }
         }
         Ok(())
+    }
+}
+
+/// Validates one payload (JSON text) on the blocking pool, within [`VALIDATION_DEADLINE`]
+/// from the moment it asks for a slot. Returns the first failure's pointer and rule. A
+/// validation past its deadline is answered `schema_too_slow` at once; its thread finishes
+/// on its own (the engine is linear-time, so it does) and then gives its slot back.
+async fn validate(
+    compiled: Arc<Compiled>,
+    raw: String,
+    field: &str,
+) -> ApiResult<Option<(String, String)>> {
+    let run = async {
+        let slot = SLOTS.clone().acquire_owned().await;
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            // Already parsed once as JSON by the request extractor; a second, typed parse
+            // only for Events that have a schema.
+            let payload: Value = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
+            Ok::<_, String>(
+                compiled
+                    .validator
+                    .iter_errors(&payload)
+                    .next()
+                    .map(|e| (pointer(&e), keyword_message(&e))),
+            )
+        })
+        .await
+    };
+    match tokio::time::timeout(VALIDATION_DEADLINE, run).await {
+        Ok(Ok(Ok(failure))) => Ok(failure),
+        Ok(Ok(Err(parse))) => Err(ApiError::validation(field, parse)),
+        // The validation thread panicked: the catalogue's engine failed, not the sender.
+        Ok(Err(_)) => Err(ApiError::Internal(crate::problem::InternalError::Fault(
+            "schema validation panicked",
+        ))),
+        Err(_) => Err(ApiError::SchemaTooSlow {
+            field: field.to_owned(),
+        }),
     }
 }
 

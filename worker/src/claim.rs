@@ -58,6 +58,8 @@ pub struct Target {
     /// The trace context stored with the Event (common/src/trace_context.rs).
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// The Delivery's Event is not stored (its row is gone): nothing can be sent.
+    pub event_gone: bool,
 }
 
 /// One row of [`claim_batch`] or [`swap_batch`]: the Claim and what its Attempt needs.
@@ -91,6 +93,7 @@ struct ClaimRow {
     expunged: bool,
     traceparent: Option<String>,
     tracestate: Option<String>,
+    event_gone: bool,
     /// Goes without the ordering gate: the statement checked the order itself.
     gated: bool,
     /// Parked by the statement, not claimed (`claim_batch` only).
@@ -132,6 +135,7 @@ impl ClaimRow {
             expunged: self.expunged,
             traceparent: self.traceparent,
             tracestate: self.tracestate,
+            event_gone: self.event_gone,
         };
         (claimed, target)
     }
@@ -145,7 +149,10 @@ impl ClaimRow {
 /// Delivery), `go` (the order was checked by the statement), or `park` (parked, not
 /// claimed). sqlx's macros take only literal SQL, so the shared part is spliced in here.
 ///
-/// The Event is read by its id, one index lookup per claimed row (`LATERAL … LIMIT 1`). As
+/// The Event is read by its id, one index lookup per claimed row (`LATERAL … LIMIT 1`), as
+/// a LEFT join: a Delivery whose Event is missing is still returned (`event_gone`), so its
+/// turn can end it FAILED `event_gone`. As an inner join the statement flipped such a row to
+/// PROCESSING under a token it never handed to anyone (review #34 item 9). As
 /// a plain join the generic plan hashed the claimed rows and scanned every Event partition
 /// in full (3.9 of the 6.1 ms of a 30-row Claim with 10,000 Events stored, growing with the
 /// day), because the statistics of the day's partition lag behind its inserts.
@@ -163,17 +170,20 @@ macro_rules! claim_rows {
                   e.url, e.secret,
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",
-                  v.event_type AS "event_type!", v.payload::text AS "payload!",
+                  coalesce(v.event_type, '') AS "event_type!",
+                  coalesce(v.payload::text, 'null') AS "payload!",
                   e.retry_delays, e.max_attempts,
-                  v.created_at AS "event_created_at!", v.raw_body, v.forward_headers,
+                  coalesce(v.created_at, c.ladder_started_at) AS "event_created_at!",
+                  v.raw_body, v.forward_headers,
                   v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
+                  v.id IS NULL AS "event_gone!",
                   c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
-           CROSS JOIN LATERAL (
-               SELECT v.event_type, v.payload, v.created_at, v.raw_body, v.forward_headers,
-                      v.expunged_at, v.traceparent, v.tracestate
-               FROM events v WHERE v.id = c.event_id LIMIT 1) AS v"#,
+           LEFT JOIN LATERAL (
+               SELECT v.id, v.event_type, v.payload, v.created_at, v.raw_body,
+                      v.forward_headers, v.expunged_at, v.traceparent, v.tracestate
+               FROM events v WHERE v.id = c.event_id LIMIT 1) AS v ON true"#,
             $($arg),*
         )
     };
@@ -206,7 +216,7 @@ impl Claims {
 /// An ordered Delivery is decided here too, from the same snapshot the ordering gate would
 /// read (ordering.rs, "Parking in the Claim"): with nothing unresolved ahead of it, it is
 /// claimed and goes without the gate (`gated`); with something ahead, it is parked by this
-/// statement (PENDING, its gap-timeout wake-up set) instead of being claimed, gated and
+/// statement (PENDING, its wake-up from `railhook_park_wakeup`) instead of being claimed, gated and
 /// parked in three transactions; unnumbered, or parked past its gap timeout, it is claimed
 /// and the gate decides, as before.
 ///
@@ -252,8 +262,8 @@ pub async fn claim_batch(
                    parked_at = CASE v.verdict WHEN 'park' THEN coalesce(d.parked_at, now())
                                               WHEN 'go' THEN NULL ELSE d.parked_at END,
                    next_retry_at = CASE WHEN v.verdict = 'park'
-                       THEN greatest(coalesce(d.parked_at, now()) + make_interval(secs => $3),
-                                     now() + interval '1 second')
+                       THEN railhook_park_wakeup(d.endpoint_id, d.sequence_number, d.parked_at,
+                                                 $3, $6)
                        ELSE d.next_retry_at END,
                    deferral_count = d.deferral_count
                                     + CASE WHEN v.verdict = 'park' THEN 1 ELSE 0 END,
@@ -270,7 +280,8 @@ pub async fn claim_batch(
         &tokens,
         gap_timeout.as_secs_f64(),
         lowest,
-        highest
+        highest,
+        crate::ordering::PARKED_FALLBACK.as_secs_f64()
     )
     .fetch_all(pool)
     .await?;
@@ -340,7 +351,7 @@ pub async fn take_parked(
 /// endpoint's lock, and once more after its commit (the resolver's second look), so the
 /// update re-checks the row itself (PENDING and parked) on the version it locks: of two
 /// looks, one gets it. If something else is still ahead, nothing is released: whichever of
-/// those resolves last releases it, and its gap-timeout wake-up stays set.
+/// those resolves last releases it, and its own wake-up stays set.
 ///
 /// Crash safety: the successor is PROCESSING when the statement commits, like any claimed
 /// Delivery, so a worker that dies before delivering it leaves it to the processing sweep
@@ -384,7 +395,8 @@ pub async fn hand_off_next(
 /// be descheduled in between for milliseconds, and the Claim then matches nothing although
 /// the row is about to be PENDING (seen: 1 in 3,000 at 300 Events/s on 2 cores). Without a
 /// second look its hint would be taken for a duplicate, and the Delivery would wait for the
-/// stranded sweep (an hour).
+/// stranded sweep (an hour). With a synchronous standby that stalls, the wait is as long as
+/// the stall (review #34 item 1; handoff.rs, `look_again`).
 pub async fn invisible(pool: &PgPool, ids: &[String]) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar!(
         r#"SELECT w.id AS "id!" FROM unnest($1::text[]) AS w(id)
@@ -393,6 +405,27 @@ pub async fn invisible(pool: &PgPool, ids: &[String]) -> Result<Vec<String>, sql
     )
     .fetch_all(pool)
     .await
+}
+
+/// Records hints that came ahead of their rows (handoff.rs, `look_again`), so that a
+/// Delivery whose hint this worker gave up on, or whose worker died looking, is found by
+/// the missed-hints sweep. Committed locally only (`synchronous_commit = local`): the
+/// record exists for the very case where commits wait on a stalled synchronous standby,
+/// and it must not wait with them; a record lost with a failover costs at most the
+/// stranded sweep's hour, as before it existed.
+pub async fn record_misses(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query_scalar!("SELECT set_config('synchronous_commit', 'local', true)")
+        .fetch_one(&mut *tx)
+        .await?;
+    sqlx::query!(
+        "INSERT INTO hint_misses (delivery_id) SELECT unnest($1::text[])
+         ON CONFLICT (delivery_id) DO NOTHING",
+        ids
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
 }
 
 /// The retry path (duplicate window 5 on the retry topic): the scheduler claimed each row

@@ -151,7 +151,14 @@ pub async fn finalise(
                                      response_excerpt, fenced)
                SELECT $1,
                       (SELECT coalesce(max(attempt_number), 0) + 1 FROM attempts WHERE delivery_id = $1),
-                      $9, $10, $11, $12, $13, $14, $15, NOT EXISTS (SELECT 1 FROM upd)
+                      $9, $10, $11, $12, $13, $14,
+                      -- Fenced out by an expunge: what the receiver answered may quote the
+                      -- payload that is gone, so it is not kept (review #34 item 6).
+                      CASE WHEN NOT EXISTS (SELECT 1 FROM upd)
+                                AND EXISTS (SELECT 1 FROM deliveries x WHERE x.id = $1
+                                            AND x.failure_reason = 'payload_expunged')
+                           THEN NULL ELSE $15 END,
+                      NOT EXISTS (SELECT 1 FROM upd)
                WHERE ($4 = 1)
                RETURNING id
            )
@@ -249,8 +256,9 @@ pub async fn defer(pool: &PgPool, claimed: &Claimed, wait: Duration) -> Result<b
 }
 
 /// Parks an ordered Delivery (ordering.rs): a Deferral that also stamps `parked_at` on the
-/// first park, with the gap timeout from that first park as the fallback wake-up, or a
-/// second from now once that has passed. Runs inside the gate's transaction.
+/// first park, and sets its own wake-up (`railhook_park_wakeup`: the gap timeout from that
+/// first park behind a stuck predecessor, else the long fallback; ordering.rs, "Wake-ups").
+/// Runs inside the gate's transaction.
 pub async fn park(
     tx: &mut Transaction<'_, Postgres>,
     claimed: &Claimed,
@@ -259,13 +267,13 @@ pub async fn park(
     let wrote = sqlx::query!(
         "UPDATE deliveries
          SET status = 'PENDING', claim_token = NULL, parked_at = coalesce(parked_at, now()),
-             next_retry_at = greatest(coalesce(parked_at, now()) + make_interval(secs => $3),
-                                      now() + interval '1 second'),
+             next_retry_at = railhook_park_wakeup(endpoint_id, sequence_number, parked_at, $3, $4),
              deferral_count = deferral_count + 1, updated_at = now(), version = version + 1
          WHERE id = $1 AND claim_token = $2",
         claimed.id,
         claimed.token,
-        gap_timeout.as_secs_f64()
+        gap_timeout.as_secs_f64(),
+        crate::ordering::PARKED_FALLBACK.as_secs_f64()
     )
     .execute(&mut **tx)
     .await?;

@@ -7,7 +7,9 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::sync::OwnedSemaphorePermit;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use crate::config::WorkerConfig;
@@ -35,6 +37,23 @@ pub(crate) async fn drain(shared: &Shared, config: &WorkerConfig, fresh: &Lane, 
         tracing::info!("worker drained: every Attempt finished");
         return;
     }
+    // Invariant: no request starts after its Claim was handed back (review #34 item 10).
+    // The turns still running are stopped first — a turn waiting in a rate hold, for Redis
+    // or at the ordering gate would otherwise go on to send a Delivery another worker may
+    // already own — and only then are their Claims released. A request cut off mid-way is
+    // a request the receiver may have seen: at-least-once, like a worker killed there.
+    let mut tasks = match shared.turn_tasks.lock() {
+        Ok(mut set) => std::mem::take(&mut *set),
+        Err(_) => tokio::task::JoinSet::new(),
+    };
+    tasks.abort_all();
+    let stopped = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(TURNS_STOP_WAIT, stopped)
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain: turns did not stop in time; handing their claims back anyway");
+    }
     let left: Vec<(String, Uuid)> = shared
         .running
         .lock()
@@ -50,6 +69,10 @@ pub(crate) async fn drain(shared: &Shared, config: &WorkerConfig, fresh: &Lane, 
         }
     }
 }
+
+/// How long a timed-out drain waits for its aborted turns to stop (each stops at its next
+/// await, so this is a bound, not a wait).
+const TURNS_STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// Retries `op` while Postgres is away, so no offset moves past an unanswered hint.
 async fn until_ok<T, F, Fut>(what: &str, mut op: F) -> T
@@ -68,60 +91,100 @@ where
     }
 }
 
-/// How many times a hint ahead of its row is looked at again, waiting 5 ms, then twice as
-/// long each time: about 1.3 s in all.
-const VISIBILITY_TRIES: u32 = 8;
+/// How long a worker keeps looking for the row of a hint that came ahead of it. Past it the
+/// miss is left to the missed-hints sweep (sweeps.rs), which runs every sweep interval.
+pub(crate) const VISIBILITY_WAIT: Duration = Duration::from_secs(120);
+/// The first and the longest pause between two looks at a hint's missing row.
+const LOOK_FIRST: Duration = Duration::from_millis(5);
+const LOOK_MOST: Duration = Duration::from_secs(1);
 
-/// Claims the missed hints whose rows this worker cannot see yet, as they become visible
-/// (`claim::invisible` says why that happens). The visibility check runs after the Claim
-/// that missed, so a row it sees may have become visible in between: each such row is
-/// claimed once more, and only a row that was already visible when a Claim missed it is a
-/// real duplicate, left alone. A row that never shows up (its partition retired, say) is
-/// given up after `VISIBILITY_TRIES`. The loop waits meanwhile: the hint's offset must not
-/// be stored before its Claim, and the wait is rare and short.
+/// The hints of a Claim statement that matched nothing: duplicates, or hints that came ahead
+/// of their rows (`claim::invisible` says why that happens). The visibility check runs after
+/// the Claim that missed, so a row it sees may have become visible in between: each such
+/// row is claimed once more here, and only a row that was already visible when the Claim
+/// missed it is a real duplicate, left alone.
 ///
-/// Seen without the second Claim: 1 Delivery in 6,000 at 300 Events/s left PENDING for the
-/// stranded sweep, its row committed between the missed Claim and the check.
-async fn claim_when_visible(
+/// A row still invisible may stay so for as long as its commit waits (review #34 item 1: a
+/// synchronous standby that stalls keeps a locally committed row invisible for as long as
+/// it stalls). Its id is recorded in `hint_misses` before this returns — so before the
+/// hint's offset is stored — and a task of its own keeps looking, backing off from
+/// [`LOOK_FIRST`] to [`LOOK_MOST`], for [`VISIBILITY_WAIT`]; when the row shows up it is
+/// claimed and delivered with a permit of the fresh lane. The consumer's loop does not wait
+/// for any of it. If this worker dies meanwhile, or the row takes longer, the sweep finds the
+/// record and hands the Delivery to the retry path within a sweep interval, not the
+/// stranded sweep's hour.
+async fn look_again(
     shared: &Shared,
-    mut missed: Vec<String>,
+    missed: Vec<String>,
     parked: &mut usize,
+    lane: &Arc<Semaphore>,
 ) -> Vec<(claim::Claimed, claim::Target)> {
+    let unseen = until_ok("visibility", || claim::invisible(&shared.pool, &missed)).await;
+    let seen: Vec<String> = missed
+        .iter()
+        .filter(|id| !unseen.contains(id))
+        .cloned()
+        .collect();
     let mut won = Vec::new();
-    let mut wait = Duration::from_millis(5);
-    for _ in 0..VISIBILITY_TRIES {
-        let unseen = until_ok("visibility", || claim::invisible(&shared.pool, &missed)).await;
-        let seen: Vec<String> = missed
+    if !seen.is_empty() {
+        let got = claim(shared, &seen, parked).await;
+        shared.metrics.early_hints.inc_by(got.len() as u64);
+        won.extend(got);
+    }
+    if !unseen.is_empty() {
+        shared.metrics.early_hints.inc_by(unseen.len() as u64);
+        until_ok("hint miss record", || {
+            claim::record_misses(&shared.pool, &unseen)
+        })
+        .await;
+        tokio::spawn(watch_for_rows(shared.clone(), unseen, lane.clone()));
+    }
+    won
+}
+
+/// Looks for the rows of `ids` until they show up, [`VISIBILITY_WAIT`] passes or the worker
+/// drains, and delivers each one that does (see [`look_again`]).
+async fn watch_for_rows(shared: Shared, mut ids: Vec<String>, lane: Arc<Semaphore>) {
+    let started = Instant::now();
+    let mut wait = LOOK_FIRST;
+    while !ids.is_empty()
+        && started.elapsed() < VISIBILITY_WAIT
+        && !shared.draining.load(Ordering::SeqCst)
+    {
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(LOOK_MOST);
+        let Ok(unseen) = claim::invisible(&shared.pool, &ids).await else {
+            continue;
+        };
+        let seen: Vec<String> = ids
             .iter()
             .filter(|id| !unseen.contains(id))
             .cloned()
             .collect();
-        if !seen.is_empty() {
-            let got = claim(shared, &seen, parked).await;
-            shared.metrics.early_hints.inc_by(got.len() as u64);
-            won.extend(got);
+        ids = unseen;
+        if seen.is_empty() {
+            continue;
         }
-        missed = unseen;
-        if missed.is_empty() {
-            break;
-        }
-        shared.metrics.early_hints.inc_by(missed.len() as u64);
-        tokio::time::sleep(wait).await;
-        wait *= 2;
-        let got = until_ok("claim", || {
-            claim::claim_batch(&shared.pool, &missed, shared.gap_timeout)
-        })
-        .await;
-        missed.retain(|id| !got.answered(id));
-        won.extend(settle_parked(shared, got, parked).await);
+        let Ok(permits) = lane.clone().acquire_many_owned(seen.len() as u32).await else {
+            return;
+        };
+        let stamped = Instant::now();
+        let mut parked = 0;
+        let won = claim(&shared, &seen, &mut parked).await;
+        let permits: Vec<OwnedSemaphorePermit> = split(permits, won.len());
+        spawn_turns(&shared, won, permits, stamped);
     }
-    if !missed.is_empty() {
+    if !ids.is_empty() {
         tracing::warn!(
-            hints = missed.len(),
-            "hints for deliveries that never became visible; the stranded sweep has them if they ever do"
+            hints = ids.len(),
+            "hints whose deliveries did not become visible in time; the missed-hints sweep hands them to the retry path"
         );
     }
-    won
+}
+
+/// `n` single permits out of `permits` (the rest go back when it is dropped).
+fn split(mut permits: OwnedSemaphorePermit, n: usize) -> Vec<OwnedSemaphorePermit> {
+    (0..n).filter_map(|_| permits.split(1)).collect()
 }
 
 /// One Claim statement for `ids`, with its parked rows settled (see [`settle_parked`]).
@@ -174,8 +237,9 @@ async fn settle_parked(
 pub(crate) async fn start(
     shared: &Shared,
     lane: &str,
+    lane_permits: &Arc<Semaphore>,
     asks: Vec<Ask>,
-    mut permits: Vec<OwnedSemaphorePermit>,
+    permits: Vec<OwnedSemaphorePermit>,
 ) {
     if asks.is_empty() {
         return;
@@ -214,22 +278,42 @@ pub(crate) async fn start(
         };
         let mut won = settle_parked(shared, got, &mut parked).await;
         if !missed.is_empty() {
-            won.extend(claim_when_visible(shared, missed, &mut parked).await);
+            won.extend(look_again(shared, missed, &mut parked, lane_permits).await);
         }
         won
     };
     let misses = asks.len().saturating_sub(won.len() + parked);
     shared.metrics.claim_misses.inc_by(misses as u64);
+    spawn_turns(shared, won, permits, stamped);
+}
+
+/// Starts an Attempt task for each won Claim, each with one of `permits`.
+fn spawn_turns(
+    shared: &Shared,
+    won: Vec<(claim::Claimed, claim::Target)>,
+    mut permits: Vec<OwnedSemaphorePermit>,
+    stamped: Instant,
+) {
     for (claimed, target) in won {
         let Some(permit) = permits.pop() else {
             // More rows than hints cannot happen (one row per id); never send unpermitted.
             tracing::error!(delivery_id = %claimed.id, "claimed without a permit; the sweep will hand it back");
             continue;
         };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            turns(&shared, claimed, target, stamped).await;
+        let task_shared = shared.clone();
+        let turn = async move {
+            turns(&task_shared, claimed, target, stamped).await;
             drop(permit);
-        });
+        };
+        match shared.turn_tasks.lock() {
+            Ok(mut set) => {
+                // Reap what finished, so the set holds only running turns.
+                while set.try_join_next().is_some() {}
+                set.spawn(turn);
+            }
+            Err(_) => {
+                tokio::spawn(turn);
+            }
+        }
     }
 }

@@ -93,7 +93,7 @@ pub struct WorkerMetrics {
     pub success_group_retried: IntCounter,
     pub endpoints_disabled: IntCounter,
     pub retries_published: IntCounter,
-    /// `sweep`: `processing` or `stranded`.
+    /// `sweep`: `processing`, `stranded` or `missed_hint`.
     pub swept: IntCounterVec,
     pub failed_messages: IntCounter,
     pub delivery_latency: Histogram,
@@ -413,7 +413,7 @@ impl WorkerMetrics {
         for o in OUTCOMES {
             m.attempts.with_label_values(&[o]);
         }
-        for s in ["processing", "stranded"] {
+        for s in ["processing", "stranded", "missed_hint"] {
             m.swept.with_label_values(&[s]);
         }
         m

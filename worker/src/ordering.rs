@@ -13,7 +13,7 @@
 //! one definition of that set, the SQL function `railhook_ordered_ahead` (migration
 //! 20261205000016). Otherwise it is **parked**: a Deferral
 //! (Claim released, token cleared, no Attempt spent) with `parked_at` set on the first
-//! park, and `next_retry_at` at `parked_at + gap timeout` as the fallback wake-up.
+//! park, and a wake-up of its own (see "Wake-ups" below).
 //!
 //! **Release.** When an ordered Delivery resolves (SUCCEEDED or FAILED), the resolving
 //! worker claims the next parked one on its endpoint in the same transaction, if nothing
@@ -29,7 +29,7 @@
 //! **Parking in the Claim.** Most ordered Deliveries never reach the gate: the Claim
 //! statement (`claim::claim_batch`) asks the gate's question from its own snapshot. Nothing
 //! unresolved ahead: claimed and sent without the gate. Something ahead: parked by the Claim
-//! statement itself (PENDING, `parked_at`, the gap-timeout wake-up), not claimed, gated and
+//! statement itself (PENDING, `parked_at`, its wake-up), not claimed, gated and
 //! parked in three transactions. A burst of N ordered Events costs N such parks, and the
 //! gate's three transactions per park under the endpoint's lock were what held one line to
 //! 100 deliveries/s (issue #21 item 5; 370/s since, docs/BENCHMARKS.md). Unnumbered
@@ -42,7 +42,19 @@
 //! its release found nothing, looks for a parked successor once more (`resolution::resolve`).
 //! Whichever commits second then sees the other's commit, so one of the two looks releases
 //! the Delivery; if both do, the conditional update lets one of them have it. The
-//! gap-timeout wake-up covers a release that was lost to a crash.
+//! park's own wake-up (at worst [`PARKED_FALLBACK`]) covers a release lost to a crash.
+//!
+//! **Wake-ups** (review #34 item 3). A parked Delivery is not polled. It is woken by what it
+//! waits on: its predecessor's resolution hands the line on (above), and an ordered
+//! Delivery's failed Attempt (a retry) sets the gap-timeout wake-up of its parked successor
+//! in the same transaction ([`wake_successor`]), since from then on that predecessor is
+//! stuck and the gap timeout is what gets past it. A park sets its own wake-up through
+//! `railhook_park_wakeup` (migration 20261205000018): the gap timeout behind a stuck
+//! predecessor (the head of the line; once passed and still held by moving predecessors,
+//! a second from now), otherwise [`PARKED_FALLBACK`], which only a lost wake-up reaches.
+//! Before this every parked Delivery past its gap timeout was hinted once a second while
+//! its line was held, so an endpoint outage with N parked Deliveries cost N Claims a
+//! second for as long as it lasted; now it costs the head's.
 //!
 //! **Gap timeout.** A Delivery parked for longer than the gap timeout (from its first park)
 //! stops waiting for predecessors that are stuck: those that have failed at least once and
@@ -59,6 +71,36 @@ use std::time::Duration;
 use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::claim::Claimed;
+
+/// The wake-up of a parked Delivery that waits behind a parked or not yet failed
+/// predecessor: never reached unless a wake-up was lost, and then the cost of the loss.
+pub const PARKED_FALLBACK: Duration = Duration::from_secs(15 * 60);
+
+/// Sets the gap-timeout wake-up of the parked successor of number `seq` on the endpoint
+/// (unless an earlier one is set): the Delivery numbered `seq` has just failed an Attempt
+/// and is now a stuck predecessor. Runs in the transaction that writes that failure.
+pub async fn wake_successor(
+    db: impl sqlx::PgExecutor<'_>,
+    endpoint_id: &str,
+    seq: i64,
+    gap_timeout: Duration,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE deliveries d
+         SET next_retry_at = least(d.next_retry_at,
+                                   greatest(d.parked_at + make_interval(secs => $3),
+                                            now() + interval '1 second')),
+             updated_at = now()
+         FROM railhook_parked_successor($1, $2) s
+         WHERE d.id = s.id AND d.status = 'PENDING' AND d.parked_at IS NOT NULL",
+        endpoint_id,
+        seq,
+        gap_timeout.as_secs_f64()
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
 
 /// What the gate decided for one claimed Delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,7 +220,7 @@ pub async fn gate(pool: &PgPool, claimed: &Claimed, gap_timeout: Duration) -> sq
             sequence_number: seq,
         });
     }
-    // Park. The fallback wake-up is the gap timeout from the first park; once that has
+    // Park, with the wake-up `railhook_park_wakeup` chooses ("Wake-ups" above); once that has
     // passed (it is waiting only for moving predecessors), look again shortly.
     crate::fence::park(&mut tx, claimed, gap_timeout).await?;
     // A park need not wait for the WAL's flush (issue #21 item 5: a burst of ordered

@@ -214,6 +214,16 @@ pub(crate) async fn sweeps(shared: &Shared, config: &WorkerConfig) {
             .inc_by(n),
         Err(e) => tracing::warn!(error = %e, "stranded sweep failed"),
     }
+    match sweeps::sweep_missed_hints(&shared.pool, crate::handoff::VISIBILITY_WAIT.as_secs_f64())
+        .await
+    {
+        Ok(n) => shared
+            .metrics
+            .swept
+            .with_label_values(&["missed_hint"])
+            .inc_by(n),
+        Err(e) => tracing::warn!(error = %e, "missed-hints sweep failed"),
+    }
     if let Ok((scheduled, due)) = sweeps::retry_backlog(&shared.pool).await {
         let backlog = &shared.metrics.retry_backlog;
         backlog.with_label_values(&["scheduled"]).set(scheduled);

@@ -278,7 +278,14 @@ pub async fn write_successes<'a>(
                       (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
                        WHERE a.delivery_id = w.id AND a.delivery_id BETWEEN $11 AND $12),
                       w.started_at, w.finished_at, w.status_code, 'SUCCEEDED', w.duration_ms,
-                      w.error_class, w.excerpt, w.id NOT IN (SELECT u.id FROM upd u)
+                      w.error_class,
+                      -- As finalise: an Attempt fenced out by an expunge keeps no excerpt.
+                      CASE WHEN w.id NOT IN (SELECT u.id FROM upd u)
+                                AND EXISTS (SELECT 1 FROM deliveries x
+                                            WHERE x.id = w.id AND x.id BETWEEN $11 AND $12
+                                              AND x.failure_reason = 'payload_expunged')
+                           THEN NULL ELSE w.excerpt END,
+                      w.id NOT IN (SELECT u.id FROM upd u)
                FROM w
                RETURNING id
            )

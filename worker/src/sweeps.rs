@@ -51,6 +51,26 @@ pub async fn sweep_stranded(pool: &PgPool, older_than_secs: f64) -> Result<u64, 
     Ok(swept.rows_affected())
 }
 
+/// Sweep 3: Deliveries whose hint a worker recorded as ahead of its row more than
+/// `older_than_secs` ago (handoff.rs, `look_again`) and that are still waiting for a first
+/// hint go to the retry path; every such record older than that is then deleted. Runs every
+/// sweep interval, so a hint given up on costs a sweep interval, not the stranded hour.
+pub async fn sweep_missed_hints(pool: &PgPool, older_than_secs: f64) -> Result<u64, sqlx::Error> {
+    let swept = sqlx::query!(
+        "WITH old AS (
+             DELETE FROM hint_misses WHERE missed_at < now() - make_interval(secs => $1)
+             RETURNING delivery_id
+         )
+         UPDATE deliveries d SET next_retry_at = now(), updated_at = now()
+         FROM old
+         WHERE d.id = old.delivery_id AND d.status = 'PENDING' AND d.next_retry_at IS NULL",
+        older_than_secs
+    )
+    .execute(pool)
+    .await?;
+    Ok(swept.rows_affected())
+}
+
 /// The retry backlog: PENDING Deliveries with a retry scheduled, and how many of them are
 /// already due (a due count that stays high means the scheduler or the workers fall behind).
 /// Both counts come from the partial index `deliveries_due_idx`.

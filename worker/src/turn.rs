@@ -5,7 +5,6 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use railhook_common::config::PROCESSING_MARGIN;
 use railhook_common::headers::Extra;
 use railhook_common::retry::Ladder;
 use railhook_common::signing::SigningKey;
@@ -61,9 +60,9 @@ pub(crate) async fn turns(
         let Some(Released::HandedOff(taken)) = released else {
             return;
         };
-        let (claimed, target) = *taken;
-        // Claimed at the resolution's commit: the processing window starts there.
-        let stamped = Instant::now();
+        // Stamped by the resolution's transaction, which began at `stamped` or later
+        // (review #34 item 8: measured from after the commit, the age came out short).
+        let (claimed, target, stamped) = *taken;
         if shared.draining.load(Ordering::SeqCst) {
             // Told to stop after the hand-off was claimed: give it back at once.
             if let Err(e) = fence::release(&shared.pool, &[(claimed.id, claimed.token)]).await {
@@ -196,13 +195,6 @@ fn breaker_verdict(report: &crate::attempt::Report, max: Duration) -> (Verdict, 
     }
 }
 
-/// Whether a Claim stamped `age` ago must be re-stamped before a request of up to `timeout`
-/// starts: the request and its finalise must end inside the sweep's window, with
-/// [`PROCESSING_MARGIN`] to spare (common/src/config.rs, `processing_timeout_problem`).
-pub(crate) fn needs_restamp(age: Duration, timeout: Duration, window: Duration) -> bool {
-    age + timeout + PROCESSING_MARGIN >= window
-}
-
 /// One claimed Delivery: gate and limits (or a Deferral), Attempt, decision, finalise.
 /// `stamped`: no later than the Claim's stamp in Postgres. Returns the ordered Delivery its
 /// resolution released, if any.
@@ -214,6 +206,11 @@ async fn deliver(
 ) -> Option<Released> {
     if !target.enabled {
         return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
+    }
+    // The Claim returns a Delivery whose Event row is missing rather than leave it
+    // PROCESSING under a token nobody holds (claim.rs); it ends here.
+    if target.event_gone {
+        return give_up(shared, &claimed, "event_gone").await;
     }
     // The expunge fails every Delivery not sent yet in its own transaction; this guards
     // any path that could make one PENDING again.
@@ -254,14 +251,19 @@ async fn deliver(
         return None;
     };
     attempt.sequence_number = claimed.sequence_number;
-    // Invariant: a Claim is never older than its sweep window allows when its request
-    // starts (review #19 item 1). The gate and the limits may have held it; then it is
-    // re-stamped through the Fence, and a Claim the sweep already took back is not sent.
-    if needs_restamp(
-        stamped.elapsed(),
-        attempt.timeout,
-        shared.processing_timeout,
-    ) {
+    // Invariant: a request starts only under a Claim that still holds, re-stamped through
+    // the Fence right before it (review #34 item 7). Between the Claim and here the turn may
+    // have waited (the gate, a rate hold, Redis), and meanwhile an expunge may have failed
+    // the Delivery, the sweep taken it back or a drain released it: each clears the token,
+    // so the re-stamp matches nothing and the old payload is not sent. The re-stamp also
+    // restarts the processing window, so the request and its finalise fit inside it
+    // (review #19 item 1; configuration refuses a window that cannot hold the longest
+    // request and [`railhook_common::config::PROCESSING_MARGIN`]).
+    {
+        tracing::debug!(
+            claim_age_ms = stamped.elapsed().as_millis() as u64,
+            "re-stamping the claim before its request"
+        );
         let kept = fence::restamp(&shared.pool, &claimed).await;
         if !matches!(kept, Ok(true)) {
             if let Err(e) = &kept {

@@ -70,8 +70,6 @@ pub(crate) struct Shared {
     /// How long an Attempt's outcome is retried while Postgres is away (the stranded
     /// window: past it the Delivery is someone else's to resend anyway).
     pub(crate) finalise_for: Duration,
-    /// The sweep's window: a Claim older than this may be handed to another worker.
-    pub(crate) processing_timeout: Duration,
     /// No request runs longer than this, whatever an older endpoint row says.
     pub(crate) endpoint_timeout_max: Duration,
     pub(crate) keyring: railhook_common::sealing::Keyring,
@@ -82,6 +80,9 @@ pub(crate) struct Shared {
     /// The Claims whose turns are running, by Delivery id: what a drain that timed out
     /// hands back.
     pub(crate) running: Arc<Mutex<HashMap<String, Uuid>>>,
+    /// The running turns' tasks, so that a drain that timed out can stop them before it
+    /// hands their Claims back (handoff.rs, `drain`).
+    pub(crate) turn_tasks: Arc<Mutex<tokio::task::JoinSet<()>>>,
 }
 
 /// Creates the worker's topics, waiting with a capped back-off while Kafka is away (the
@@ -153,11 +154,11 @@ pub async fn run(
         deferral_max: config.deferral_max,
         streak: config.streak,
         finalise_for: config.stranded_after,
-        processing_timeout: config.processing_timeout,
         endpoint_timeout_max: config.endpoint_timeout_max,
         keyring: config.keyring.clone(),
         draining: Arc::new(AtomicBool::new(false)),
         running: Arc::new(Mutex::new(HashMap::new())),
+        turn_tasks: Arc::default(),
     };
     // The scheduler and the sweeps run in their own tasks, never on the consumer's loop.
     let (stop_background, background_stop) = watch::channel(false);
@@ -242,7 +243,7 @@ pub async fn run(
                     offsets,
                 }) = lane.take()
                 {
-                    start(&shared, lane.name, asks, permits).await;
+                    start(&shared, lane.name, &lane.permits, asks, permits).await;
                     for (partition, offset) in offsets {
                         if let Err(e) = consumer.store_offset(&lane.topic, partition, offset) {
                             tracing::warn!(error = %e, "offset not stored");

@@ -137,9 +137,14 @@ async fn pass(
     )
     .fetch_one(&mut *conn)
     .await?;
-    let mut report = Report::default();
+    // Days ahead first, and whatever follows: a pass that cannot finish an interrupted
+    // retirement (a lock it waits for, a partition it cannot put back) must still leave
+    // tomorrow's partitions in place, or ingest fails at midnight (review #34 item 13).
+    let mut report = Report {
+        created: ensure_ahead(&mut *conn, now.date_naive()).await?,
+        ..Report::default()
+    };
     retire::finish_interrupted(&mut *conn, &mut report).await?;
-    report.created = ensure_ahead(&mut *conn, now.date_naive()).await?;
     let partitions = plan(&mut *conn, now, retention_days).await?;
     let mut days: Vec<chrono::NaiveDate> = partitions
         .iter()
@@ -202,7 +207,16 @@ pub async fn task(
                 continue;
             }
         }
-        match run(&pool, Utc::now(), retention_days, Some(&metrics)).await {
+        // Expiry is judged by the database's clock, the one that stamped the rows and
+        // names the day partitions, never by this host's (review #34 item 13).
+        let now = match database_now(&pool).await {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::warn!(error = %crate::health::postgres_reason(&e), "retention: cannot read the database's clock; trying again next time");
+                continue;
+            }
+        };
+        match run(&pool, now, retention_days, Some(&metrics)).await {
             Ok(r) if r.skipped => tracing::debug!("retention: another process runs the pass"),
             Ok(r) => tracing::info!(
                 created = r.created,
@@ -215,6 +229,13 @@ pub async fn task(
             }
         }
     }
+}
+
+/// The database's clock: what a pass measures expiry against.
+pub async fn database_now(pool: &PgPool) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
+        .fetch_one(pool)
+        .await
 }
 
 /// Whether the connection's role may run a pass: it is (or is a member of) the owner of

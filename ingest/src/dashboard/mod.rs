@@ -35,6 +35,12 @@ use crate::auth::Project;
 use crate::problem::ApiError;
 use crate::state::AppState;
 
+/// The session cookie's name. Served over HTTPS (`dashboard_cookie_secure`, the default) the
+/// cookies carry the `__Host-` prefix (review #34 item 15): a browser then keeps them only
+/// if they are `Secure`, have `Path=/` and name no `Domain`, so a sibling subdomain or a
+/// plain-HTTP page on the same host cannot plant or overwrite one (cookie tossing). A plain
+/// HTTP deployment (a local demo) cannot use the prefix, and keeps the bare names scoped to
+/// `/dashboard`.
 const COOKIE: &str = "railhook_session";
 /// The sign-in form's CSRF token, before there is a session: the same random value in this
 /// cookie and in the form (double submit). A cross-site form cannot read the cookie nor, as
@@ -110,8 +116,35 @@ pub struct Session {
     pub csrf: String,
 }
 
-fn session_token(headers: &axum::http::HeaderMap) -> Option<String> {
-    cookie_value(headers, COOKIE)
+fn session_token(state: &AppState, headers: &axum::http::HeaderMap) -> Option<String> {
+    cookie_value(headers, &cookie_name(state, COOKIE))
+}
+
+/// A cookie's name as this deployment sets it: `__Host-` prefixed when it is `Secure`.
+fn cookie_name(state: &AppState, bare: &str) -> String {
+    if state.dashboard.cookie_secure {
+        format!("__Host-{bare}")
+    } else {
+        bare.to_owned()
+    }
+}
+
+/// One of the dashboard's cookies: `HttpOnly`, `SameSite=Strict`, and either `__Host-`
+/// prefixed with `Secure; Path=/`, or (plain HTTP) bare and scoped to `/dashboard`.
+fn dashboard_cookie(
+    state: &AppState,
+    bare: &str,
+    value: String,
+    max_age: cookie::time::Duration,
+) -> Cookie<'static> {
+    let secure = state.dashboard.cookie_secure;
+    Cookie::build((cookie_name(state, bare), value))
+        .path(if secure { "/" } else { "/dashboard" })
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(secure)
+        .max_age(max_age)
+        .build()
 }
 
 fn cookie_value(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
@@ -130,7 +163,7 @@ impl FromRequestParts<AppState> for Session {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
         let to_login = || Redirect::to("/dashboard/login").into_response();
-        let token = session_token(&parts.headers).ok_or_else(to_login)?;
+        let token = session_token(state, &parts.headers).ok_or_else(to_login)?;
         let row = sqlx::query!(
             r#"SELECT s.csrf_token, p.id AS project_id, p.organization_id, o.monthly_quota
                FROM dashboard_sessions s
@@ -294,13 +327,12 @@ async fn login_form(State(state): State<AppState>) -> Response {
 /// The sign-in page with a fresh login token, in the form and in its cookie.
 fn login_response(state: &AppState, status: StatusCode, error: Option<&str>) -> Response {
     let token = random_token();
-    let cookie = Cookie::build((LOGIN_COOKIE, token.clone()))
-        .path("/dashboard")
-        .http_only(true)
-        .same_site(SameSite::Strict)
-        .secure(state.dashboard.cookie_secure)
-        .max_age(cookie::time::Duration::hours(1))
-        .build();
+    let cookie = dashboard_cookie(
+        state,
+        LOGIN_COOKIE,
+        token.clone(),
+        cookie::time::Duration::hours(1),
+    );
     with_cookie((status, Html(login_page(&token, error))), &cookie)
 }
 
@@ -333,7 +365,7 @@ async fn login(
     headers: axum::http::HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> PageResult {
-    let expected = cookie_value(&headers, LOGIN_COOKIE).unwrap_or_default();
+    let expected = cookie_value(&headers, &cookie_name(&state, LOGIN_COOKIE)).unwrap_or_default();
     let same: bool = expected.as_bytes().ct_eq(form.csrf.as_bytes()).into();
     if expected.is_empty() || !same {
         return Ok(login_response(
@@ -373,15 +405,12 @@ async fn login(
     sqlx::query!("DELETE FROM dashboard_sessions WHERE expires_at < now()")
         .execute(&state.pool)
         .await?;
-    let cookie = Cookie::build((COOKIE, token))
-        .path("/dashboard")
-        .http_only(true)
-        .same_site(SameSite::Strict)
-        .secure(state.dashboard.cookie_secure)
-        .max_age(cookie::time::Duration::seconds(
-            i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
-        ))
-        .build();
+    let cookie = dashboard_cookie(
+        &state,
+        COOKIE,
+        token,
+        cookie::time::Duration::seconds(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)),
+    );
     Ok(with_cookie(Redirect::to("/dashboard/deliveries"), &cookie))
 }
 
@@ -392,7 +421,7 @@ async fn logout(
     Form(form): Form<CsrfForm>,
 ) -> PageResult {
     session.check(&form.csrf)?;
-    if let Some(token) = session_token(&headers) {
+    if let Some(token) = session_token(&state, &headers) {
         sqlx::query!(
             "DELETE FROM dashboard_sessions WHERE token_hash = $1",
             &hash_api_key(&token)
@@ -400,12 +429,7 @@ async fn logout(
         .execute(&state.pool)
         .await?;
     }
-    let cookie = Cookie::build((COOKIE, ""))
-        .path("/dashboard")
-        .http_only(true)
-        .same_site(SameSite::Strict)
-        .max_age(cookie::time::Duration::ZERO)
-        .build();
+    let cookie = dashboard_cookie(&state, COOKIE, String::new(), cookie::time::Duration::ZERO);
     Ok(with_cookie(Redirect::to("/dashboard/login"), &cookie))
 }
 
