@@ -299,7 +299,7 @@ async fn ingest_with(
     tracing::info!(%addr, "ingest listening");
     // With /metrics off the API port, the metrics port serves it (and the probes) instead.
     let metrics_port = async {
-        if settings.api_metrics {
+        if settings.api_metrics() {
             return Ok(());
         }
         let mut registries = vec![state.metrics.registry().clone()];

@@ -1,4 +1,5 @@
-//! `railhook secrets rotate-key`: seals every endpoint signing secret and Source secret with
+//! `railhook secrets rotate-key`: seals every endpoint signing secret, endpoint custom header
+//! value and Source secret with
 //! the first key of `RAILHOOK_ENCRYPTION_KEYS` (common/src/sealing.rs), in batches.
 //!
 //! Run it after putting a new key first (`new,old`); when it reports nothing left, `old` can
@@ -40,6 +41,11 @@ pub async fn run(settings: &Settings, action: SecretsAction) -> anyhow::Result<(
                 if raced > 0 {
                     println!("  run `railhook secrets rotate-key` again for those");
                 }
+            }
+            let (resealed, raced) = reseal_headers(&pool, &keyring).await?;
+            println!("endpoint headers: {resealed} rows sealed again, {raced} changed meanwhile");
+            if raced > 0 {
+                println!("  run `railhook secrets rotate-key` again for those");
             }
             Ok(())
         }
@@ -105,6 +111,50 @@ async fn reseal_table(pool: &PgPool, keyring: &Keyring, table: &str) -> anyhow::
             .execute(pool)
             .await
             .with_context(|| format!("writing {table} {id}"))?
+            .rows_affected();
+            if wrote == 1 {
+                resealed += 1;
+            } else {
+                raced += 1;
+            }
+        }
+    }
+}
+
+/// Re-seals endpoints' custom header values that need it, as [`reseal_table`] does the
+/// secrets: each row only if its headers are still what was read.
+async fn reseal_headers(pool: &PgPool, keyring: &Keyring) -> anyhow::Result<(u64, u64)> {
+    let (mut cursor, mut resealed, mut raced) = (String::new(), 0, 0);
+    loop {
+        let rows = sqlx::query!(
+            "SELECT id, headers FROM endpoints WHERE id > $1 AND headers <> '{}'::jsonb
+             ORDER BY id LIMIT $2",
+            cursor,
+            BATCH
+        )
+        .fetch_all(pool)
+        .await
+        .context("reading endpoint headers")?;
+        let Some(last) = rows.last() else {
+            return Ok((resealed, raced));
+        };
+        cursor = last.id.clone();
+        for row in rows {
+            let Some(sealed) = keyring
+                .reseal_headers(&row.id, &row.headers)
+                .with_context(|| format!("endpoint {} headers", row.id))?
+            else {
+                continue;
+            };
+            let wrote = sqlx::query!(
+                "UPDATE endpoints SET headers = $2 WHERE id = $1 AND headers = $3",
+                row.id,
+                sealed,
+                row.headers
+            )
+            .execute(pool)
+            .await
+            .with_context(|| format!("writing endpoint {} headers", row.id))?
             .rows_affected();
             if wrote == 1 {
                 resealed += 1;

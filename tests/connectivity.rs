@@ -194,6 +194,8 @@ impl Process {
             .envs(env.iter().map(|(k, v)| (k, v)))
             .env("RAILHOOK_HTTP_ADDR", &http)
             .env("RAILHOOK_METRICS_ADDR", &metrics)
+            .env("RAILHOOK_API_METRICS", "true")
+            .env("RAILHOOK_METRICS_TOKEN", support::METRICS_TOKEN)
             .stdout(Stdio::from(file.try_clone().expect("log")))
             .stderr(Stdio::from(file))
             .kill_on_drop(true)
@@ -250,7 +252,10 @@ impl Process {
 
     /// `/metrics` on the API port.
     async fn metrics_page(&self) -> String {
-        reqwest::get(format!("{}/metrics", self.api))
+        reqwest::Client::new()
+            .get(format!("{}/metrics", self.api))
+            .bearer_auth(support::METRICS_TOKEN)
+            .send()
             .await
             .expect("metrics")
             .text()

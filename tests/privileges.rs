@@ -118,6 +118,8 @@ async fn ingest_and_workers_run_on_the_documented_least_privilege_role() {
             ("RAILHOOK_RETRY_OUTGOING_DELAYS", "0.2".to_owned()),
             ("RAILHOOK_RETRY_SCHEDULER_MS", "100".to_owned()),
             ("RAILHOOK_HTTP_ADDR", format!("127.0.0.1:{api_port}")),
+            ("RAILHOOK_API_METRICS", "true".to_owned()),
+            ("RAILHOOK_METRICS_TOKEN", support::METRICS_TOKEN.to_owned()),
             (
                 "RAILHOOK_METRICS_ADDR",
                 metrics.trim_start_matches("http://").to_owned(),
@@ -318,6 +320,7 @@ async fn ingest_and_workers_run_on_the_documented_least_privilege_role() {
         let http = http.clone();
         async move {
             http.get(format!("{url}/metrics"))
+                .bearer_auth(support::METRICS_TOKEN)
                 .send()
                 .await
                 .expect("metrics")

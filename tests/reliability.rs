@@ -112,13 +112,13 @@ impl Stack {
             .env("RAILHOOK_METRICS_ADDR", &addr)
             .stdout(log_file(&format!("{role}-{port}")))
             .stderr(Stdio::null());
-        let metrics = if role == "ingest" {
+        // Every role's /metrics on its metrics port (the API port serves none without a
+        // metrics token).
+        if role == "ingest" {
             let http = self.api.trim_start_matches("http://").to_owned();
             cmd.env("RAILHOOK_HTTP_ADDR", &http);
-            format!("{}/metrics", self.api)
-        } else {
-            format!("http://{addr}/metrics")
-        };
+        }
+        let metrics = format!("http://{addr}/metrics");
         let child = cmd.spawn().expect("railhook");
         self.procs.push(Proc {
             role,

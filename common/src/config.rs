@@ -81,10 +81,13 @@ pub struct Settings {
     /// Where roles without the REST API serve `/metrics` (and ingest too, when
     /// `api_metrics` is off).
     pub metrics_addr: SocketAddr,
-    /// Whether the API port serves `/metrics` (`RAILHOOK_API_METRICS`, default true). Off,
-    /// the ingest and `all` roles serve it on `metrics_addr` instead, which a NetworkPolicy
-    /// can keep to the monitoring namespace.
-    pub api_metrics: bool,
+    /// Whether the API port serves `/metrics` (`RAILHOOK_API_METRICS`). Unset, it does only
+    /// when `metrics_token` is set, so a default install never publishes its series on the
+    /// public port; `true` without a token is refused (review #34 item 14). Off, the ingest
+    /// and `all` roles serve it on `metrics_addr` instead, which a NetworkPolicy can keep to
+    /// the monitoring namespace. Read it through [`Settings::api_metrics`].
+    #[serde(default)]
+    pub api_metrics: Option<bool>,
     /// A bearer token every `/metrics` asks for when set (`RAILHOOK_METRICS_TOKEN`).
     #[serde(default)]
     pub metrics_token: Option<SecretString>,
@@ -279,6 +282,12 @@ fn invalid(field: &'static str, problem: impl Into<String>) -> ConfigError {
 }
 
 impl Settings {
+    /// Whether the API port serves `/metrics`: as configured, or, unset, only behind a
+    /// metrics token.
+    pub fn api_metrics(&self) -> bool {
+        self.api_metrics.unwrap_or(self.metrics_token.is_some())
+    }
+
     /// Reads the process environment (and `RAILHOOK_CONFIG`, if set).
     pub fn load() -> Result<Self, ConfigError> {
         let mut figment = Self::defaults();

@@ -1,4 +1,5 @@
-//! Secrets at rest: endpoint signing secrets and Source secrets are stored sealed
+//! Secrets at rest: endpoint signing secrets, Source secrets and the values of endpoints'
+//! custom headers (where users put receivers' credentials; review #34 item 4) are stored sealed
 //! (AES-256-GCM) under a key from `RAILHOOK_ENCRYPTION_KEYS`, so a database dump, a backup
 //! or a replica read by the wrong person holds no usable secret.
 //!
@@ -167,6 +168,74 @@ impl Keyring {
     }
 }
 
+/// The additional authenticated data of one custom header's value: the endpoint row and the
+/// header's name, so a sealed value opens neither on another endpoint nor under another name.
+fn header_aad(row_id: &str, name: &str) -> String {
+    format!("{row_id}/header/{name}")
+}
+
+impl Keyring {
+    /// An endpoint's custom headers (a JSON object of strings) with every value sealed.
+    /// Anything that is not a string value is kept as it is.
+    pub fn seal_headers(&self, row_id: &str, headers: &serde_json::Value) -> serde_json::Value {
+        self.map_headers(headers, |name, value| {
+            Ok(self.seal(&header_aad(row_id, name), value))
+        })
+        .unwrap_or_else(|e: OpenError| unreachable!("sealing cannot fail: {e}"))
+    }
+
+    /// An endpoint's custom headers as stored, with every value opened (plaintext values,
+    /// written before keys were configured, come back as they are).
+    pub fn open_headers(
+        &self,
+        row_id: &str,
+        headers: &serde_json::Value,
+    ) -> Result<serde_json::Value, OpenError> {
+        self.map_headers(headers, |name, value| {
+            self.open(&header_aad(row_id, name), value)
+        })
+    }
+
+    /// Stored headers sealed again with the first key; `None` when none needs it.
+    pub fn reseal_headers(
+        &self,
+        row_id: &str,
+        headers: &serde_json::Value,
+    ) -> Result<Option<serde_json::Value>, OpenError> {
+        let stale = headers.as_object().is_some_and(|m| {
+            m.values()
+                .filter_map(|v| v.as_str())
+                .any(|v| self.needs_reseal(v))
+        });
+        if !stale {
+            return Ok(None);
+        }
+        self.map_headers(headers, |name, value| {
+            self.reseal(&header_aad(row_id, name), value)
+        })
+        .map(Some)
+    }
+
+    fn map_headers(
+        &self,
+        headers: &serde_json::Value,
+        f: impl Fn(&str, &str) -> Result<String, OpenError>,
+    ) -> Result<serde_json::Value, OpenError> {
+        let Some(map) = headers.as_object() else {
+            return Ok(headers.clone());
+        };
+        let mut out = serde_json::Map::with_capacity(map.len());
+        for (name, value) in map {
+            let mapped = match value.as_str() {
+                Some(v) => serde_json::Value::String(f(name, v)?),
+                None => value.clone(),
+            };
+            out.insert(name.clone(), mapped);
+        }
+        Ok(serde_json::Value::Object(out))
+    }
+}
+
 fn decode_hex32(s: &str) -> Option<[u8; 32]> {
     if s.len() != 64 {
         return None;
@@ -188,6 +257,40 @@ mod tests {
 
     const A: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
     const B: &str = "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff000102030405060708090a0b0c0d0e0f";
+
+    #[test]
+    fn header_values_are_sealed_one_by_one_for_their_endpoint_and_name() {
+        let ring = Keyring::parse(A).expect("key");
+        let plain = serde_json::json!({"Authorization": "Bearer s3cret", "X-Team": "blue"});
+        let sealed = ring.seal_headers("ep_1", &plain);
+        let text = sealed.to_string();
+        assert!(!text.contains("s3cret") && !text.contains("blue"), "{text}");
+        assert!(
+            text.contains("Authorization"),
+            "names stay readable: {text}"
+        );
+        assert_eq!(ring.open_headers("ep_1", &sealed), Ok(plain.clone()));
+        assert_eq!(
+            ring.open_headers("ep_2", &sealed),
+            Err(OpenError::Damaged),
+            "another endpoint's row"
+        );
+        // A value moved under another header's name does not open.
+        let swapped = serde_json::json!({
+            "Authorization": sealed["X-Team"], "X-Team": sealed["Authorization"]});
+        assert_eq!(ring.open_headers("ep_1", &swapped), Err(OpenError::Damaged));
+        // Plaintext written before keys existed is read, and sealed by a rotation.
+        assert_eq!(ring.open_headers("ep_1", &plain), Ok(plain.clone()));
+        let resealed = ring
+            .reseal_headers("ep_1", &plain)
+            .expect("reseal")
+            .expect("stale");
+        assert_eq!(ring.open_headers("ep_1", &resealed), Ok(plain.clone()));
+        assert_eq!(ring.reseal_headers("ep_1", &resealed), Ok(None));
+        // No key: nothing sealed.
+        let none = Keyring::default();
+        assert_eq!(none.seal_headers("ep_1", &plain), plain);
+    }
 
     #[test]
     fn a_sealed_secret_opens_only_for_its_row_and_only_with_its_key() {

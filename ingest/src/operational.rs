@@ -86,5 +86,45 @@ pub(crate) async fn emit_enabled_change(
 
 /// The `data` of `endpoint.created` and `endpoint.updated`.
 pub fn endpoint_data(id: &str, url: &str, description: &str) -> Value {
-    json!({"endpoint_id": id, "url": url, "description": description})
+    json!({"endpoint_id": id, "url": redacted_url(url), "description": description})
+}
+
+/// An endpoint URL as an operational webhook may carry it (review #34 item 4): the scheme,
+/// host, port and path, with the query's values (where receivers put tokens: `?token=…`)
+/// replaced by `REDACTED`. A URL never carries credentials in its userinfo: the API refuses
+/// them (`routes::validate_url`). Operational webhooks go to another receiver than the
+/// endpoint's, often a chat channel or a log: they say which endpoint, not how to call it.
+pub fn redacted_url(raw: &str) -> String {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return String::new();
+    };
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    if url.query().is_some() {
+        let names: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
+        let mut pairs = url.query_pairs_mut();
+        pairs.clear();
+        for name in names {
+            pairs.append_pair(&name, "REDACTED");
+        }
+    }
+    url.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted_url;
+
+    #[test]
+    fn query_values_and_userinfo_leave_operational_bodies() {
+        assert_eq!(
+            redacted_url("https://hooks.example.com/in/abc?token=s3cret&team=x"),
+            "https://hooks.example.com/in/abc?token=REDACTED&team=REDACTED"
+        );
+        assert_eq!(
+            redacted_url("https://user:pw@example.com:8443/p"),
+            "https://example.com:8443/p"
+        );
+        assert_eq!(redacted_url("http://127.0.0.1:9/x"), "http://127.0.0.1:9/x");
+    }
 }

@@ -42,6 +42,9 @@ pub struct AppState {
     pub api_metrics: bool,
     /// The bearer token `/metrics` asks for, if any.
     pub metrics_access: railhook_common::metrics_http::MetricsAccess,
+    /// When `/readyz` last asked Postgres itself (routes/health.rs): at most once a second,
+    /// however many requests come.
+    pub readiness_probed: Arc<tokio::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 /// The windows that turn an endpoint's failure streak into `warning` and then `disabled`
@@ -144,8 +147,9 @@ impl AppState {
             senders: crate::store::subscriptions::SenderCache::default(),
             schemas: crate::schemas::SchemaCache::default(),
             deps,
-            api_metrics: settings.api_metrics,
+            api_metrics: settings.api_metrics(),
             metrics_access: railhook_common::metrics_http::MetricsAccess::from_settings(settings),
+            readiness_probed: Arc::default(),
         })
     }
 }

@@ -18,6 +18,8 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+/// The bearer token of every test server's `/metrics` (served on the API port only with one).
+pub const METRICS_TOKEN: &str = "test-metrics-token-0123456789";
 
 /// A setting from the environment, else from `.local/env`.
 pub fn local_setting(name: &str) -> String {
@@ -72,6 +74,8 @@ fn test_figment(database_url: &str, redis_url: &str) -> Figment {
         .merge(("database_url", database_url))
         .merge(("redis_url", redis_url))
         .merge(("admin_token", ADMIN_TOKEN))
+        .merge(("api_metrics", true))
+        .merge(("metrics_token", METRICS_TOKEN))
         .merge(("db_max_connections", 30))
 }
 
@@ -310,6 +314,7 @@ impl TestApp {
     pub async fn metrics(&self) -> String {
         self.client
             .get(format!("{}/metrics", self.base))
+            .bearer_auth(METRICS_TOKEN)
             .send()
             .await
             .expect("metrics")

@@ -217,15 +217,25 @@ async fn deliver(
     if target.expunged {
         return give_up(shared, &claimed, "payload_expunged").await;
     }
-    // Secrets are stored sealed; a worker started without the key that sealed one defers
+    // Secrets (and header values) are stored sealed; a worker started without the key that sealed one defers
     // the Delivery (never an Attempt, never FAILED) and says why, once per Claim.
-    let opened = shared.keyring.open_pair(
-        &claimed.endpoint_id,
-        &target.secret,
-        target.previous_secret.as_deref(),
-    );
+    let opened = shared
+        .keyring
+        .open_pair(
+            &claimed.endpoint_id,
+            &target.secret,
+            target.previous_secret.as_deref(),
+        )
+        .and_then(|pair| {
+            let headers = shared
+                .keyring
+                .open_headers(&claimed.endpoint_id, &target.headers)?;
+            Ok((pair, headers))
+        });
     match opened {
-        Ok((secret, previous)) => (target.secret, target.previous_secret) = (secret, previous),
+        Ok(((secret, previous), headers)) => {
+            (target.secret, target.previous_secret, target.headers) = (secret, previous, headers)
+        }
         Err(e) => {
             tracing::error!(delivery = %claimed.id, endpoint = %claimed.endpoint_id, error = %e,
                 "cannot open the endpoint's signing secret; deferred");

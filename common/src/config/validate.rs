@@ -61,6 +61,12 @@ impl Settings {
         {
             return Err(invalid("admin_token", "must be at least 16 characters"));
         }
+        if self.api_metrics == Some(true) && self.metrics_token.is_none() {
+            return Err(invalid(
+                "api_metrics",
+                "true needs RAILHOOK_METRICS_TOKEN: the API port is public, and /metrics there must ask for a token (or leave api_metrics unset or false: the metrics port serves it)",
+            ));
+        }
         if let Some(token) = &self.admin_token_previous
             && token.expose_secret().len() < 16
         {

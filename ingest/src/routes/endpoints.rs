@@ -64,6 +64,13 @@ impl EndpointRow {
             .open(&r.id, &r.secret)
             .ok()
             .and_then(|s| SigningKey::parse(&s).ok());
+        // A value this process cannot open shows as empty (the worker defers such a
+        // Delivery and says why, as for the signing secret).
+        let headers = keyring
+            .open_headers(&r.id, &r.headers)
+            .ok()
+            .and_then(|h| serde_json::from_value(h).ok())
+            .unwrap_or_default();
         Endpoint {
             signing: key.as_ref().map_or("hmac-sha256", SigningKey::scheme),
             public_key: key.as_ref().and_then(SigningKey::public_key),
@@ -76,7 +83,7 @@ impl EndpointRow {
             rate_limit_per_second: r.rate_limit_per_second,
             rate_limit_burst: r.rate_limit_burst,
             max_concurrency: r.max_concurrency,
-            headers: serde_json::from_value(r.headers).unwrap_or_default(),
+            headers,
             retry_delays_seconds: r
                 .retry_delays
                 .map(|d| d.split(',').filter_map(|v| v.parse().ok()).collect()),
@@ -223,8 +230,12 @@ pub(crate) async fn insert(
             ));
         }
     };
-    let headers = serde_json::to_value(&body.headers).unwrap_or_default();
     let id = EndpointId::generate();
+    // Header values are where receivers' credentials go: sealed like the signing secret.
+    let headers = state.keyring.seal_headers(
+        id.as_str(),
+        &serde_json::to_value(&body.headers).unwrap_or_default(),
+    );
     let mut tx = state.pool.begin().await?;
     let row = sqlx::query_as!(
         EndpointRow,
@@ -368,10 +379,11 @@ pub async fn update(
     if let Some(h) = &body.headers {
         validate_headers(h)?;
     }
-    let headers = body
-        .headers
-        .as_ref()
-        .map(|h| serde_json::to_value(h).unwrap_or_default());
+    let headers = body.headers.as_ref().map(|h| {
+        state
+            .keyring
+            .seal_headers(id.as_str(), &serde_json::to_value(h).unwrap_or_default())
+    });
     let delays = body
         .retry_delays_seconds
         .as_ref()
