@@ -9,7 +9,7 @@ use std::process::Command;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{fresh_database, spawn_app};
+use support::{fresh_database, spawn_app, spawn_app_tuned};
 
 #[tokio::test]
 async fn endpoints_create_patch_rotate_and_delete() {
@@ -411,6 +411,18 @@ async fn an_expunged_payload_is_gone_from_every_table_and_its_unsent_deliveries_
         .expect("d")
         .to_owned();
     assert!(!app.tables_containing(marker).await.is_empty());
+    // A receiver that echoed the body into its answer (review #34 item 6): the Attempt's
+    // excerpt holds the payload too, and must go with it.
+    sqlx::query(
+        "INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at,
+                               status_code, outcome, duration_ms, response_excerpt, fenced)
+         VALUES ($1, 1, now(), now(), 422, 'FAILED', 5, $2, false)",
+    )
+    .bind(&delivery)
+    .bind(format!("invalid card: {{\"pan\": \"{marker}\"}}"))
+    .execute(&app.pool)
+    .await
+    .expect("an echoed attempt");
 
     // Another project's key, an unknown id, a malformed id: 404 problem+json, nothing changed.
     for (k, id) in [
@@ -514,4 +526,44 @@ async fn an_expunged_payload_is_gone_from_every_table_and_its_unsent_deliveries_
     assert_eq!(again.body["deliveries_failed"], json!(0));
     let (events, deliveries, _) = app.counts().await;
     assert_eq!((events, deliveries), (1, 1));
+}
+
+/// Review #34 item 14: `/readyz` takes no credentials, so a flood of it must not become a
+/// flood of queries. With every connection of the API's pool taken, one request at a time
+/// asks Postgres (and waits for a connection); the rest answer at once from the last probe.
+/// Before, every request ran its own query and all of them waited for the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_answers_from_the_last_probe_without_a_query_per_request() {
+    let app = spawn_app_tuned(&support::local_setting("REDIS_URL"), |f| {
+        f.merge(("db_max_connections", 4))
+    })
+    .await;
+    let first = app
+        .client
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(first.status(), StatusCode::OK);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(app.state.pool.acquire().await.expect("a connection"));
+    }
+    // Past the refresh interval, so the next request probes (and waits for the pool).
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let quick = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(3))
+        .build()
+        .expect("client");
+    let answers = futures::future::join_all((0..20).map(|_| {
+        let (quick, url) = (quick.clone(), format!("{}/readyz", app.base));
+        async move { quick.get(url).send().await.map(|r| r.status()) }
+    }))
+    .await;
+    let answered = answers.iter().filter(|a| a.is_ok()).count();
+    assert!(
+        answered >= 19,
+        "{answered} of 20 answered while the pool was taken: {answers:?}"
+    );
+    drop(held);
 }

@@ -879,3 +879,51 @@ async fn a_group_of_successes_writes_what_finalise_writes_one_by_one() {
         "the lost Claim's Attempt is fenced"
     );
 }
+
+/// Review #34 item 9: a Delivery whose Event row is missing is still returned by the Claim
+/// (a LEFT join) and failed `event_gone` by its turn. Before, the Claim's inner join flipped
+/// it to PROCESSING under a token it handed to nobody, and it sat there until the sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_whose_event_is_gone_is_claimed_and_failed_event_gone() {
+    let p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    let (endpoint, _) = p.endpoint(&receiver.url, 5_000).await;
+    let (_, first) = p.send(json!({})).await;
+    p.wait_status(&first, "SUCCEEDED", Duration::from_secs(30))
+        .await;
+    let orphan = format!("dlv_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let missing = format!("evt_{}", ulid::Ulid::new().to_string().to_lowercase());
+    sqlx::query(
+        "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id) \
+         SELECT $1, project_id, $3, endpoint_id, subscription_id FROM deliveries WHERE id = $2",
+    )
+    .bind(&orphan)
+    .bind(&first)
+    .bind(&missing)
+    .execute(&p.app.pool)
+    .await
+    .expect("insert");
+    p.announce_by_hand(&orphan, &endpoint, 1).await;
+    support::eventually("the orphan is failed", Duration::from_secs(30), || async {
+        let row: (String, Option<String>, Option<uuid::Uuid>) = sqlx::query_as(
+            "SELECT status, failure_reason, claim_token FROM deliveries WHERE id = $1",
+        )
+        .bind(&orphan)
+        .fetch_one(&p.app.pool)
+        .await
+        .expect("row");
+        (row.0 == "FAILED").then_some(row)
+    })
+    .await;
+    let (status, reason, token): (String, Option<String>, Option<uuid::Uuid>) =
+        sqlx::query_as("SELECT status, failure_reason, claim_token FROM deliveries WHERE id = $1")
+            .bind(&orphan)
+            .fetch_one(&p.app.pool)
+            .await
+            .expect("row");
+    assert_eq!(
+        (status.as_str(), reason.as_deref(), token),
+        ("FAILED", Some("event_gone"), None)
+    );
+    assert_eq!(receiver.count(), 1, "nothing was sent for it");
+}

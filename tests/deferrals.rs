@@ -281,3 +281,124 @@ async fn a_429_with_retry_after_pauses_the_whole_endpoint() {
     );
     p.stop().await;
 }
+
+/// The Event's id inside a received body.
+fn event_of(body: &str) -> Option<String> {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["i"].as_u64())
+        .map(|i| i.to_string())
+}
+
+/// Review #34 item 7: a turn that waits in a rate hold re-stamps its Claim through the
+/// Fence right before its request, so an expunge that committed meanwhile (it fails the
+/// Delivery and clears its token) stops it: the old payload is never sent after the
+/// expunge answered. Before, a turn whose wait was short of the processing window sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expunge_during_a_rate_hold_stops_the_request() {
+    let p = Pipeline::start(|_| {}).await;
+    let rx = Receiver::start(vec![], Behaviour::Status(200)).await;
+    endpoint(
+        &p,
+        json!({"url": rx.url, "rate_limit_per_second": 1, "rate_limit_burst": 1}),
+    )
+    .await;
+    let mut sent = Vec::new();
+    for i in 0..2 {
+        let r = p
+            .app
+            .post_event(&p.key, "order.paid", json!({"i": i}), None)
+            .await;
+        let event = r.body["id"].as_str().expect("event").to_owned();
+        let delivery = r.body["deliveries"][0]["id"]
+            .as_str()
+            .expect("d")
+            .to_owned();
+        sent.push((i.to_string(), event, delivery));
+    }
+    // One goes at once; the other's slot is a second later, so its turn holds its Claim.
+    eventually("the first request", Duration::from_secs(30), || async {
+        (rx.count() == 1).then_some(())
+    })
+    .await;
+    let went = event_of(&rx.requests()[0].body).expect("body");
+    let (_, held_event, held_delivery) = sent
+        .iter()
+        .find(|(i, _, _)| *i != went)
+        .expect("the held one")
+        .clone();
+    let r = p
+        .app
+        .call(
+            Method::DELETE,
+            &format!("/v1/events/{held_event}/payload"),
+            Some(&p.key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, reqwest::StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["deliveries_failed"], json!(1), "it was not sent yet");
+    support::holds_for(
+        "nothing is sent after the expunge",
+        Duration::from_secs(3),
+        || async {
+            if rx.count() == 1 {
+                Ok(())
+            } else {
+                Err(format!("{} requests", rx.count()))
+            }
+        },
+    )
+    .await;
+    let (status, attempts, _, rows) = row(&p, &held_delivery).await;
+    assert_eq!((status.as_str(), attempts, rows), ("FAILED", 0, 0));
+    p.stop().await;
+}
+
+/// Review #34 item 10: a drain that times out stops its running turns before it hands
+/// their Claims back, so no request starts after the release (another worker may already
+/// own the Delivery). Here turns wait in a rate hold longer than the drain's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_times_out_starts_no_request_after_handing_claims_back() {
+    let mut p = Pipeline::start(|s| s.worker_drain_seconds = 1).await;
+    let rx = Receiver::start(vec![], Behaviour::Status(200)).await;
+    endpoint(
+        &p,
+        json!({"url": rx.url, "rate_limit_per_second": 1, "rate_limit_burst": 1}),
+    )
+    .await;
+    let ids = send_many(&p, 3).await;
+    // The first goes; the others' slots are one and two seconds later.
+    eventually("the first request", Duration::from_secs(30), || async {
+        (rx.count() == 1).then_some(())
+    })
+    .await;
+    p.stop_workers().await;
+    let after_drain = rx.count();
+    support::holds_for(
+        "no request after the drain handed its claims back",
+        Duration::from_secs(4),
+        || async {
+            if rx.count() == after_drain {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} requests, {after_drain} at the release",
+                    rx.count()
+                ))
+            }
+        },
+    )
+    .await;
+    // Whatever was not sent is PENDING again, for the next worker.
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries WHERE id = ANY($1) AND status = 'PENDING'",
+    )
+    .bind(&ids)
+    .fetch_one(&p.app.pool)
+    .await
+    .expect("pending");
+    assert_eq!(pending as usize, 3 - after_drain, "{after_drain} sent");
+    assert!(after_drain < 3, "the drain was meant to cut a held turn");
+    p.stop().await;
+}

@@ -319,3 +319,117 @@ async fn a_payload_that_breaks_its_schema_is_refused_and_nothing_is_written() {
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
 }
+
+/// Review #34 item 2: a tenant's schema is a program the API runs on every Event of its
+/// type, so its cost is bounded. Patterns that need a backtracking engine (look-around,
+/// back-references: the ones that could pin a thread for a million steps per match) are
+/// refused when stored, as is a schema with more than 64 patterns; what is stored runs on
+/// a linear-time engine, off the runtime's threads, under a deadline. A flood of large
+/// payloads against one tenant's pattern-heavy schema leaves another tenant's POST
+/// answering in its normal time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_schema_cannot_hold_the_api_for_another() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let (_, other) = app.project().await;
+    let store = |name: &'static str, schema: Value| {
+        let (app, key) = (&app, key.clone());
+        async move {
+            app.call(
+                Method::POST,
+                "/v1/event-types",
+                Some(&key),
+                Some(json!({"name": name, "schema": schema})),
+            )
+            .await
+        }
+    };
+    let string_with = |pattern: &str| json!({"type": "string", "pattern": pattern});
+    for (name, pattern) in [
+        ("evil.lookahead", "^(?=a)(a+)+$"),
+        ("evil.backref", "^(a+)\\1$"),
+    ] {
+        let r = store(
+            name,
+            json!({"type": "object", "properties": {"s": string_with(pattern)}}),
+        )
+        .await;
+        assert_eq!(
+            r.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{name}: {:?}",
+            r.body
+        );
+        assert_eq!(r.code(), "invalid_schema", "{name}");
+    }
+    let many: serde_json::Map<String, Value> = (0..65)
+        .map(|i| (format!("p{i}"), string_with("^a+$")))
+        .collect();
+    let r = store("evil.many", json!({"type": "object", "properties": many})).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+    assert_eq!(r.code(), "invalid_schema");
+
+    // The most a schema may hold: 64 nested-quantifier patterns, on a linear-time engine.
+    let heavy: serde_json::Map<String, Value> = (0..64)
+        .map(|i| (format!("p{i}"), string_with("^(a+)+$")))
+        .collect();
+    let r = store(
+        "heavy.thing",
+        json!({"type": "object", "properties": heavy}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let payload: serde_json::Map<String, Value> = (0..64)
+        .map(|i| (format!("p{i}"), json!(format!("{}!", "a".repeat(15_000)))))
+        .collect();
+    let body = json!({"type": "heavy.thing", "payload": payload});
+
+    let baseline = std::time::Instant::now();
+    let r = app
+        .post_event(&other, "order.paid", json!({"n": 0}), None)
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let normal = baseline.elapsed();
+
+    let flood: Vec<_> = (0..16)
+        .map(|_| {
+            let (url, client, key, body) = (
+                format!("{}/v1/events", app.base),
+                app.client.clone(),
+                key.clone(),
+                body.clone(),
+            );
+            tokio::spawn(async move {
+                let r = client.post(url).bearer_auth(key).json(&body).send().await;
+                let r = r.expect("request");
+                let status = r.status();
+                (status, r.json::<Value>().await.expect("problem"))
+            })
+        })
+        .collect();
+    let during = std::time::Instant::now();
+    let r = app
+        .post_event(&other, "order.paid", json!({"n": 1}), None)
+        .await;
+    let took = during.elapsed();
+    assert_eq!(r.status, StatusCode::CREATED);
+    println!("another tenant's POST: {normal:?} alone, {took:?} during the flood");
+    assert!(
+        took < std::time::Duration::from_secs(2).max(normal * 20),
+        "another tenant waited {took:?} (alone: {normal:?})"
+    );
+    for f in flood {
+        let (status, problem) = f.await.expect("flood");
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+        assert!(
+            ["schema_violation", "schema_too_slow"]
+                .contains(&problem["code"].as_str().unwrap_or("")),
+            "{problem}"
+        );
+    }
+    assert_eq!(
+        rows(&app, "events").await,
+        2,
+        "only the other tenant's Events"
+    );
+}

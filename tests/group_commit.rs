@@ -270,3 +270,121 @@ async fn a_request_the_database_refuses_fails_alone_and_its_group_still_commits(
         7.0
     );
 }
+
+/// Review #34 item 5 (a): a statement that committed but whose answer was lost (its
+/// connection ended right after COMMIT) is not a failure. Before, the group's requests were
+/// written again one by one, met their own Events as duplicate keys, and answered 500 for
+/// Events that exist, and each client retry then made a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_commit_answer_was_lost_answers_each_request_with_its_event() {
+    let app = one_writer().await;
+    let (project, key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["order.*"], false).await;
+    let (held, first) = busy_writer(&app, &project, &key).await;
+    let rest: Vec<_> = (1..=6)
+        .map(|n| {
+            let (base, client, key) = (app.base.clone(), app.client.clone(), key.clone());
+            tokio::spawn(async move {
+                let resp = client
+                    .post(format!("{base}/v1/events"))
+                    .bearer_auth(key)
+                    .json(&json!({"type": "order.paid", "payload": {"n": n}}))
+                    .send()
+                    .await
+                    .expect("request");
+                let status = resp.status();
+                let body: serde_json::Value = resp.json().await.expect("json");
+                (status, body)
+            })
+        })
+        .collect();
+    queued(&app, 6.0).await;
+    // The next statement (the group of six) commits on a connection that then ends.
+    app.state.group_commit.answer_fault().arm();
+    held.rollback().await.expect("release");
+    assert_eq!(first.await.expect("first"), StatusCode::CREATED);
+    let mut ids = Vec::new();
+    for r in rest {
+        let (status, body) = r.await.expect("reply");
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        ids.push(body["id"].as_str().expect("id").to_owned());
+    }
+    // Each answer names an Event that exists, once, with its Delivery and Outbox row.
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE id = ANY($1)")
+        .bind(&ids)
+        .fetch_one(&app.pool)
+        .await
+        .expect("stored");
+    assert_eq!(stored, 6);
+    assert_eq!(app.counts().await, (7, 7, 7));
+}
+
+/// Review #34 item 5 (a) and (c) for a request written alone: its lost answer is a 201,
+/// and the quota charges the Event it wrote (before: a 500, the charge refunded, so the
+/// client's retry made a second Event past the quota).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_request_whose_commit_answer_was_lost_is_created_and_charged() {
+    let app = one_writer().await;
+    let (_, key) = app.project_with_quota(1).await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["order.*"], false).await;
+    app.state.group_commit.answer_fault().arm();
+    let r = app
+        .post_event(&key, "order.paid", json!({"n": 1}), None)
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    assert_eq!(app.counts().await, (1, 1, 1));
+    let over = app
+        .post_event(&key, "order.paid", json!({"n": 2}), None)
+        .await;
+    assert_eq!(
+        over.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{:?}",
+        over.body
+    );
+    assert_eq!(app.counts().await, (1, 1, 1));
+}
+
+/// Review #34 item 5 (b): a request whose caller is gone (it hung up, or the API's time
+/// limit answered it) while it waited for a writer is not written: no Event exists for an
+/// answer nobody read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_caller_hung_up_is_not_written() {
+    let app = one_writer().await;
+    let (project, key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["order.*"], false).await;
+    let (held, first) = busy_writer(&app, &project, &key).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("client");
+    let gone = impatient
+        .post(format!("{}/v1/events", app.base))
+        .bearer_auth(&key)
+        .json(&json!({"type": "order.paid", "payload": {"left": true}}))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the request timed out at the client");
+    // The server drops the handler with the connection (hyper sees the client's FIN while
+    // the handler waits); its job stays queued until the writer takes it.
+    held.rollback().await.expect("release");
+    assert_eq!(first.await.expect("first"), StatusCode::CREATED);
+    eventually(
+        "the abandoned request is counted",
+        Duration::from_secs(30),
+        || async {
+            let text = app.metrics().await;
+            (metric(&text, "railhook_ingest_group_commit_abandoned_total") == 1.0).then_some(())
+        },
+    )
+    .await;
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE payload ? 'left'")
+        .fetch_one(&app.pool)
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "the request nobody waits for was written");
+    assert_eq!(app.counts().await, (1, 1, 1));
+}

@@ -41,6 +41,41 @@ async fn sql_ish_nul_and_unicode_input_is_refused_or_kept_verbatim() {
         .post_event(&key, "order.paid", json!({"note": "a\u{0}b"}), None)
         .await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+    // Numbers jsonb cannot hold (review #34 item 11): refused at the door with 422, never a
+    // 500 from inside the ingest statement, alone or in a batch.
+    for (path, body) in [
+        (
+            "/v1/events",
+            r#"{"type":"order.paid","payload":{"n":1e999999}}"#,
+        ),
+        (
+            "/v1/events",
+            r#"{"type":"order.paid","payload":{"n":[0.5e-16383]}}"#,
+        ),
+        (
+            "/v1/events/batch",
+            r#"{"events":[{"type":"order.paid","payload":{}},{"type":"order.paid","payload":{"n":-10e131071}}]}"#,
+        ),
+    ] {
+        let r = app
+            .client
+            .post(format!("{}{path}", app.base))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        let problem: serde_json::Value = r.json().await.expect("problem");
+        assert_eq!(problem["code"], json!("validation_failed"), "{problem}");
+        assert!(
+            problem["field"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("payload")),
+            "{problem}"
+        );
+    }
     assert_eq!(
         app.counts().await,
         before,

@@ -415,3 +415,53 @@ async fn the_replay_command_starts_a_replay_and_follows_it_to_the_end() {
     assert!(stderr.contains("validation_failed"), "{stderr}");
     assert!(!stderr.contains(&key));
 }
+
+/// Review #34 item 12: a time-range Replay resends the sender's Events, never Railhook's
+/// own operational Events of the project (`endpoint.created`, `message.attempt.failing`…),
+/// which are hidden from /v1/events and meant for the operational endpoint only.
+#[tokio::test]
+async fn a_range_replay_leaves_operational_events_out() {
+    let app = spawn_app().await;
+    let (project, key) = app.project().await;
+    let ep = app.endpoint(&key).await;
+    app.subscribe(&key, &ep, &["*"], false).await;
+    let from = chrono::Utc::now() - chrono::Duration::seconds(5);
+    for i in 0..3 {
+        let r = app
+            .post_event(&key, "order.paid", json!({"i": i}), None)
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED);
+    }
+    sqlx::query(
+        "INSERT INTO events (id, project_id, event_type, payload, operational)
+         VALUES ($1, $2, 'endpoint.created', '{}', true)",
+    )
+    .bind(railhook_common::ids::EventId::generate().into_string())
+    .bind(&project)
+    .execute(&app.pool)
+    .await
+    .expect("an operational Event");
+    let to = chrono::Utc::now() + chrono::Duration::seconds(5);
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/replays",
+            Some(&key),
+            Some(json!({"from": from, "to": to, "dry_run": true})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["events_total"], json!(3), "{:?}", r.body);
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/replays",
+            Some(&key),
+            Some(json!({"from": from, "to": to})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{:?}", r.body);
+    let id = r.body["id"].as_str().expect("id").to_owned();
+    let replay = replay_done(&app, &key, &id).await;
+    assert_eq!(replay["events_done"], json!(3));
+}

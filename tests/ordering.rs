@@ -298,3 +298,91 @@ async fn unordered_subscriptions_on_the_same_endpoint_are_never_held() {
     .await;
     p.stop().await;
 }
+
+/// Review #34 item 3: while an ordered endpoint is down, its parked Deliveries wait for
+/// their predecessor instead of being hinted every second. Here the breaker holds the
+/// line's first Delivery (deferred, never tried) and 499 more are parked behind it past
+/// their gap timeout: the hints published in ten seconds of the outage stay a handful
+/// (before: every parked Delivery once a second, about 5,000), and once the endpoint is
+/// back all 500 arrive, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outage_costs_a_parked_line_no_hints_and_the_line_arrives_in_order_after_it() {
+    let p = Pipeline::start(|s| {
+        s.ordering_gap_timeout_seconds = 2;
+        s.breaker_consecutive_failures = 3;
+        s.breaker_cooldown_seconds = 20;
+    })
+    .await;
+    // The endpoint's port, with nothing listening yet: connections are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let ep = endpoint(&p, &format!("http://127.0.0.1:{port}/hook")).await;
+    p.app.subscribe(&p.key, &ep, &["trip.*"], false).await;
+    p.app.subscribe(&p.key, &ep, &["order.*"], true).await;
+    // Unordered Events open the breaker, so the ordered line's first Delivery is deferred
+    // without ever being tried (a predecessor that has not failed is waited for).
+    post_many(&p, "trip.x", 0, 3).await;
+    eventually("the breaker opens", Duration::from_secs(60), || async {
+        let state: String = sqlx::query_scalar("SELECT breaker_state FROM endpoints WHERE id = $1")
+            .bind(&ep)
+            .fetch_one(&p.app.pool)
+            .await
+            .expect("state");
+        (state == "open").then_some(())
+    })
+    .await;
+    post_many(&p, "order.paid", 0, 500).await;
+    eventually(
+        "499 parked behind the first",
+        Duration::from_secs(120),
+        || async {
+            let parked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND parked_at IS NOT NULL",
+            )
+            .bind(&ep)
+            .fetch_one(&p.app.pool)
+            .await
+            .expect("parked");
+            (parked == 499).then_some(())
+        },
+    )
+    .await;
+    // Past the gap timeout of every park, then ten seconds of outage.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let hints = || p.worker_metrics.retries_published.get();
+    let before = hints();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let during = hints() - before;
+    println!("hints published in 10 s of outage with 499 parked: {during}");
+    assert!(
+        during < 100,
+        "{during} hints in 10 s: the parked line is polled"
+    );
+
+    // The endpoint comes back on its port; after the breaker's cool-down the line goes, whole
+    // and in order.
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("rebind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let rx = Receiver::start_on(listener, vec![], Behaviour::Status(200));
+    eventually(
+        "all 500 ordered arrive",
+        Duration::from_secs(120),
+        || async { (count_status(&p, &ep, "SUCCEEDED").await == 503).then_some(()) },
+    )
+    .await;
+    let seqs: Vec<i64> = accepted(&rx)
+        .iter()
+        .filter(|r| r.headers.contains_key("x-sequence-number"))
+        .map(sequence)
+        .collect();
+    assert_eq!(seqs.len(), 500, "each ordered Delivery once");
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "out of order: {:?}",
+        &seqs[..seqs.len().min(20)]
+    );
+    p.stop().await;
+}

@@ -394,21 +394,29 @@ async fn idempotency_holds_across_the_boundary_of_two_day_partitions() {
         - chrono::Duration::milliseconds(200);
     let first = EventId::generate_at(SystemTime::from(before_midnight)).into_string();
     let payload = json!({"order": 7});
-    sqlx::query(
-        "INSERT INTO events (id, project_id, event_type, payload, idempotency_key, created_at)
-         VALUES ($1, $2, 'order.paid', $3, 'key-at-midnight', $4)",
+    // The first request is still being written when its retries arrive: its statement —
+    // the one production runs, `railhook_ingest` with 13 arguments — holds the key's lock
+    // in a transaction left open, so the retries must wait for it and then find its Event
+    // in yesterday's partition. Without the lock they would see nothing (it is not
+    // committed) and each insert an Event today (review #34 item 16: before, the first
+    // Event was committed up front and the test passed with the lock removed).
+    let mut writing = app.pool.begin().await.expect("begin");
+    let created: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM railhook_ingest($1, ARRAY[$2], ARRAY['order.paid'], ARRAY[$3],
+                                        ARRAY['key-at-midnight'], '{}', '{}', '{}', '{}', '{}',
+                                        24, ARRAY[NULL]::text[], ARRAY[NULL]::text[])",
     )
-    .bind(&first)
     .bind(&project)
-    .bind(&payload)
-    .bind(before_midnight)
-    .execute(&app.pool)
+    .bind(&first)
+    .bind(payload.to_string())
+    .fetch_all(&mut *writing)
     .await
-    .expect("yesterday's Event");
+    .expect("the first write");
+    assert_eq!(created, vec![first.clone()]);
     let partition: String =
         sqlx::query_scalar("SELECT tableoid::regclass::text FROM events WHERE id = $1")
             .bind(&first)
-            .fetch_one(&app.pool)
+            .fetch_one(&mut *writing)
             .await
             .expect("where");
     assert_eq!(
@@ -417,9 +425,30 @@ async fn idempotency_holds_across_the_boundary_of_two_day_partitions() {
     );
 
     // Twenty concurrent retries: each gets yesterday's Event, none creates one today.
-    let retries = (0..20)
-        .map(|_| app.post_event(&key, "order.paid", payload.clone(), Some("key-at-midnight")));
-    for reply in futures::future::join_all(retries).await {
+    let retries = futures::future::join_all(
+        (0..20)
+            .map(|_| app.post_event(&key, "order.paid", payload.clone(), Some("key-at-midnight"))),
+    );
+    let release = async {
+        support::eventually(
+            "the retries wait for the first writer's key lock",
+            Duration::from_secs(30),
+            || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event = 'advisory'",
+                )
+                .fetch_one(&app.pool)
+                .await
+                .expect("activity");
+                (waiting >= 1).then_some(())
+            },
+        )
+        .await;
+        writing.commit().await.expect("commit");
+    };
+    let (replies, ()) = tokio::join!(retries, release);
+    for reply in replies {
         assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
         assert_eq!(reply.body["id"], first.as_str());
     }
@@ -659,4 +688,40 @@ async fn configuration_refuses_a_retention_shorter_than_the_retry_horizon() {
         .merge(("redis_url", "redis://127.0.0.1:1"))
         .merge(("retention_days", 5));
     assert!(railhook_common::config::Settings::from_figment(figment).is_ok());
+}
+
+/// Review #34 item 13: a pass that cannot finish an interrupted retirement still makes the
+/// days ahead. Here a detached day's table (what a pass killed between its detach and its
+/// drop leaves) is locked by another session, so the pass's drop gives up at its lock
+/// timeout and the pass fails; the partition for six days ahead, missing, is made anyway.
+/// Before, the pass failed before it made any, and ingest would fail once the days ahead ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_that_cannot_finish_an_interrupted_retirement_still_makes_the_days_ahead() {
+    let app = spawn_app().await;
+    let ahead = format!("events_p{}", (today() + Days::new(6)).format("%Y%m%d"));
+    pass(&app, None).await;
+    assert!(table_exists(&app.pool, &ahead).await);
+    sqlx::raw_sql(&format!("DROP TABLE {ahead}"))
+        .execute(&app.pool)
+        .await
+        .expect("drop a day ahead");
+    let loose = format!("events_p{}", (today() - Days::new(60)).format("%Y%m%d"));
+    sqlx::raw_sql(&format!("CREATE TABLE {loose} (LIKE events)"))
+        .execute(&app.pool)
+        .await
+        .expect("a detached day");
+    let mut holder = app.pool.begin().await.expect("begin");
+    sqlx::raw_sql(&format!("LOCK TABLE {loose} IN ACCESS EXCLUSIVE MODE"))
+        .execute(&mut *holder)
+        .await
+        .expect("lock");
+    let failed = retention::run(&app.pool, Utc::now(), RETENTION_DAYS, None).await;
+    assert!(failed.is_err(), "the drop waited past its lock timeout");
+    assert!(
+        table_exists(&app.pool, &ahead).await,
+        "the days ahead were made first"
+    );
+    holder.rollback().await.expect("release");
+    pass(&app, None).await;
+    assert!(!table_exists(&app.pool, &loose).await, "finished next time");
 }

@@ -409,7 +409,15 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
     let key = project["api_key"].as_str().expect("key").to_owned();
 
     let receiver = Receiver::start(Vec::new(), Behaviour::Status(204)).await;
-    let (_, hmac) = call(&key, "/v1/endpoints", Some(json!({"url": receiver.url}))).await;
+    // A receiver's credential in a custom header (review #34 item 4): sealed at rest too.
+    let credential = "Bearer receiver-credential-6f1d0a93c2";
+    let (_, hmac) = call(
+        &key,
+        "/v1/endpoints",
+        Some(json!({"url": receiver.url, "headers": {"Authorization": credential}})),
+    )
+    .await;
+    assert_eq!(hmac["headers"]["Authorization"], credential, "{hmac}");
     let (_, ed) = call(
         &key,
         "/v1/endpoints",
@@ -470,6 +478,11 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         got.headers["webhook-signature"].contains(&signing.sign(id, ts, got.body.as_bytes())),
         "signed with the endpoint's secret"
     );
+    assert_eq!(
+        got.headers.get("authorization").map(String::as_str),
+        Some(credential),
+        "the worker opened the header's sealed value"
+    );
     // A provider webhook is verified with the opened Source secret.
     let body = r#"{"type":"invoice.paid"}"#;
     let now = chrono::Utc::now().timestamp();
@@ -495,6 +508,7 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         hmac_secret.trim_start_matches("whsec_"),
         ed_secret.trim_start_matches("whsk_"),
         source_secret.trim_start_matches("whsec_"),
+        "receiver-credential-6f1d0a93c2",
     ];
     let before = dump(&db);
     for b in bodies {
@@ -506,14 +520,18 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
     let sealed_b = format!("rhenc1:{}:", key_b.sealing_key_id().expect("id"));
     assert_eq!(
         before.matches(&sealed_a).count(),
-        3,
-        "two endpoints and a Source, sealed"
+        4,
+        "two endpoints, a header value and a Source, sealed"
     );
 
     // Rotation: B first, A still opens; every value moves to B.
     let out = rotate_key(&env, &format!("{KEY_B},{KEY_A}"));
     assert!(out.contains("endpoints: 2 rows sealed again"), "{out}");
     assert!(out.contains("sources: 1 rows sealed again"), "{out}");
+    assert!(
+        out.contains("endpoint headers: 1 rows sealed again"),
+        "{out}"
+    );
     // Run again with B alone: nothing is left to seal (nothing needs A any more).
     let out = rotate_key(&env, KEY_B);
     assert!(out.contains("endpoints: 0 rows sealed again"), "{out}");
@@ -523,7 +541,7 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         0,
         "nothing left under the old key"
     );
-    assert_eq!(after.matches(&sealed_b).count(), 3);
+    assert_eq!(after.matches(&sealed_b).count(), 4);
     for b in bodies {
         assert!(!after.contains(b), "a secret is in the dump");
     }

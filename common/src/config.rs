@@ -387,6 +387,29 @@ mod tests {
         assert_eq!(s.max_payload_bytes, 1024 * 1024);
     }
 
+    /// Review #34 item 14: `/metrics` on the public API port only behind a token.
+    #[test]
+    fn the_api_port_serves_metrics_only_behind_a_token() {
+        let db = ("database_url", "postgres://localhost/x");
+        assert!(!with(&[db]).expect("valid").api_metrics(), "off by default");
+        let token = ("metrics_token", "scrape-token-0123456789");
+        assert!(
+            with(&[db, token]).expect("valid").api_metrics(),
+            "on with a token"
+        );
+        let set = |on: bool, token: Option<&str>| {
+            let mut f = Settings::defaults().merge(db).merge(("api_metrics", on));
+            if let Some(t) = token {
+                f = f.merge(("metrics_token", t));
+            }
+            Settings::from_figment(f)
+        };
+        assert!(!set(false, Some(token.1)).expect("valid").api_metrics());
+        let refused = set(true, None).expect_err("refused");
+        assert!(refused.to_string().contains("api_metrics"), "{refused}");
+        assert!(set(true, Some(token.1)).expect("valid").api_metrics());
+    }
+
     #[test]
     fn a_one_rung_ladder_from_the_environment_is_read_as_seconds() {
         // Regression: RAILHOOK_RETRY_OUTGOING_DELAYS=0.2 failed ("found float, expected a

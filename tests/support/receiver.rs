@@ -25,6 +25,8 @@ pub enum Behaviour {
     RetryAfter(u16, u64),
     /// Answer with a redirect to the URL set by `set_location`.
     Redirect(u16),
+    /// Answer with the request's own body (a receiver that echoes what it got).
+    Echo(u16),
 }
 
 /// One request as received.
@@ -129,12 +131,15 @@ impl Receiver {
                 | Behaviour::RetryAfter(c, _)
                 | Behaviour::Delay(_, c)
                 | Behaviour::SlowBody(c)
-                | Behaviour::StallAfterStatus(c) => Some(c),
+                | Behaviour::StallAfterStatus(c)
+                | Behaviour::Echo(c) => Some(c),
                 Behaviour::Reset => None,
             };
+            let echoed = request.body.clone();
             self.received.lock().expect("lock").push(request);
             let ok = match behaviour {
                 Behaviour::Status(code) => respond(&mut stream, code, "").await,
+                Behaviour::Echo(code) => respond_with(&mut stream, code, "", &echoed).await,
                 Behaviour::Redirect(code) => {
                     let location = self.location.lock().expect("lock").clone();
                     respond(&mut stream, code, &format!("location: {location}\r\n")).await
@@ -181,7 +186,10 @@ impl Receiver {
 }
 
 async fn respond(stream: &mut TcpStream, code: u16, extra: &str) -> bool {
-    let body = "ok";
+    respond_with(stream, code, extra, "ok").await
+}
+
+async fn respond_with(stream: &mut TcpStream, code: u16, extra: &str, body: &str) -> bool {
     let head = format!(
         "HTTP/1.1 {code} X\r\n{extra}content-length: {}\r\n\r\n{body}",
         body.len()

@@ -109,14 +109,15 @@ const LOOK_MOST: Duration = Duration::from_secs(1);
 /// it stalls). Its id is recorded in `hint_misses` before this returns — so before the
 /// hint's offset is stored — and a task of its own keeps looking, backing off from
 /// [`LOOK_FIRST`] to [`LOOK_MOST`], for [`VISIBILITY_WAIT`]; when the row shows up it is
-/// claimed and delivered with a permit of the fresh lane. The consumer's loop does not wait
+/// claimed and delivered with a permit of the fresh lane (such hints count in `answered`, with
+/// the parked ones, not as misses). The consumer's loop does not wait
 /// for any of it. If this worker dies meanwhile, or the row takes longer, the sweep finds the
 /// record and hands the Delivery to the retry path within a sweep interval, not the
 /// stranded sweep's hour.
 async fn look_again(
     shared: &Shared,
     missed: Vec<String>,
-    parked: &mut usize,
+    answered: &mut usize,
     lane: &Arc<Semaphore>,
 ) -> Vec<(claim::Claimed, claim::Target)> {
     let unseen = until_ok("visibility", || claim::invisible(&shared.pool, &missed)).await;
@@ -127,12 +128,14 @@ async fn look_again(
         .collect();
     let mut won = Vec::new();
     if !seen.is_empty() {
-        let got = claim(shared, &seen, parked).await;
+        let got = claim(shared, &seen, answered).await;
         shared.metrics.early_hints.inc_by(got.len() as u64);
         won.extend(got);
     }
     if !unseen.is_empty() {
         shared.metrics.early_hints.inc_by(unseen.len() as u64);
+        // Answered, not missed: the watcher below takes them over.
+        *answered += unseen.len();
         until_ok("hint miss record", || {
             claim::record_misses(&shared.pool, &unseen)
         })
@@ -247,7 +250,8 @@ pub(crate) async fn start(
     // Before the statement: the Claim's stamp is no earlier than this, so the age measured
     // from here is never less than the Claim's own (see `deliver`).
     let stamped = Instant::now();
-    // Ordered hints the Claim parked: answered, not missed.
+    // Ordered hints the Claim parked, and hints handed to the visibility watcher: answered,
+    // not missed.
     let mut parked = 0;
     let won = if lane == "retry" {
         let hints: Vec<(String, Uuid)> = asks
