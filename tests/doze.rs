@@ -67,10 +67,12 @@ async fn a_retry_due_while_the_worker_dozes_is_rung_in_by_the_scheduler() {
     })
     .await;
     wait_dozing(&p).await;
-    let rings = wakes(&p, "ring");
+    let (rings, rebalances) = (wakes(&p, "ring"), wakes(&p, "rebalance"));
     p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    // On a loaded machine the group may rebalance meanwhile (a missed heartbeat), which
+    // wakes the worker first; the ring then finds it awake and counts no wake of its own.
     assert!(
-        wakes(&p, "ring") > rings,
+        wakes(&p, "ring") > rings || wakes(&p, "rebalance") > rebalances,
         "the scheduler's ring woke the worker"
     );
     assert_eq!(wakes(&p, "missed_ring"), 0);

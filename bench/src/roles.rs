@@ -44,6 +44,15 @@ pub struct Args {
     /// instead of discarding it.
     #[arg(long)]
     logs: Option<PathBuf>,
+    /// Send one Event through the whole path and wait for it before the idle window and the
+    /// load. `--warm-up false` measures as a user's first traffic meets Railhook: nothing
+    /// has been sent since the processes started (issue #35).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    warm_up: bool,
+    /// Print, for each second of the load, the p50 and p99 of the Events sent in it and how
+    /// many were in flight (sent, not yet arrived) at its end: where a stall happens.
+    #[arg(long, default_value_t = false)]
+    timeline: bool,
     /// Day partitions of `events`, `deliveries` and `attempts` to create before today, empty,
     /// as a database under `RAILHOOK_RETENTION_DAYS` carries (30 by default): every
     /// statement that cannot prune at plan time plans over all of them.
@@ -314,21 +323,23 @@ async fn measure(
             .send()
     };
     let (_, key) = crate::setup::tenant(api, &[json!({"url": hook})]).await?;
-    // Warm-up through the whole path.
-    post(
-        "/v1/events",
-        &key,
-        json!({"type": "bench.warmup", "payload": {"seq": u64::MAX}}),
-    )
-    .await?;
-    let warm = Instant::now() + Duration::from_secs(60);
-    while arrivals.lock().map(|a| a.is_empty()).unwrap_or(true) {
-        if Instant::now() > warm {
-            bail!("the warm-up event never arrived");
+    if args.warm_up {
+        // Warm-up through the whole path.
+        post(
+            "/v1/events",
+            &key,
+            json!({"type": "bench.warmup", "payload": {"seq": u64::MAX}}),
+        )
+        .await?;
+        let warm = Instant::now() + Duration::from_secs(60);
+        while arrivals.lock().map(|a| a.is_empty()).unwrap_or(true) {
+            if Instant::now() > warm {
+                bail!("the warm-up event never arrived");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        arrivals.lock().map(|mut a| a.clear()).ok();
     }
-    arrivals.lock().map(|mut a| a.clear()).ok();
 
     let pids: Vec<(&'static str, u32)> = roles.iter().map(|r| (r.name, r.child.id())).collect();
     let groups = Groups::new(&pids);
@@ -422,6 +433,14 @@ async fn measure(
             })
             .collect()
     };
+    if args.timeline {
+        let sent = sent.lock().map_err(|_| anyhow::anyhow!("lock"))?.clone();
+        let arrived = arrivals
+            .lock()
+            .map_err(|_| anyhow::anyhow!("lock"))?
+            .clone();
+        print_timeline(started, &sent, &arrived);
+    }
     let mut latencies: Vec<Duration> = timed.iter().map(|(d, _)| *d).collect();
     let mut second_half: Vec<Duration> = timed
         .iter()
@@ -518,4 +537,35 @@ async fn measure(
         );
     }
     Ok(())
+}
+
+/// Per second of the load (by when an Event was sent): how many were sent, their p50 and
+/// p99 POST → receiver, and how many were in flight (sent, not arrived) at the second's end.
+fn print_timeline(started: Instant, sent: &HashMap<u64, Instant>, arrived: &HashMap<u64, Instant>) {
+    let second = |at: &Instant| at.saturating_duration_since(started).as_secs() as usize;
+    let seconds = sent.values().map(second).max().map_or(0, |s| s + 1);
+    let mut by_second: Vec<Vec<Duration>> = vec![Vec::new(); seconds];
+    for (seq, at) in sent {
+        if let Some(got) = arrived.get(seq) {
+            by_second[second(at)].push(got.saturating_duration_since(*at));
+        }
+    }
+    println!(
+        "## Per second of the load\n\n| second | sent | p50 ms | p99 ms | in flight at its end |\n| ---: | ---: | ---: | ---: | ---: |"
+    );
+    for (s, mut latencies) in by_second.into_iter().enumerate() {
+        let end = started + Duration::from_secs(s as u64 + 1);
+        let in_flight = sent
+            .iter()
+            .filter(|(seq, at)| **at < end && arrived.get(seq).is_none_or(|got| *got >= end))
+            .count();
+        let n = latencies.len();
+        match percentiles(&mut latencies) {
+            Some([p50, _, p99, _]) => {
+                println!("| {s} | {n} | {p50:.1} | {p99:.1} | {in_flight} |")
+            }
+            None => println!("| {s} | 0 | | | {in_flight} |"),
+        }
+    }
+    println!();
 }
