@@ -242,7 +242,10 @@ fn pg_ctl(mode: &str, action: &str) {
             "{}/pg_ctl",
             std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned())
         ))
-        .args(["-D", &data, "-m", mode, "-w", "-t", "60", action])
+        // A stop waits for the shutdown checkpoint, which fsyncs every file the suite's
+        // test databases made (about 70,000 by this binary's turn): seen past 60 s on a
+        // machine also running a release build.
+        .args(["-D", &data, "-m", mode, "-w", "-t", "300", action])
         .args(["-l", &format!("{data}/../server.log")])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
