@@ -49,6 +49,10 @@ pub struct Args {
     /// has been sent since the processes started (issue #35).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     warm_up: bool,
+    /// Events the warm-up sends, all at once (with `--warm-up true`): 1 exercises the path,
+    /// a burst also opens and warms the pools' connections.
+    #[arg(long, default_value_t = 1)]
+    warm_up_events: u64,
     /// Print, for each second of the load, the p50 and p99 of the Events sent in it and how
     /// many were in flight (sent, not yet arrived) at its end: where a stall happens.
     #[arg(long, default_value_t = false)]
@@ -325,14 +329,22 @@ async fn measure(
     let (_, key) = crate::setup::tenant(api, &[json!({"url": hook})]).await?;
     if args.warm_up {
         // Warm-up through the whole path.
-        post(
-            "/v1/events",
-            &key,
-            json!({"type": "bench.warmup", "payload": {"seq": u64::MAX}}),
-        )
-        .await?;
+        let burst = (0..args.warm_up_events.max(1)).map(|i| {
+            post(
+                "/v1/events",
+                &key,
+                json!({"type": "bench.warmup", "payload": {"seq": u64::MAX - i}}),
+            )
+        });
+        for r in futures::future::join_all(burst).await {
+            r?;
+        }
         let warm = Instant::now() + Duration::from_secs(60);
-        while arrivals.lock().map(|a| a.is_empty()).unwrap_or(true) {
+        while arrivals
+            .lock()
+            .map(|a| (a.len() as u64) < args.warm_up_events.max(1))
+            .unwrap_or(true)
+        {
             if Instant::now() > warm {
                 bail!("the warm-up event never arrived");
             }
@@ -379,20 +391,34 @@ async fn measure(
     let total = args.rate * args.seconds;
     let period = Duration::from_secs_f64(1.0 / args.rate as f64);
     let sent: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
+    // When each POST was answered: the ingest's share of the latency.
+    let answered: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(total as usize);
     for seq in 0..total {
         tokio::time::sleep_until((started + period * seq as u32).into()).await;
-        let (http, api, key, sent) = (http.clone(), api.to_owned(), key.clone(), sent.clone());
+        let (http, api, key, sent, answered) = (
+            http.clone(),
+            api.to_owned(),
+            key.clone(),
+            sent.clone(),
+            answered.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let at = Instant::now();
             sent.lock().map(|mut s| s.insert(seq, at)).ok();
-            http.post(format!("{api}/v1/events"))
+            let created = http
+                .post(format!("{api}/v1/events"))
                 .bearer_auth(&key)
                 .json(&json!({"type": "order.paid", "payload": {"seq": seq}}))
                 .send()
                 .await
-                .is_ok_and(|r| r.status().as_u16() == 201)
+                .is_ok_and(|r| r.status().as_u16() == 201);
+            answered
+                .lock()
+                .map(|mut a| a.insert(seq, Instant::now()))
+                .ok();
+            created
         }));
     }
     let mut refused = 0;
@@ -439,7 +465,11 @@ async fn measure(
             .lock()
             .map_err(|_| anyhow::anyhow!("lock"))?
             .clone();
-        print_timeline(started, &sent, &arrived);
+        let answered = answered
+            .lock()
+            .map_err(|_| anyhow::anyhow!("lock"))?
+            .clone();
+        print_timeline(started, &sent, &answered, &arrived);
     }
     let mut latencies: Vec<Duration> = timed.iter().map(|(d, _)| *d).collect();
     let mut second_half: Vec<Duration> = timed
@@ -540,31 +570,48 @@ async fn measure(
 }
 
 /// Per second of the load (by when an Event was sent): how many were sent, their p50 and
-/// p99 POST → receiver, and how many were in flight (sent, not arrived) at the second's end.
-fn print_timeline(started: Instant, sent: &HashMap<u64, Instant>, arrived: &HashMap<u64, Instant>) {
+/// p99 POST → receiver and POST → 201 (the ingest's share), and how many were in flight
+/// (sent, not arrived) at the second's end.
+fn print_timeline(
+    started: Instant,
+    sent: &HashMap<u64, Instant>,
+    answered: &HashMap<u64, Instant>,
+    arrived: &HashMap<u64, Instant>,
+) {
     let second = |at: &Instant| at.saturating_duration_since(started).as_secs() as usize;
     let seconds = sent.values().map(second).max().map_or(0, |s| s + 1);
-    let mut by_second: Vec<Vec<Duration>> = vec![Vec::new(); seconds];
+    let mut by_second: Vec<(Vec<Duration>, Vec<Duration>)> =
+        vec![(Vec::new(), Vec::new()); seconds];
     for (seq, at) in sent {
         if let Some(got) = arrived.get(seq) {
-            by_second[second(at)].push(got.saturating_duration_since(*at));
+            by_second[second(at)]
+                .0
+                .push(got.saturating_duration_since(*at));
+        }
+        if let Some(done) = answered.get(seq) {
+            by_second[second(at)]
+                .1
+                .push(done.saturating_duration_since(*at));
         }
     }
     println!(
-        "## Per second of the load\n\n| second | sent | p50 ms | p99 ms | in flight at its end |\n| ---: | ---: | ---: | ---: | ---: |"
+        "## Per second of the load\n\n| second | sent | p50 ms | p99 ms | POST → 201 p50 / p99 ms | in flight at its end |\n| ---: | ---: | ---: | ---: | ---: | ---: |"
     );
-    for (s, mut latencies) in by_second.into_iter().enumerate() {
+    for (s, (mut latencies, mut posts)) in by_second.into_iter().enumerate() {
         let end = started + Duration::from_secs(s as u64 + 1);
         let in_flight = sent
             .iter()
             .filter(|(seq, at)| **at < end && arrived.get(seq).is_none_or(|got| *got >= end))
             .count();
         let n = latencies.len();
+        let post = percentiles(&mut posts)
+            .map(|[p50, _, p99, _]| format!("{p50:.1} / {p99:.1}"))
+            .unwrap_or_default();
         match percentiles(&mut latencies) {
             Some([p50, _, p99, _]) => {
-                println!("| {s} | {n} | {p50:.1} | {p99:.1} | {in_flight} |")
+                println!("| {s} | {n} | {p50:.1} | {p99:.1} | {post} | {in_flight} |")
             }
-            None => println!("| {s} | 0 | | | {in_flight} |"),
+            None => println!("| {s} | 0 | | | {post} | {in_flight} |"),
         }
     }
     println!();
