@@ -129,6 +129,7 @@ impl Doze {
         for lane in lanes {
             lane.doze(consumer, false);
         }
+        poke_fetchers(consumer);
         self.dozing = false;
         self.metrics.dozing.set(0);
         self.metrics.wakes.with_label_values(&[reason]).inc();
@@ -137,6 +138,27 @@ impl Doze {
         } else {
             tracing::debug!(reason, "worker woke");
         }
+    }
+}
+
+/// Wakes librdkafka's broker threads after a resume, so the resumed partitions are fetched
+/// now rather than at the thread's next timer.
+///
+/// Why (issue #35, docs/BENCHMARKS.md "Why the resume is slow"): librdkafka handles a resume
+/// on its main thread and does not wake the broker thread, which sleeps while every
+/// partition is paused. The first fetch after a ring then waited for that thread's next
+/// timer: traced at 805 ms after the resume, and the first second after an idle minute had a
+/// p50 of 422 ms at 600 Events/s with warm pools (61 ms when never dozing). Any request
+/// queued for a broker wakes its thread, which then decides its fetches. A watermark query
+/// per assigned partition reaches each partition's leader; it is not waited for (zero
+/// time-out: the request is queued and its answer dropped). Two small requests per
+/// partition, once per wake, and only after the worker dozed.
+fn poke_fetchers<C: Consumer<X>, X: ConsumerContext>(consumer: &C) {
+    let Ok(assigned) = consumer.assignment() else {
+        return;
+    };
+    for e in assigned.elements() {
+        let _ = consumer.fetch_watermarks(e.topic(), e.partition(), Duration::ZERO);
     }
 }
 
