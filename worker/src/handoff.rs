@@ -171,11 +171,10 @@ async fn watch_for_rows(shared: Shared, mut ids: Vec<String>, lane: Arc<Semaphor
         let Ok(permits) = lane.clone().acquire_many_owned(seen.len() as u32).await else {
             return;
         };
-        let stamped = Instant::now();
         let mut parked = 0;
         let won = claim(&shared, &seen, &mut parked).await;
         let permits: Vec<OwnedSemaphorePermit> = split(permits, won.len());
-        spawn_turns(&shared, won, permits, stamped);
+        spawn_turns(&shared, won, permits);
     }
     if !ids.is_empty() {
         tracing::warn!(
@@ -247,9 +246,6 @@ pub(crate) async fn start(
     if asks.is_empty() {
         return;
     }
-    // Before the statement: the Claim's stamp is no earlier than this, so the age measured
-    // from here is never less than the Claim's own (see `deliver`).
-    let stamped = Instant::now();
     // Ordered hints the Claim parked, and hints handed to the visibility watcher: answered,
     // not missed.
     let mut parked = 0;
@@ -288,7 +284,7 @@ pub(crate) async fn start(
     };
     let misses = asks.len().saturating_sub(won.len() + parked);
     shared.metrics.claim_misses.inc_by(misses as u64);
-    spawn_turns(shared, won, permits, stamped);
+    spawn_turns(shared, won, permits);
 }
 
 /// Starts an Attempt task for each won Claim, each with one of `permits`.
@@ -296,7 +292,6 @@ fn spawn_turns(
     shared: &Shared,
     won: Vec<(claim::Claimed, claim::Target)>,
     mut permits: Vec<OwnedSemaphorePermit>,
-    stamped: Instant,
 ) {
     for (claimed, target) in won {
         let Some(permit) = permits.pop() else {
@@ -306,7 +301,7 @@ fn spawn_turns(
         };
         let task_shared = shared.clone();
         let turn = async move {
-            turns(&task_shared, claimed, target, stamped).await;
+            turns(&task_shared, claimed, target).await;
             drop(permit);
         };
         match shared.turn_tasks.lock() {

@@ -41,10 +41,8 @@ pub(crate) struct Resolved {
 
 /// How a resolution released the next parked ordered Delivery.
 pub(crate) enum Released {
-    /// Claimed for this worker in the resolution's transaction: deliver it next. The
-    /// instant was taken before that transaction began, so it is no later than the Claim's
-    /// stamp (`now()` in the transaction) and an age measured from it is never short.
-    HandedOff(Box<(crate::claim::Claimed, crate::claim::Target, Instant)>),
+    /// Claimed for this worker in the resolution's transaction: deliver it next.
+    HandedOff(Box<(crate::claim::Claimed, crate::claim::Target)>),
     /// Announced through the Outbox (a draining worker starts nothing new).
     Announced,
 }
@@ -121,13 +119,11 @@ pub(crate) async fn resolve(
             released: None,
         });
     }
-    // Before BEGIN: the hand-off's Claim is stamped with the transaction's start.
-    let began = Instant::now();
     let mut tx = ordering::begin_resolve(&shared.pool, &claimed.endpoint_id).await?;
     let wrote = write_resolution(&mut *tx, shared, claimed, &what).await?;
     let mut released = None;
     if wrote && let Some(seq) = claimed.sequence_number {
-        released = release(&mut *tx, shared, &claimed.endpoint_id, seq, began).await?;
+        released = release(&mut *tx, shared, &claimed.endpoint_id, seq).await?;
     }
     tx.commit().await?;
     // The resolver's second look (ordering.rs, "Parking in the Claim"): a Claim statement
@@ -138,15 +134,7 @@ pub(crate) async fn resolve(
         && released.is_none()
         && let Some(seq) = claimed.sequence_number
     {
-        match release(
-            &shared.pool,
-            shared,
-            &claimed.endpoint_id,
-            seq,
-            Instant::now(),
-        )
-        .await
-        {
+        match release(&shared.pool, shared, &claimed.endpoint_id, seq).await {
             Ok(r) => released = r,
             Err(e) => {
                 tracing::warn!(error = %e, delivery_id = %claimed.id, "second look for a parked successor failed; its own wake-up stays set")
@@ -161,13 +149,11 @@ pub(crate) async fn resolve(
 
 /// Releases the next parked ordered Delivery after `seq` on the endpoint: handed off to this
 /// worker, or, while it drains, announced through the Outbox.
-/// `began`: an instant no later than the start of the transaction `db` runs in.
 async fn release(
     db: impl sqlx::PgExecutor<'_>,
     shared: &Shared,
     endpoint_id: &str,
     seq: i64,
-    began: Instant,
 ) -> sqlx::Result<Option<Released>> {
     Ok(
         if shared.draining.load(std::sync::atomic::Ordering::SeqCst) {
@@ -177,7 +163,7 @@ async fn release(
         } else {
             crate::claim::hand_off_next(db, endpoint_id, seq)
                 .await?
-                .map(|(claimed, target)| Released::HandedOff(Box::new((claimed, target, began))))
+                .map(|taken| Released::HandedOff(Box::new(taken)))
         },
     )
 }

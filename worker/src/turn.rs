@@ -3,7 +3,7 @@
 //! decision, the outcome behind the Fence, and the ordering hand-off to the next Delivery.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use railhook_common::headers::Extra;
 use railhook_common::retry::Ladder;
@@ -24,14 +24,9 @@ use crate::worker::Shared;
 /// ordered Delivery of its endpoint, claims that one and delivers it too, in the same task
 /// and under the same permit (the ordering hand-off, ordering.rs). A hand-off that loses its
 /// Claim (another worker took the Outbox hint first) simply ends the chain here.
-pub(crate) async fn turns(
-    shared: &Shared,
-    claimed: Claimed,
-    target: claim::Target,
-    stamped: Instant,
-) {
-    let mut next = Some((claimed, target, stamped));
-    while let Some((claimed, target, stamped)) = next.take() {
+pub(crate) async fn turns(shared: &Shared, claimed: Claimed, target: claim::Target) {
+    let mut next = Some((claimed, target));
+    while let Some((claimed, target)) = next.take() {
         let id = claimed.id.clone();
         if let Ok(mut running) = shared.running.lock() {
             running.insert(id.clone(), claimed.token);
@@ -51,18 +46,14 @@ pub(crate) async fn turns(
         if let Some(parent) = target.traceparent.as_deref().and_then(TraceParent::parse) {
             trace_context::adopt(&span, &parent, target.tracestate.as_deref());
         }
-        let released = deliver(shared, claimed, target, stamped)
-            .instrument(span)
-            .await;
+        let released = deliver(shared, claimed, target).instrument(span).await;
         if let Ok(mut running) = shared.running.lock() {
             running.remove(&id);
         }
         let Some(Released::HandedOff(taken)) = released else {
             return;
         };
-        // Stamped by the resolution's transaction, which began at `stamped` or later
-        // (review #34 item 8: measured from after the commit, the age came out short).
-        let (claimed, target, stamped) = *taken;
+        let (claimed, target) = *taken;
         if shared.draining.load(Ordering::SeqCst) {
             // Told to stop after the hand-off was claimed: give it back at once.
             if let Err(e) = fence::release(&shared.pool, &[(claimed.id, claimed.token)]).await {
@@ -71,7 +62,7 @@ pub(crate) async fn turns(
             return;
         }
         shared.metrics.ordering_handoffs.inc();
-        next = Some((claimed, target, stamped));
+        next = Some((claimed, target));
     }
 }
 
@@ -196,13 +187,11 @@ fn breaker_verdict(report: &crate::attempt::Report, max: Duration) -> (Verdict, 
 }
 
 /// One claimed Delivery: gate and limits (or a Deferral), Attempt, decision, finalise.
-/// `stamped`: no later than the Claim's stamp in Postgres. Returns the ordered Delivery its
-/// resolution released, if any.
+/// Returns the ordered Delivery its resolution released, if any.
 async fn deliver(
     shared: &Shared,
     mut claimed: Claimed,
     mut target: claim::Target,
-    stamped: Instant,
 ) -> Option<Released> {
     if !target.enabled {
         return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
@@ -270,10 +259,6 @@ async fn deliver(
     // (review #19 item 1; configuration refuses a window that cannot hold the longest
     // request and [`railhook_common::config::PROCESSING_MARGIN`]).
     {
-        tracing::debug!(
-            claim_age_ms = stamped.elapsed().as_millis() as u64,
-            "re-stamping the claim before its request"
-        );
         let kept = fence::restamp(&shared.pool, &claimed).await;
         if !matches!(kept, Ok(true)) {
             if let Err(e) = &kept {
