@@ -189,41 +189,30 @@ pub(crate) fn unpublished_window(config: &WorkerConfig) -> Duration {
     config.message_timeout * 2
 }
 
+/// Counts what one sweep moved under its `sweep` label, or says that it failed.
+fn count_swept(shared: &Shared, sweep: &'static str, result: Result<u64, sqlx::Error>) {
+    match result {
+        Ok(n) => shared.metrics.swept.with_label_values(&[sweep]).inc_by(n),
+        Err(e) => tracing::warn!(error = %e, sweep, "sweep failed"),
+    }
+}
+
 #[tracing::instrument(level = "debug", skip_all)]
 pub(crate) async fn sweeps(shared: &Shared, config: &WorkerConfig) {
-    match sweeps::sweep_processing(
+    let processing = sweeps::sweep_processing(
         &shared.pool,
         config.processing_timeout.as_secs_f64(),
         config.stranded_after.as_secs_f64(),
         unpublished_window(config).as_secs_f64(),
     )
-    .await
-    {
-        Ok(n) => shared
-            .metrics
-            .swept
-            .with_label_values(&["processing"])
-            .inc_by(n),
-        Err(e) => tracing::warn!(error = %e, "processing sweep failed"),
-    }
-    match sweeps::sweep_stranded(&shared.pool, config.stranded_after.as_secs_f64()).await {
-        Ok(n) => shared
-            .metrics
-            .swept
-            .with_label_values(&["stranded"])
-            .inc_by(n),
-        Err(e) => tracing::warn!(error = %e, "stranded sweep failed"),
-    }
-    match sweeps::sweep_missed_hints(&shared.pool, crate::handoff::VISIBILITY_WAIT.as_secs_f64())
-        .await
-    {
-        Ok(n) => shared
-            .metrics
-            .swept
-            .with_label_values(&["missed_hint"])
-            .inc_by(n),
-        Err(e) => tracing::warn!(error = %e, "missed-hints sweep failed"),
-    }
+    .await;
+    count_swept(shared, "processing", processing);
+    let stranded = sweeps::sweep_stranded(&shared.pool, config.stranded_after.as_secs_f64()).await;
+    count_swept(shared, "stranded", stranded);
+    let missed =
+        sweeps::sweep_missed_hints(&shared.pool, crate::handoff::VISIBILITY_WAIT.as_secs_f64())
+            .await;
+    count_swept(shared, "missed_hint", missed);
     if let Ok((scheduled, due)) = sweeps::retry_backlog(&shared.pool).await {
         let backlog = &shared.metrics.retry_backlog;
         backlog.with_label_values(&["scheduled"]).set(scheduled);
