@@ -17,6 +17,11 @@ use crate::e2e::{Arrivals, receiver};
 use crate::setup::unique;
 use crate::stats::percentiles;
 
+mod cpu;
+mod report;
+
+use cpu::{Groups, idle, used};
+
 #[derive(clap::Args)]
 pub struct Args {
     #[arg(long, default_value_t = 500)]
@@ -164,138 +169,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .execute(&pool)
         .await;
     result
-}
-
-/// Pids whose command name (`/proc/<pid>/comm`) is one of `names`.
-fn processes_named(names: &[&str]) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| names.contains(&c.trim()))
-        })
-        .collect()
-}
-
-/// CPU seconds used so far by all of `pids` together.
-fn cpu_of(pids: &[u32]) -> f64 {
-    pids.iter()
-        .filter_map(|p| crate::stats::process_usage(*p))
-        .map(|(cpu, _)| cpu)
-        .sum()
-}
-
-/// Every process the bench accounts for: the three roles, and the broker, Postgres and Redis
-/// found by their process names (every one on the machine: run nothing else beside the
-/// bench). Postgres' backends come and go, so they are looked up again at each reading.
-struct Groups {
-    roles: Vec<(String, Vec<u32>)>,
-}
-
-impl Groups {
-    fn new(roles: &[(&'static str, u32)]) -> Self {
-        Self {
-            roles: roles
-                .iter()
-                .map(|(name, pid)| ((*name).to_owned(), vec![*pid]))
-                .collect(),
-        }
-    }
-
-    /// (name, CPU seconds used so far) per group.
-    fn read(&self) -> Vec<(String, f64)> {
-        let mut groups = self.roles.clone();
-        groups.push((
-            "broker (tansu, nisshi)".into(),
-            processes_named(&["tansu", "nisshi"]),
-        ));
-        groups.push((
-            "Postgres (every backend)".into(),
-            processes_named(&["postgres"]),
-        ));
-        groups.push(("Redis".into(), processes_named(&["redis-server"])));
-        groups
-            .into_iter()
-            .map(|(name, pids)| (name, cpu_of(&pids)))
-            .collect()
-    }
-}
-
-/// CPU seconds each group used between two readings. A backend that ended in between took
-/// its seconds with it, so Postgres' figure is a lower bound.
-fn used(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
-    after
-        .iter()
-        .zip(before)
-        .map(|((name, a), (_, b))| (name.clone(), (a - b).max(0.0)))
-        .collect()
-}
-
-/// Every process's CPU while nothing is sent, as % of one core: what an idle Railhook costs
-/// itself and the services it talks to.
-async fn idle(groups: &Groups, settle: Duration, window: Duration) {
-    let before = groups.read();
-    eprintln!("roles: idle for {} s", window.as_secs());
-    tokio::time::sleep(window).await;
-    println!(
-        "## Idle for {} s, from {} s after the warm-up: CPU as % of one core\n\n| process | % of a core |\n| --- | ---: |",
-        window.as_secs(),
-        settle.as_secs()
-    );
-    for (name, cpu) in used(&before, &groups.read()) {
-        println!("| {name} | {:.1} % |", 100.0 * cpu / window.as_secs_f64());
-    }
-    println!();
-}
-
-/// Counters printed after the load.
-const COUNTERS: [&str; 8] = [
-    "railhook_worker_early_hints_total",
-    "railhook_worker_bad_hints_total",
-    "railhook_relay_published_total",
-    "railhook_relay_sessions_total",
-    "railhook_worker_attempts_total{outcome=\"succeeded\"}",
-    "railhook_worker_claim_misses_total",
-    "railhook_worker_wakes_total",
-    "railhook_worker_rebalances_total",
-];
-
-/// Histograms whose p50 and p99 are printed after the load: where along the way the time went.
-const HISTOGRAMS: [&str; 4] = [
-    "railhook_relay_commit_to_read_seconds",
-    "railhook_relay_commit_to_ack_seconds",
-    "railhook_worker_delivery_latency_seconds",
-    "railhook_worker_attempt_duration_seconds",
-];
-
-/// The `q` quantile of a Prometheus histogram in `text` (every label set summed), as the
-/// upper bound of the bucket it falls in; None when the histogram is absent or empty.
-fn bucket_quantile(text: &str, name: &str, q: f64) -> Option<String> {
-    let prefix = format!("{name}_bucket{{");
-    let mut buckets: Vec<(f64, String, f64)> = Vec::new();
-    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
-        let (labels, count) = line.rsplit_once(' ')?;
-        let le = labels.split("le=\"").nth(1)?.split('"').next()?;
-        let bound = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            le.parse().ok()?
-        };
-        let count: f64 = count.parse().ok()?;
-        match buckets.iter_mut().find(|b| b.0 == bound) {
-            Some(b) => b.2 += count,
-            None => buckets.push((bound, le.to_owned(), count)),
-        }
-    }
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = buckets.last()?.2;
-    if total == 0.0 {
-        return None;
-    }
-    let bucket = buckets.iter().find(|b| b.2 >= q * total)?;
-    Some(format!("≤ {} s", bucket.1))
 }
 
 async fn measure(
@@ -469,7 +342,7 @@ async fn measure(
             .lock()
             .map_err(|_| anyhow::anyhow!("lock"))?
             .clone();
-        print_timeline(started, &sent, &answered, &arrived);
+        report::timeline(started, &sent, &answered, &arrived);
     }
     let mut latencies: Vec<Duration> = timed.iter().map(|(d, _)| *d).collect();
     let mut second_half: Vec<Duration> = timed
@@ -513,42 +386,7 @@ async fn measure(
         }
     }
     println!("\n(window: {window:.1} s from the first POST to the last arrival)");
-    // Where the messages went, from the roles' own counters: a shortfall above shows here
-    // as published < accepted, or hints read but not claimed.
-    let mut counters = Vec::new();
-    let mut stages = Vec::new();
-    for role in roles {
-        let Ok(r) = http
-            .get(format!("http://{}/metrics", role.metrics))
-            .send()
-            .await
-        else {
-            continue;
-        };
-        let text = r.text().await.unwrap_or_default();
-        for name in HISTOGRAMS {
-            if let (Some(p50), Some(p99)) = (
-                bucket_quantile(&text, name, 0.5),
-                bucket_quantile(&text, name, 0.99),
-            ) {
-                stages.push(format!("| {name} | {p50} | {p99} |"));
-            }
-        }
-        counters.extend(
-            text.lines()
-                .filter(|l| COUNTERS.iter().any(|c| l.starts_with(c)))
-                .map(str::to_owned),
-        );
-    }
-    if !counters.is_empty() {
-        println!("\n```\n{}\n```", counters.join("\n"));
-    }
-    if !stages.is_empty() {
-        println!(
-            "\n| the roles' histograms (warm-up included) | p50 | p99 |\n| --- | ---: | ---: |\n{}",
-            stages.join("\n")
-        );
-    }
+    report::role_metrics(&http, roles).await;
     if delivered > 0 {
         println!(
             "\n## All-in CPU per delivered message (load window)\n\n| process | CPU s | ms per message |\n| --- | ---: | ---: |"
@@ -567,52 +405,4 @@ async fn measure(
         );
     }
     Ok(())
-}
-
-/// Per second of the load (by when an Event was sent): how many were sent, their p50 and
-/// p99 POST → receiver and POST → 201 (the ingest's share), and how many were in flight
-/// (sent, not arrived) at the second's end.
-fn print_timeline(
-    started: Instant,
-    sent: &HashMap<u64, Instant>,
-    answered: &HashMap<u64, Instant>,
-    arrived: &HashMap<u64, Instant>,
-) {
-    let second = |at: &Instant| at.saturating_duration_since(started).as_secs() as usize;
-    let seconds = sent.values().map(second).max().map_or(0, |s| s + 1);
-    let mut by_second: Vec<(Vec<Duration>, Vec<Duration>)> =
-        vec![(Vec::new(), Vec::new()); seconds];
-    for (seq, at) in sent {
-        if let Some(got) = arrived.get(seq) {
-            by_second[second(at)]
-                .0
-                .push(got.saturating_duration_since(*at));
-        }
-        if let Some(done) = answered.get(seq) {
-            by_second[second(at)]
-                .1
-                .push(done.saturating_duration_since(*at));
-        }
-    }
-    println!(
-        "## Per second of the load\n\n| second | sent | p50 ms | p99 ms | POST → 201 p50 / p99 ms | in flight at its end |\n| ---: | ---: | ---: | ---: | ---: | ---: |"
-    );
-    for (s, (mut latencies, mut posts)) in by_second.into_iter().enumerate() {
-        let end = started + Duration::from_secs(s as u64 + 1);
-        let in_flight = sent
-            .iter()
-            .filter(|(seq, at)| **at < end && arrived.get(seq).is_none_or(|got| *got >= end))
-            .count();
-        let n = latencies.len();
-        let post = percentiles(&mut posts)
-            .map(|[p50, _, p99, _]| format!("{p50:.1} / {p99:.1}"))
-            .unwrap_or_default();
-        match percentiles(&mut latencies) {
-            Some([p50, _, p99, _]) => {
-                println!("| {s} | {n} | {p50:.1} | {p99:.1} | {post} | {in_flight} |")
-            }
-            None => println!("| {s} | 0 | | | {post} | {in_flight} |"),
-        }
-    }
-    println!();
 }
