@@ -904,23 +904,18 @@ async fn a_delivery_whose_event_is_gone_is_claimed_and_failed_event_gone() {
     .await
     .expect("insert");
     p.announce_by_hand(&orphan, &endpoint, 1).await;
-    support::eventually("the orphan is failed", Duration::from_secs(30), || async {
-        let row: (String, Option<String>, Option<uuid::Uuid>) = sqlx::query_as(
-            "SELECT status, failure_reason, claim_token FROM deliveries WHERE id = $1",
-        )
-        .bind(&orphan)
-        .fetch_one(&p.app.pool)
-        .await
-        .expect("row");
-        (row.0 == "FAILED").then_some(row)
-    })
-    .await;
-    let (status, reason, token): (String, Option<String>, Option<uuid::Uuid>) =
-        sqlx::query_as("SELECT status, failure_reason, claim_token FROM deliveries WHERE id = $1")
+    let (status, reason, token) =
+        support::eventually("the orphan is failed", Duration::from_secs(30), || async {
+            let row: (String, Option<String>, Option<uuid::Uuid>) = sqlx::query_as(
+                "SELECT status, failure_reason, claim_token FROM deliveries WHERE id = $1",
+            )
             .bind(&orphan)
             .fetch_one(&p.app.pool)
             .await
             .expect("row");
+            (row.0 == "FAILED").then_some(row)
+        })
+        .await;
     assert_eq!(
         (status.as_str(), reason.as_deref(), token),
         ("FAILED", Some("event_gone"), None)

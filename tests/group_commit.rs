@@ -76,13 +76,7 @@ async fn writer_blocked(app: &TestApp) {
         "the writer waits on the key's lock",
         Duration::from_secs(30),
         || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event = 'advisory'",
-            )
-            .fetch_one(&app.pool)
-            .await
-            .expect("activity");
+            let waiting = support::waiting_on_advisory_locks(&app.pool).await;
             (waiting == 1).then_some(())
         },
     )

@@ -434,13 +434,7 @@ async fn idempotency_holds_across_the_boundary_of_two_day_partitions() {
             "the retries wait for the first writer's key lock",
             Duration::from_secs(30),
             || async {
-                let waiting: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event = 'advisory'",
-                )
-                .fetch_one(&app.pool)
-                .await
-                .expect("activity");
+                let waiting = support::waiting_on_advisory_locks(&app.pool).await;
                 (waiting >= 1).then_some(())
             },
         )

@@ -412,6 +412,18 @@ where
 }
 
 /// Polls `probe` until it yields Some or the deadline passes.
+/// How many sessions of this test's database wait on an advisory lock (an Idempotency-Key's,
+/// held by a writer the test keeps open).
+pub async fn waiting_on_advisory_locks(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event = 'advisory'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("activity")
+}
+
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
