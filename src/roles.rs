@@ -276,6 +276,11 @@ async fn ingest_with(
         },
     )?;
     first_contact(&deps, &pool).await?;
+    // The first requests find their connections open (common/src/db.rs, `open_ahead`).
+    tokio::spawn({
+        let pool = pool.clone();
+        async move { db::open_ahead(&pool).await }
+    });
     // Partitions ahead and retention: every ingest (and relay) process runs the task, and a
     // session advisory lock lets one pass run at a time; a process whose role does not own
     // the tables leaves it to one that does (common/src/retention/).

@@ -1,4 +1,5 @@
-//! Dozing workers and the doorbell (common/src/doorbell.rs, worker/src/doze.rs), against
+//! Dozing workers, the doorbell and its express hints (common/src/doorbell.rs,
+//! worker/src/doze.rs, worker/src/express.rs), against
 //! real Postgres, the broker and real HTTP: an idle worker pauses its partitions, the relay's
 //! and the scheduler's rings wake it, a hint nobody rang for is still found, and the
 //! doorbell's listener comes back after its connection is killed.
@@ -175,4 +176,75 @@ async fn a_listener_whose_connection_is_killed_says_so_and_listens_again() {
         (heard.borrow().rings > before).then_some(())
     })
     .await;
+}
+
+fn express(p: &Pipeline, outcome: &str) -> u64 {
+    p.worker_metrics
+        .express_hints
+        .with_label_values(&[outcome])
+        .get()
+}
+
+/// Express hints (common/src/doorbell.rs `Express`, worker/src/express.rs): with a fetch that
+/// waits 2 s at the broker, the relay's NOTIFY reaches the worker first, which claims from
+/// it; each Event is still delivered once, no Claim misses (the Kafka copies are answered,
+/// not claimed again), and the group's committed offsets still reach the end of every
+/// partition: Kafka stays the path that moves them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn express_hints_deliver_once_and_the_kafka_copies_still_move_the_offsets() {
+    let p = Pipeline::start(|s| s.kafka_fetch_wait_ms = 2_000).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    let mut deliveries = Vec::new();
+    for n in 0..20 {
+        deliveries.push(p.send(json!({ "n": n })).await.1);
+    }
+    for d in &deliveries {
+        p.wait_status(d, "SUCCEEDED", WAIT).await;
+    }
+    assert!(express(&p, "queued") >= 1, "the doorbell carried hints");
+    let topic = railhook_common::kafka::deliveries_topic(&p.settings.topic_prefix);
+    let probe = railhook_worker::group_watch::Probe::new(
+        &p.settings.kafka(),
+        &p.settings.worker_group,
+        &[&topic],
+    )
+    .expect("probe");
+    let probe = std::sync::Arc::new(probe);
+    eventually(
+        "the committed offsets reach every partition's end",
+        WAIT,
+        || {
+            let probe = probe.clone();
+            async move {
+                let positions =
+                    tokio::task::spawn_blocking(move || probe.positions(Duration::from_secs(5)))
+                        .await
+                        .ok()?
+                        .ok()?;
+                let total: i64 = positions.iter().map(|p| p.end).sum();
+                (total == 20 && positions.iter().all(|p| p.committed == p.end)).then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(receiver.count(), 20, "each Event delivered once");
+    assert_eq!(p.worker_metrics.claim_misses.get(), 0, "no second Claim");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_express_hints_off_the_fetch_alone_delivers() {
+    let p = Pipeline::start(|s| s.worker_express_hints = false).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    p.endpoint(&receiver.url, 5_000).await;
+    let (_, delivery) = p.send(json!({})).await;
+    p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
+    let heard: u64 = railhook_worker::metrics::EXPRESS_OUTCOMES
+        .iter()
+        .map(|o| express(&p, o))
+        .sum();
+    assert_eq!(heard, 0, "the worker took no express hint");
+    assert_eq!(receiver.count(), 1);
+    p.stop().await;
 }

@@ -188,6 +188,9 @@ pub struct Settings {
     /// partitions until the doorbell rings (common/src/doorbell.rs); 0: never doze, always
     /// fetch. At least 1,000 ms, so a ring always outlives the ringer's gap.
     pub worker_doze_after_ms: u64,
+    /// Claim the Deliveries the relay's doorbell names as soon as it rings, before their
+    /// Announcements arrive through Kafka (common/src/doorbell.rs, `Express`).
+    pub worker_express_hints: bool,
     /// librdkafka's `max.poll.interval.ms` for the workers' consumer (at least the 10 s
     /// session timeout). The loop never waits on an Attempt, so only a wedged worker
     /// exceeds it.

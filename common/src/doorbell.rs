@@ -5,11 +5,16 @@
 //! has heard nothing for `WORKER_DOZE_AFTER_MS` pauses its partitions, and the processes that
 //! publish hints ring after Kafka acknowledged them.
 //!
+//! Since issue #35 the relay's rings also carry what Kafka acknowledged ([`Express`]): the
+//! partition, offset and Delivery of each Announcement, so the worker that holds the
+//! partition claims it without waiting for its fetch. Kafka stays the durable path: every
+//! Announcement still reaches the worker through it, and its offset moves only then.
+//!
 //! ```text
-//!  relay:     Kafka ack (Announcement) ─┐
-//!  scheduler: Kafka ack (RetryHint)   ──┴▶ Ringer::ring ─(at most one NOTIFY per GAP)─▶ Postgres
-//!                                                                                         │
-//!  worker: Hearing { listening, rings } ◀── LISTEN railhook_doorbell (own connection) ◀──┘
+//!  relay:     Kafka ack (Announcement) ── Ringer::express ─(next NOTIFY, no gap)──┐
+//!  relay, scheduler: Kafka ack ────────── Ringer::ring ─(at most one per GAP)─────┴▶ Postgres
+//!                                                                                      │
+//!  worker: Hearing { listening, rings }, express hints ◀── LISTEN railhook_doorbell ◀──┘
 //! ```
 //!
 //! The bell is a hint about hints, so losing a ring may cost latency, never a Delivery:
@@ -39,41 +44,175 @@ use crate::health::Backoff;
 /// The channel every ringer notifies and every worker listens on.
 pub const CHANNEL: &str = "railhook_doorbell";
 
-/// The shortest time between two NOTIFYs of one ringer. Rings in between are folded into
-/// the next NOTIFY. A worker stays awake for `WORKER_DOZE_AFTER_MS` after a ring, which
-/// the configuration keeps well above this.
+/// The shortest time between two plain rings of one ringer. Rings in between are folded
+/// into the next NOTIFY. A worker stays awake for `WORKER_DOZE_AFTER_MS` after a ring, which
+/// the configuration keeps well above this. Express hints are not held back by it.
 pub const GAP: Duration = Duration::from_millis(100);
+
+/// The longest payload one NOTIFY carries (Postgres refuses 8,000 bytes and more).
+const PAYLOAD_MAX: usize = 7_000;
+
+/// Knocks waiting for the ringer's task; past this, an express hint is dropped (its
+/// Announcement still reaches the worker through Kafka) and a ring is already due.
+const QUEUE: usize = 8_192;
+
+/// An Announcement Kafka acknowledged, carried by the doorbell straight to the worker that
+/// holds its partition (issue #35): "the message at `offset` of `partition` of the
+/// deliveries topic names `delivery_id`". It saves the hop through the broker's fetch, which
+/// was most of the median's time on the local brokers. It is a hint about a hint: the worker
+/// claims the Delivery at once, and when the same message arrives through Kafka, its offset
+/// is stored without a second Claim (worker/src/lanes.rs). A lost express hint costs the
+/// Kafka hop's latency, never a Delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Express {
+    pub partition: i32,
+    pub offset: i64,
+    pub delivery_id: String,
+}
+
+impl Express {
+    /// `partition:offset:delivery_id`, one per hint, separated by spaces in a payload.
+    fn encode(&self, out: &mut String) {
+        use std::fmt::Write;
+        let _ = write!(
+            out,
+            "{}:{}:{}",
+            self.partition, self.offset, self.delivery_id
+        );
+    }
+
+    /// The hints of one payload; an empty payload (a plain ring) or one this release does
+    /// not read carries none.
+    pub fn decode_all(payload: &str) -> Vec<Express> {
+        payload
+            .split(' ')
+            .filter_map(|entry| {
+                let mut parts = entry.splitn(3, ':');
+                let partition = parts.next()?.parse().ok()?;
+                let offset = parts.next()?.parse().ok()?;
+                let id = parts.next()?;
+                // Only a well-formed Delivery id goes on to a Claim.
+                crate::ids::DeliveryId::parse(id).is_ok().then(|| Express {
+                    partition,
+                    offset,
+                    delivery_id: id.to_owned(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Packs hints into as few payloads as fit under [`PAYLOAD_MAX`] each.
+fn payloads(hints: &[Express]) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut entry = String::new();
+    for h in hints {
+        entry.clear();
+        h.encode(&mut entry);
+        let last = out.last_mut().expect("one payload at least");
+        if !last.is_empty() && last.len() + 1 + entry.len() > PAYLOAD_MAX {
+            out.push(entry.clone());
+        } else {
+            if !last.is_empty() {
+                last.push(' ');
+            }
+            last.push_str(&entry);
+        }
+    }
+    out
+}
+
+enum Knock {
+    Ring,
+    Express(Express),
+}
 
 /// Rings the doorbell; cheap to clone, never blocks. The NOTIFYs are sent by a task that
 /// ends when the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct Ringer {
-    tx: mpsc::Sender<()>,
+    tx: mpsc::Sender<Knock>,
+}
+
+impl std::fmt::Debug for Knock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Knock::Ring => "ring",
+            Knock::Express(_) => "express",
+        })
+    }
 }
 
 impl Ringer {
     /// Starts the ringer's task; it connects on the first ring. Must run inside a runtime.
+    ///
+    /// The connection commits asynchronously: a NOTIFY is a transaction of its own, and
+    /// waiting for its WAL flush (or for a synchronous standby) would add a disk write to
+    /// every express hint for nothing — a NOTIFY lost in a crash is a hint lost, which
+    /// Kafka makes good.
     pub fn spawn(options: PgConnectOptions) -> Self {
-        // One slot: a ring while a NOTIFY is pending is already covered by it.
-        let (tx, rx) = mpsc::channel(1);
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let options = options.options([("synchronous_commit", "off")]);
         tokio::spawn(ring_loop(rx, options));
         Self { tx }
     }
 
-    /// Asks for a NOTIFY: now if none went out within `GAP`, else when the gap ends.
+    /// Asks for a plain NOTIFY: now if none went out within `GAP`, else when the gap ends.
     pub fn ring(&self) {
-        // Full: a NOTIFY is already due, and it covers this ring too.
-        let _ = self.tx.try_send(());
+        // Full: NOTIFYs are already due, and they cover this ring too.
+        let _ = self.tx.try_send(Knock::Ring);
+    }
+
+    /// Sends `hint` to the workers with the next NOTIFY, which goes out as soon as the
+    /// ringer's task is free (no gap): these are what the workers deliver from.
+    pub fn express(&self, hint: Express) {
+        let _ = self.tx.try_send(Knock::Express(hint));
     }
 }
 
-async fn ring_loop(mut rx: mpsc::Receiver<()>, options: PgConnectOptions) {
+/// What one NOTIFY round sends: the express hints queued, or a plain ring.
+#[derive(Default)]
+struct Due {
+    rung: bool,
+    express: Vec<Express>,
+}
+
+impl Due {
+    fn take_queued(&mut self, rx: &mut mpsc::Receiver<Knock>) {
+        while let Ok(k) = rx.try_recv() {
+            self.add(k);
+        }
+    }
+
+    fn add(&mut self, knock: Knock) {
+        match knock {
+            Knock::Ring => self.rung = true,
+            Knock::Express(e) => self.express.push(e),
+        }
+    }
+}
+
+async fn ring_loop(mut rx: mpsc::Receiver<Knock>, options: PgConnectOptions) {
     let mut conn: Option<PgConnection> = None;
-    while rx.recv().await.is_some() {
+    let mut last: Option<tokio::time::Instant> = None;
+    while let Some(first) = rx.recv().await {
+        let mut due = Due::default();
+        due.add(first);
+        due.take_queued(&mut rx);
+        // Plain rings wait out the gap, folding what comes meanwhile; express hints go now
+        // (every express NOTIFY is a ring as well).
+        if due.express.is_empty()
+            && let Some(at) = last
+        {
+            tokio::time::sleep_until(at + GAP).await;
+            due.take_queued(&mut rx);
+        }
+        debug_assert!(due.rung || !due.express.is_empty());
+        let payloads = payloads(&due.express);
         // A NOTIFY that failed is tried once more on a new connection: the old one may
         // have been closed by a Postgres restart since the last ring.
         for _ in 0..2 {
-            match notify(&mut conn, &options).await {
+            match notify(&mut conn, &options, &payloads).await {
                 Ok(()) => break,
                 Err(e) => {
                     conn = None;
@@ -81,21 +220,27 @@ async fn ring_loop(mut rx: mpsc::Receiver<()>, options: PgConnectOptions) {
                 }
             }
         }
-        tokio::time::sleep(GAP).await;
+        last = Some(tokio::time::Instant::now());
     }
 }
 
+/// One transaction, one NOTIFY per payload.
 async fn notify(
     conn: &mut Option<PgConnection>,
     options: &PgConnectOptions,
+    payloads: &[String],
 ) -> Result<(), sqlx::Error> {
     let c = match conn {
         Some(c) => c,
         None => conn.insert(PgConnection::connect_with(options).await?),
     };
-    sqlx::query!("SELECT pg_notify($1, '')", CHANNEL)
-        .execute(c)
-        .await?;
+    sqlx::query!(
+        "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+        CHANNEL,
+        payloads
+    )
+    .execute(c)
+    .await?;
     Ok(())
 }
 
@@ -112,17 +257,38 @@ pub struct Hearing {
 /// Starts listening on [`CHANNEL`] over a connection of its own; the task reconnects with
 /// a capped back-off and ends when the receiver is dropped. Must run inside a runtime.
 pub fn listen(options: PgConnectOptions) -> watch::Receiver<Hearing> {
-    let (tx, rx) = watch::channel(Hearing::default());
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = listen_loop(&tx, options) => {}
-            _ = tx.closed() => {}
-        }
-    });
-    rx
+    listen_with_express(options).0
 }
 
-async fn listen_loop(tx: &watch::Sender<Hearing>, options: PgConnectOptions) {
+/// [`listen`], and the express hints heard, one batch per NOTIFY. When the batches are not
+/// taken fast enough, the newest are dropped: their Announcements come through Kafka.
+pub fn listen_with_express(
+    options: PgConnectOptions,
+) -> (watch::Receiver<Hearing>, mpsc::Receiver<Vec<Express>>) {
+    let (tx, rx) = watch::channel(Hearing::default());
+    let (express_tx, express_rx) = mpsc::channel(EXPRESS_BATCHES);
+    tokio::spawn(async move {
+        // It ends when nobody listens any more: neither to the rings nor to the hints.
+        let unheard = async {
+            tx.closed().await;
+            express_tx.closed().await;
+        };
+        tokio::select! {
+            _ = listen_loop(&tx, &express_tx, options) => {}
+            _ = unheard => {}
+        }
+    });
+    (rx, express_rx)
+}
+
+/// Express batches a listener holds for its worker.
+const EXPRESS_BATCHES: usize = 256;
+
+async fn listen_loop(
+    tx: &watch::Sender<Hearing>,
+    express: &mpsc::Sender<Vec<Express>>,
+    options: PgConnectOptions,
+) {
     let mut backoff = Backoff::default();
     loop {
         // A pool of one, made for the listener alone: PgListener holds a pool connection.
@@ -140,7 +306,13 @@ async fn listen_loop(tx: &watch::Sender<Hearing>, options: PgConnectOptions) {
                 // shutting down says so before it closes): either way, start again.
                 loop {
                     match listener.try_recv().await {
-                        Ok(Some(_)) => tx.send_modify(|h| h.rings += 1),
+                        Ok(Some(n)) => {
+                            let hints = Express::decode_all(n.payload());
+                            if !hints.is_empty() {
+                                let _ = express.try_send(hints);
+                            }
+                            tx.send_modify(|h| h.rings += 1);
+                        }
                         Ok(None) => break,
                         Err(e) => {
                             tracing::debug!(error = %e, "doorbell listener lost");
@@ -168,4 +340,43 @@ async fn subscribe(pool: &sqlx::PgPool) -> Result<PgListener, sqlx::Error> {
     listener.eager_reconnect(false);
     listener.listen(CHANNEL).await?;
     Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hint(partition: i32, offset: i64) -> Express {
+        Express {
+            partition,
+            offset,
+            delivery_id: crate::ids::DeliveryId::generate().into_string(),
+        }
+    }
+
+    #[test]
+    fn hints_round_trip_through_payloads_that_fit_a_notify() {
+        let hints: Vec<Express> = (0..1_000).map(|i| hint(i % 12, i64::from(i) * 7)).collect();
+        let packed = payloads(&hints);
+        assert!(packed.len() > 1, "1,000 hints need several payloads");
+        assert!(packed.iter().all(|p| p.len() <= PAYLOAD_MAX));
+        let back: Vec<Express> = packed.iter().flat_map(|p| Express::decode_all(p)).collect();
+        assert_eq!(back, hints);
+    }
+
+    #[test]
+    fn a_plain_ring_or_a_payload_this_release_cannot_read_carries_no_hint() {
+        assert_eq!(payloads(&[]), vec![String::new()]);
+        assert!(Express::decode_all("").is_empty());
+        assert!(Express::decode_all("v2|something else").is_empty());
+        assert!(Express::decode_all("1:2:not-a-delivery").is_empty());
+        let good = hint(1, 2);
+        let mut one = String::new();
+        good.encode(&mut one);
+        assert_eq!(
+            Express::decode_all(&format!("x:y:z {one}")),
+            vec![good],
+            "a bad entry does not spoil the good ones"
+        );
+    }
 }

@@ -46,7 +46,7 @@ use futures::channel::oneshot::Canceled;
 use futures::stream::FuturesUnordered;
 use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
 use railhook_common::announcement::Announcement;
-use railhook_common::doorbell::Ringer;
+use railhook_common::doorbell::{Express, Ringer};
 use railhook_common::health::{Backoff, Dependencies};
 use railhook_common::kafka_producer::Producer;
 use railhook_common::trace_context::{self, TraceParent};
@@ -95,7 +95,8 @@ pub struct Faults {
     pub crash_before_produce: AtomicBool,
 }
 
-type Ack = (u64, usize, Result<OwnedDeliveryResult, Canceled>);
+/// A message's transaction, size, Delivery id and Kafka's answer.
+type Ack = (u64, usize, String, Result<OwnedDeliveryResult, Canceled>);
 type AckFuture = Pin<Box<dyn Future<Output = Ack> + Send>>;
 
 pub struct Relay {
@@ -316,8 +317,8 @@ impl Relay {
             // one would leave its published part unconfirmed, to be sent again.
             let read = s.window.has_room() && (!draining || s.current.is_some());
             tokio::select! {
-                Some((seq, bytes, delivered)) = acks.next() => {
-                    self.on_ack(stream, s, seq, bytes, delivered)?;
+                Some((seq, bytes, delivery_id, delivered)) = acks.next() => {
+                    self.on_ack(stream, s, (seq, bytes, delivery_id), delivered)?;
                 }
                 event = stream.recv(), if read => {
                     match event.map_err(stream_error)? {
@@ -456,7 +457,13 @@ impl Relay {
         };
         let _entered = span.enter();
         match producer.send(&self.config.topic, announcement.key(), &payload) {
-            Ok(delivery) => Ok((Box::pin(async move { (seq, bytes, delivery.await) }), bytes)),
+            Ok(delivery) => {
+                let id = announcement.delivery_id.to_string();
+                Ok((
+                    Box::pin(async move { (seq, bytes, id, delivery.await) }),
+                    bytes,
+                ))
+            }
             Err(e) => {
                 self.metrics.publish_errors.inc();
                 Err(RelayError::Publish(e))
@@ -468,15 +475,19 @@ impl Relay {
         &self,
         stream: &ReplicationClient,
         s: &mut Session,
-        seq: u64,
-        bytes: usize,
+        (seq, bytes, delivery_id): (u64, usize, String),
         delivered: Result<OwnedDeliveryResult, Canceled>,
     ) -> Result<(), RelayError> {
         match delivered {
-            Ok(Ok(_)) => {
+            Ok(Ok(at)) => {
                 self.metrics.published.inc();
-                // Dozing workers pause their partitions; the ring makes them fetch this.
-                s.ringer.ring();
+                // The worker holding the partition claims the Delivery from this, without
+                // waiting for its fetch; a dozing worker wakes on it (common/src/doorbell.rs).
+                s.ringer.express(Express {
+                    partition: at.partition,
+                    offset: at.offset,
+                    delivery_id,
+                });
                 s.window.acked(seq, bytes);
                 self.confirm_ready(stream, s)
             }

@@ -230,7 +230,7 @@ impl Claims {
 /// waiting in a queue.
 #[tracing::instrument(level = "debug", skip_all, fields(hints = ids.len()))]
 pub async fn claim_batch(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     ids: &[String],
     gap_timeout: std::time::Duration,
 ) -> Result<Claims, sqlx::Error> {
@@ -283,7 +283,7 @@ pub async fn claim_batch(
         highest,
         crate::ordering::PARKED_FALLBACK.as_secs_f64()
     )
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?;
     let mut claims = Claims::default();
     for r in rows {

@@ -42,6 +42,8 @@ pub struct WorkerConfig {
     /// How long a worker that read nothing and heard no doorbell stays awake before it
     /// pauses its partitions (`RAILHOOK_WORKER_DOZE_AFTER_MS`); `None`: never doze.
     pub doze_after: Option<Duration>,
+    /// Claim from the doorbell's express hints (`RAILHOOK_WORKER_EXPRESS_HINTS`).
+    pub express_hints: bool,
     pub allow_private_targets: String,
     pub message_timeout: Duration,
     pub redis: railhook_common::redis_client::RedisClient,
@@ -86,6 +88,7 @@ impl WorkerConfig {
                 .then(|| Duration::from_secs(s.worker_stall_rejoin_seconds)),
             doze_after: (s.worker_doze_after_ms > 0)
                 .then(|| Duration::from_millis(s.worker_doze_after_ms)),
+            express_hints: s.worker_express_hints,
             allow_private_targets: s.allow_private_targets.clone(),
             message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
             redis: s.redis_client()?,

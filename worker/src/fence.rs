@@ -206,14 +206,14 @@ pub struct StreakPolicy {
 /// long enough (an ordering gate, a rate hold) that the rest of its processing window might
 /// not cover the request. `false`: the sweep took the row back meanwhile (or another worker
 /// owns it now), and the request must not be sent.
-pub async fn restamp(pool: &PgPool, claimed: &Claimed) -> Result<bool, sqlx::Error> {
+pub async fn restamp(db: impl PgExecutor<'_>, claimed: &Claimed) -> Result<bool, sqlx::Error> {
     let done = sqlx::query!(
         "UPDATE deliveries SET last_attempt_at = now()
          WHERE id = $1 AND claim_token = $2 AND status = 'PROCESSING' AND hinted_at IS NULL",
         claimed.id,
         claimed.token
     )
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
 }

@@ -18,7 +18,9 @@
 //! Offsets: a hint's offset is stored only after its Claim's statement committed or matched
 //! nothing, and a lane takes hints from its front, so per partition the stored offset only
 //! ever passes hints that were claimed (a lane holds one topic, and a partition's hints
-//! arrive in order).
+//! arrive in order). The fresh lane also queues express hints from the doorbell: they are
+//! claimed like the rest but have no offset to store; their Kafka copies, when read, are
+//! `Answered` and only move the offset (express.rs).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -32,7 +34,9 @@ use rdkafka::message::BorrowedMessage;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
+use crate::express::{Admit, Book, State};
 use crate::metrics::WorkerMetrics;
+use railhook_common::doorbell::Express;
 use railhook_common::retry_hint::RetryHint;
 
 /// Most hints claimed in one statement.
@@ -52,6 +56,16 @@ pub(crate) enum Ask {
     Swap(String, Uuid),
     /// Undecodable: skipped (its offset is stored in turn).
     Bad,
+    /// Its Delivery was claimed from an express hint already (express.rs): only the
+    /// offset is stored, in turn.
+    Answered,
+}
+
+impl Ask {
+    /// Whether the hint needs a Claim (and a permit for it).
+    fn claims(&self) -> bool {
+        !matches!(self, Ask::Bad | Ask::Answered)
+    }
 }
 
 /// One hint waiting in a lane.
@@ -60,6 +74,8 @@ pub(crate) struct Waiting {
     pub partition: i32,
     pub offset: i64,
     pub ask: Ask,
+    /// From the doorbell, not from Kafka: it has no offset to store.
+    pub express: bool,
 }
 
 /// Which lanes are paused, shared with the consumer's context so a rebalance keeps a paused
@@ -100,8 +116,11 @@ impl Pauses {
 pub(crate) struct Taken {
     pub asks: Vec<Ask>,
     pub permits: Vec<OwnedSemaphorePermit>,
-    /// (partition, offset) of every hint taken, in order: stored once the Claim committed.
+    /// (partition, offset) of every Kafka hint taken, in order: stored once the Claim
+    /// committed.
     pub offsets: Vec<(i32, i64)>,
+    /// (partition, offset) of the express hints taken: answered once the Claim committed.
+    pub express: Vec<(i32, i64)>,
 }
 
 pub(crate) struct Lane {
@@ -111,6 +130,8 @@ pub(crate) struct Lane {
     /// All the lane's permits: holding them all means none of its Attempts is running.
     pub capacity: u32,
     waiting: VecDeque<Waiting>,
+    /// The express hints queued or answered, whose Kafka copies are still to come.
+    book: Book,
     /// Paused because too many hints wait (`throttle`).
     backlog: bool,
     /// Paused because the worker dozes (`doze`, worker.rs).
@@ -133,6 +154,7 @@ impl Lane {
             permits: Arc::new(Semaphore::new(permits)),
             capacity: u32::try_from(permits).unwrap_or(u32::MAX),
             waiting: VecDeque::new(),
+            book: Book::default(),
             backlog: false,
             dozing: false,
             paused: false,
@@ -146,15 +168,86 @@ impl Lane {
 
     /// Queues a hint read from this lane's topic.
     pub(crate) fn push(&mut self, m: &BorrowedMessage<'_>, metrics: &WorkerMetrics) {
-        let ask = decode(self.name, m.payload().unwrap_or_default());
+        self.push_read(
+            m.partition(),
+            m.offset(),
+            m.payload().unwrap_or_default(),
+            metrics,
+        );
+    }
+
+    /// Queues the hint read from Kafka at (`partition`, `offset`).
+    fn push_read(&mut self, partition: i32, offset: i64, payload: &[u8], metrics: &WorkerMetrics) {
+        let mut ask = decode(self.name, payload);
         if ask == Ask::Bad {
             metrics.bad_hints.inc();
         }
+        match self.book.kafka_copy(partition, offset) {
+            Some(State::Answered) => ask = Ask::Answered,
+            // Not claimed yet: this copy takes the express hint's place.
+            Some(State::Waiting) => {
+                self.waiting
+                    .retain(|w| !(w.express && w.partition == partition && w.offset == offset));
+                metrics
+                    .express_hints
+                    .with_label_values(&["superseded"])
+                    .inc();
+            }
+            None => {}
+        }
         self.waiting.push_back(Waiting {
-            partition: m.partition(),
-            offset: m.offset(),
+            partition,
+            offset,
             ask,
+            express: false,
         });
+    }
+
+    /// Queues the express hints of partitions this worker holds (`held`) that Kafka has not
+    /// delivered yet (express.rs). None while a backlog keeps the lane paused: those hints
+    /// would only wait behind it, and their Kafka copies come soon enough.
+    pub(crate) fn push_express(
+        &mut self,
+        hints: Vec<Express>,
+        held: &[i32],
+        metrics: &WorkerMetrics,
+    ) {
+        self.book.keep_only(held);
+        let count = |outcome: &str, n: usize| {
+            metrics
+                .express_hints
+                .with_label_values(&[outcome])
+                .inc_by(n as u64)
+        };
+        if self.backlog {
+            count("backlog", hints.len());
+            return;
+        }
+        for h in hints {
+            if !held.contains(&h.partition) {
+                count("not_held", 1);
+                continue;
+            }
+            match self.book.admit(h.partition, h.offset) {
+                Admit::Queued => {
+                    count("queued", 1);
+                    self.waiting.push_back(Waiting {
+                        partition: h.partition,
+                        offset: h.offset,
+                        ask: Ask::Claim(h.delivery_id),
+                        express: true,
+                    });
+                }
+                Admit::KafkaFirst => count("kafka_first", 1),
+                Admit::Full => count("full", 1),
+            }
+        }
+    }
+
+    /// The express hints of `taken` were claimed (or matched nothing): their Kafka copies
+    /// only move the offset.
+    pub(crate) fn answered(&mut self, express: &[(i32, i64)]) {
+        self.book.answered(express);
     }
 
     /// Takes hints from the front while there are permits for them, at most a claim batch.
@@ -163,24 +256,29 @@ impl Lane {
             asks: Vec::new(),
             permits: Vec::new(),
             offsets: Vec::new(),
+            express: Vec::new(),
         };
-        while taken.offsets.len() < CLAIM_BATCH {
+        while taken.offsets.len() + taken.express.len() < CLAIM_BATCH {
             let Some(front) = self.waiting.front() else {
                 break;
             };
-            if front.ask != Ask::Bad {
+            if front.ask.claims() {
                 let Ok(permit) = self.permits.clone().try_acquire_owned() else {
                     break;
                 };
                 taken.permits.push(permit);
             }
             let w = self.waiting.pop_front().expect("front exists");
-            taken.offsets.push((w.partition, w.offset));
-            if w.ask != Ask::Bad {
+            if w.express {
+                taken.express.push((w.partition, w.offset));
+            } else {
+                taken.offsets.push((w.partition, w.offset));
+            }
+            if w.ask.claims() {
                 taken.asks.push(w.ask);
             }
         }
-        (!taken.offsets.is_empty()).then_some(taken)
+        (!taken.offsets.is_empty() || !taken.express.is_empty()).then_some(taken)
     }
 
     /// Pauses the lane's topic while too many hints wait, resumes it when few do. Polling
@@ -296,6 +394,7 @@ mod tests {
             partition: 0,
             offset,
             ask,
+            express: false,
         }
     }
 
@@ -325,6 +424,67 @@ mod tests {
         assert_eq!(t.asks, vec![Ask::Claim("d".into())]);
         assert_eq!(t.offsets, vec![(0, 0), (0, 1), (0, 2)]);
         assert_eq!(t.permits.len(), 1);
+    }
+
+    fn announcement(id: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "v": 1, "delivery_id": id, "endpoint_id": "ep_1", "project_id": "prj_1",
+            "reason": "CREATED", "outbox_id": 1, "commit_lsn": "0/1"
+        }))
+        .expect("json")
+    }
+
+    fn express(partition: i32, offset: i64, id: &str) -> Express {
+        Express {
+            partition,
+            offset,
+            delivery_id: id.into(),
+        }
+    }
+
+    #[test]
+    fn an_express_hint_is_claimed_and_its_kafka_copy_only_moves_the_offset() {
+        let metrics = WorkerMetrics::new();
+        let mut l = lane(4);
+        l.push_express(vec![express(0, 7, "dlv_a")], &[0], &metrics);
+        let t = l.take().expect("the express hint");
+        assert_eq!(t.asks, vec![Ask::Claim("dlv_a".into())]);
+        assert!(t.offsets.is_empty(), "an express hint stores no offset");
+        assert_eq!(t.express, vec![(0, 7)]);
+        l.answered(&t.express);
+        drop(t);
+        // The Kafka copy: no Claim, no permit, just its offset.
+        l.push_read(0, 7, &announcement("dlv_a"), &metrics);
+        let t = l.take().expect("the copy");
+        assert!(t.asks.is_empty());
+        assert!(t.permits.is_empty());
+        assert_eq!(t.offsets, vec![(0, 7)]);
+        // Kafka has read past it: the same express hint again is dropped.
+        l.push_express(vec![express(0, 7, "dlv_a")], &[0], &metrics);
+        assert!(l.take().is_none());
+    }
+
+    #[test]
+    fn a_kafka_copy_read_before_its_express_claim_replaces_it() {
+        let metrics = WorkerMetrics::new();
+        let mut l = lane(0);
+        l.push_express(vec![express(0, 3, "dlv_b")], &[0], &metrics);
+        assert!(l.take().is_none(), "no permit: it waits");
+        l.push_read(0, 3, &announcement("dlv_b"), &metrics);
+        assert_eq!(l.waiting.len(), 1, "the copy took the express hint's place");
+        assert!(!l.waiting[0].express);
+        assert_eq!(l.waiting[0].ask, Ask::Claim("dlv_b".into()));
+    }
+
+    #[test]
+    fn express_hints_of_other_partitions_or_behind_a_backlog_are_left_to_kafka() {
+        let metrics = WorkerMetrics::new();
+        let mut l = lane(4);
+        l.push_express(vec![express(5, 1, "dlv_c")], &[0, 1], &metrics);
+        assert!(l.take().is_none(), "partition 5 is another worker's");
+        l.backlog = true;
+        l.push_express(vec![express(0, 1, "dlv_d")], &[0], &metrics);
+        assert!(l.waiting.is_empty(), "a lane with a backlog takes none");
     }
 
     #[test]

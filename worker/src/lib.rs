@@ -8,6 +8,7 @@ pub mod claim;
 mod config;
 mod consumer;
 mod doze;
+mod express;
 pub mod fence;
 pub mod group_watch;
 mod handoff;
@@ -22,6 +23,7 @@ pub mod ssrf;
 pub mod successes;
 pub mod sweeps;
 mod turn;
+mod warm;
 pub mod worker;
 
 pub use config::{WorkerConfig, WorkerError};

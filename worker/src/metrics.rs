@@ -31,6 +31,7 @@ pub const REBALANCES_TOTAL: &str = "railhook_worker_rebalances_total";
 pub const HINTS_WAITING: &str = "railhook_worker_hints_waiting";
 pub const DOZING: &str = "railhook_worker_dozing";
 pub const WAKES_TOTAL: &str = "railhook_worker_wakes_total";
+pub const EXPRESS_HINTS_TOTAL: &str = "railhook_worker_express_hints_total";
 pub const ATTEMPT_DURATION_SECONDS: &str = "railhook_worker_attempt_duration_seconds";
 pub const INTERNAL_ERRORS_TOTAL: &str = "railhook_worker_internal_errors_total";
 pub const OLDEST_DUE_RETRY_AGE_SECONDS: &str = "railhook_worker_oldest_due_retry_age_seconds";
@@ -70,6 +71,19 @@ pub const LANES: [&str; 2] = ["fresh", "retry"];
 /// rebalance assigned partitions, or the group watch found messages waiting on a partition
 /// of a dozing worker (a missed ring: non-zero means the doorbell is not reaching it).
 pub const WAKE_REASONS: [&str; 3] = ["ring", "rebalance", "missed_ring"];
+
+/// `outcome` label values of [`EXPRESS_HINTS_TOTAL`] (see `express.rs`): queued for a
+/// Claim; superseded by its Kafka copy before the Claim; dropped because Kafka delivered
+/// it first, because another worker holds its partition, because the lane had a backlog,
+/// or because the book was full.
+pub const EXPRESS_OUTCOMES: [&str; 6] = [
+    "queued",
+    "superseded",
+    "kafka_first",
+    "not_held",
+    "backlog",
+    "full",
+];
 
 /// `reason` label values of [`DEFERRALS_TOTAL`] (see `limits::Reason`).
 pub const DEFERRAL_REASONS: [&str; 5] = ["breaker", "throttled", "concurrency", "rate", "ordering"];
@@ -128,6 +142,8 @@ pub struct WorkerMetrics {
     pub dozing: IntGauge,
     /// Times a dozing worker woke, by `reason` (one of [`WAKE_REASONS`]).
     pub wakes: IntCounterVec,
+    /// Express hints heard from the doorbell, by `outcome` (one of [`EXPRESS_OUTCOMES`]).
+    pub express_hints: IntCounterVec,
     /// Each Attempt's request time by `result` (one of [`ATTEMPT_RESULTS`]).
     pub attempt_duration: HistogramVec,
     /// Final states reached by this worker's writes: `succeeded` or `failed`.
@@ -340,6 +356,17 @@ impl WorkerMetrics {
                 )
                 .expect("valid metric"),
             ),
+            express_hints: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        EXPRESS_HINTS_TOTAL,
+                        "Express hints heard from the doorbell, by outcome (queued: claimed without waiting for Kafka).",
+                    ),
+                    &["outcome"],
+                )
+                .expect("valid metric"),
+            ),
             attempt_duration: reg(
                 &r,
                 HistogramVec::new(
@@ -399,6 +426,9 @@ impl WorkerMetrics {
         }
         for state in ["scheduled", "due"] {
             m.retry_backlog.with_label_values(&[state]);
+        }
+        for outcome in EXPRESS_OUTCOMES {
+            m.express_hints.with_label_values(&[outcome]);
         }
         for reason in WAKE_REASONS {
             m.wakes.with_label_values(&[reason]);

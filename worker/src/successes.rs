@@ -206,7 +206,7 @@ async fn write_each(pool: &PgPool, streak: &StreakPolicy, jobs: Vec<Job>) {
 /// the Fence let through; the others' Attempts are written `fenced`. Public for the test
 /// that holds it to `fence::finalise` row for row.
 pub async fn write_successes<'a>(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     streak: &StreakPolicy,
     outcomes: impl IntoIterator<Item = &'a (Claimed, Report)>,
 ) -> sqlx::Result<Vec<String>> {
@@ -304,7 +304,7 @@ pub async fn write_successes<'a>(
         lowest,
         highest
     )
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?;
     Ok(rows)
 }

@@ -2,6 +2,7 @@
 //! behind the Fence. The retry scheduler and the sweeps run in their own tasks.
 //!
 //! ```text
+//!  doorbell ─express hint─┐ (the relay's NOTIFY after the ack; express.rs)
 //!  deliveries topic ─Announcement─▶ fresh lane ─(permit)─▶ claim_batch ──┐ store offsets
 //!  retries topic   ─RetryHint────▶ retry lane ─(permit)─▶ swap_batch ───┤ (after the
 //!                                                                       │  statement)
@@ -24,7 +25,8 @@
 //!
 //! Offsets: a message's offset is stored only after its Claim's transaction committed or
 //! matched nothing, so a crash before that redelivers the hint and a crash after it leaves a
-//! claimed row that the processing sweep hands back.
+//! claimed row that the processing sweep hands back. An express hint's Claim counts for its
+//! Kafka copy, which then stores its offset without a second Claim (express.rs).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -136,6 +138,11 @@ pub async fn run(
     if !wait_for_topics(&config, &deps, &mut shutdown).await {
         return Ok(());
     }
+    // The first Claims find their connections open and their statements planned (warm.rs).
+    tokio::spawn({
+        let (pool, streak, gap) = (pool.clone(), config.streak, config.ordering_gap_timeout);
+        async move { crate::warm::warm(&pool, &streak, gap).await }
+    });
     let successes = crate::successes::Successes::new(
         pool.clone(),
         config.outcome_writers,
@@ -203,13 +210,20 @@ pub async fn run(
         }
         None => None,
     };
-    // The doorbell's listener, on a connection of its own (common/src/doorbell.rs).
-    let bell = config.doze_after.map(|_| {
+    // The doorbell's listener, on a connection of its own (common/src/doorbell.rs): its
+    // rings wake a dozing worker, its express hints are claimed without waiting for Kafka.
+    let (bell, mut express) = if config.doze_after.is_some() || config.express_hints {
         let options = (*shared.pool.connect_options())
             .clone()
             .application_name("railhook-worker-doorbell");
-        railhook_common::doorbell::listen(options)
-    });
+        let (hearing, express) = railhook_common::doorbell::listen_with_express(options);
+        (
+            config.doze_after.map(|_| hearing),
+            config.express_hints.then_some(express),
+        )
+    } else {
+        (None, None)
+    };
     // A new membership gets a full stall window to settle before it may rejoin again.
     let settle = config.stall_rejoin_after.unwrap_or_default();
     let mut rejoined: Option<Instant> = None;
@@ -241,9 +255,11 @@ pub async fn run(
                     asks,
                     permits,
                     offsets,
+                    express,
                 }) = lane.take()
                 {
                     start(&shared, lane.name, &lane.permits, asks, permits).await;
+                    lane.answered(&express);
                     for (partition, offset) in offsets {
                         if let Err(e) = consumer.store_offset(&lane.topic, partition, offset) {
                             tracing::warn!(error = %e, "offset not stored");
@@ -278,6 +294,17 @@ pub async fn run(
                         }
                     }
                 },
+                Some(mut hints) = next_express(express.as_mut()) => {
+                    // Everything heard so far goes into one Claim statement.
+                    if let Some(rx) = express.as_mut() {
+                        while let Ok(more) = rx.try_recv() {
+                            hints.extend(more);
+                        }
+                    }
+                    doze.read();
+                    let held = held_partitions(&consumer, &config.deliveries_topic);
+                    fresh.push_express(hints, &held, &shared.metrics);
+                }
                 // A permit came free: the next pass claims for the lane that waits on it.
                 _ = fresh_free.acquire(), if fresh.has_waiting() => {}
                 _ = retry_free.acquire(), if retry.has_waiting() => {}
@@ -302,4 +329,31 @@ pub async fn run(
             }
         }
     }
+}
+
+/// The next batch of express hints, or never when they are off.
+async fn next_express(
+    express: Option<&mut mpsc::Receiver<Vec<railhook_common::doorbell::Express>>>,
+) -> Option<Vec<railhook_common::doorbell::Express>> {
+    match express {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The partitions of `topic` this member holds now.
+fn held_partitions<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
+    consumer: &C,
+    topic: &str,
+) -> Vec<i32> {
+    consumer
+        .assignment()
+        .map(|a| {
+            a.elements()
+                .iter()
+                .filter(|e| e.topic() == topic)
+                .map(|e| e.partition())
+                .collect()
+        })
+        .unwrap_or_default()
 }

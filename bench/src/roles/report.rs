@@ -9,7 +9,7 @@ use crate::stats::percentiles;
 use super::Role;
 
 /// Counters printed after the load.
-const COUNTERS: [&str; 8] = [
+const COUNTERS: [&str; 9] = [
     "railhook_worker_early_hints_total",
     "railhook_worker_bad_hints_total",
     "railhook_relay_published_total",
@@ -17,6 +17,7 @@ const COUNTERS: [&str; 8] = [
     "railhook_worker_attempts_total{outcome=\"succeeded\"}",
     "railhook_worker_claim_misses_total",
     "railhook_worker_wakes_total",
+    "railhook_worker_express_hints_total",
     "railhook_worker_rebalances_total",
 ];
 

@@ -1,0 +1,52 @@
+//! Warming the worker's connections at start (issue #35): each connection the pool opens
+//! ahead (common/src/db.rs, `open_ahead`) plans the statements every delivery runs — the
+//! Claim, the re-stamp and the success write — before the first hint arrives.
+//!
+//! Why: the worker's statements are planned once per connection, generically, over every
+//! partition (common/src/db.rs, `Planning::Generic`). The first `bind` of each on a new
+//! connection cost 10–60 ms on the loaded 2-core machine, and a cold worker paid it on each
+//! of its connections inside the first second of traffic: that second's p99 was about
+//! 200 ms, the next ones' 15. Each statement here runs on empty input, so it plans in full
+//! and matches nothing: no row is read or written.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::claim::{self, Claimed};
+use crate::fence::{self, StreakPolicy};
+use crate::successes;
+
+/// Opens the pool's connections ahead and plans the hot statements on each. Errors are
+/// left to the statements' real runs, which report them.
+pub(crate) async fn warm(pool: &PgPool, streak: &StreakPolicy, gap_timeout: Duration) {
+    let n = railhook_common::db::OPEN_AHEAD.min(pool.options().get_max_connections());
+    // Held together, so each acquire opens (or takes) a different connection.
+    let conns = futures::future::join_all((0..n).map(|_| pool.acquire())).await;
+    let nobody = Claimed {
+        id: String::new(),
+        token: Uuid::nil(),
+        attempt_count: 0,
+        event_id: String::new(),
+        endpoint_id: String::new(),
+        direction: String::new(),
+        sequence_number: None,
+        ladder_started_at: chrono::Utc::now(),
+        ordered: false,
+        deferral_count: 0,
+        gated: false,
+    };
+    let warmed = futures::future::join_all(conns.into_iter().flatten().map(|mut c| {
+        let nobody = &nobody;
+        async move {
+            claim::claim_batch(&mut *c, &[], gap_timeout).await?;
+            fence::restamp(&mut *c, nobody).await?;
+            successes::write_successes(&mut *c, streak, []).await?;
+            Ok::<_, sqlx::Error>(())
+        }
+    }))
+    .await;
+    let ok = warmed.iter().filter(|w| w.is_ok()).count();
+    tracing::debug!(warmed = ok, of = n, "worker connections opened and planned");
+}
