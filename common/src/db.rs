@@ -99,7 +99,12 @@ async fn start_session(
     )
     .fetch_one(&mut *conn)
     .await?;
-    warm_catalog(conn).await
+    // Best effort: before the migrations ran (the migrator uses this pool) the tables do not
+    // exist, and a role may lack the privilege to read one of them.
+    if let Err(e) = warm_catalog(conn).await {
+        tracing::debug!(error = %e, "catalog caches not warmed");
+    }
+    Ok(())
 }
 
 /// Loads the partitions of the hot tables into the new backend's catalog caches.
@@ -111,7 +116,8 @@ async fn start_session(
 /// once another statement had loaded the partitions). One generic plan over `deliveries`,
 /// `events` and `attempts` (three scans, no join to search) loads them all here, before the connection serves anything; a
 /// statement planned later finds them cached. Its execution prunes every partition at run
-/// time (no id matches) and reads nothing.
+/// time (no id matches) and reads nothing. On an error the transaction is dropped, which
+/// rolls it back before the connection's next statement.
 async fn warm_catalog(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     let mut tx = sqlx::Connection::begin(conn).await?;
     sqlx::query!(r#"SELECT set_config('plan_cache_mode', 'force_generic_plan', true) AS "mode!""#)
