@@ -276,10 +276,10 @@ async fn ingest_with(
         },
     )?;
     first_contact(&deps, &pool).await?;
-    // The first requests find their connections open (common/src/db.rs, `open_ahead`).
+    // The first requests find their connections open and the ingest statement planned.
     tokio::spawn({
         let pool = pool.clone();
-        async move { db::open_ahead(&pool).await }
+        async move { railhook_ingest::group_commit::warm(&pool).await }
     });
     // Partitions ahead and retention: every ingest (and relay) process runs the task, and a
     // session advisory lock lets one pass run at a time; a process whose role does not own

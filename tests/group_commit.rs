@@ -382,3 +382,37 @@ async fn a_queued_request_whose_caller_hung_up_is_not_written() {
     assert_eq!(left, 0, "the request nobody waits for was written");
     assert_eq!(app.counts().await, (1, 1, 1));
 }
+
+/// The start-up warm (issue #35) runs the ingest statement on each connection it opens with
+/// nothing to write: it plans and writes no row, and the API works as before after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_up_warm_plans_on_each_connection_and_writes_nothing() {
+    let app = spawn_app_tuned(&local_setting("REDIS_URL"), |f| f).await;
+    railhook_ingest::group_commit::warm(&app.pool).await;
+    let written: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM deliveries) \
+              + (SELECT count(*) FROM outbox)",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("count");
+    assert_eq!(written, 0);
+    let ahead = railhook_common::db::OPEN_AHEAD.min(app.pool.options().get_max_connections());
+    // A connection goes back to the pool by a task of its own after its holder drops it.
+    eventually(
+        "the warmed connections back in the pool",
+        Duration::from_secs(10),
+        || async { (app.pool.num_idle() >= ahead as usize).then_some(()) },
+    )
+    .await;
+    let (_, key) = app.project().await;
+    let r = app
+        .client
+        .post(format!("{}/v1/events", app.base))
+        .bearer_auth(&key)
+        .json(&json!({"type": "order.paid", "payload": {}}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), StatusCode::CREATED);
+}

@@ -144,7 +144,9 @@ impl std::fmt::Debug for Knock {
 }
 
 impl Ringer {
-    /// Starts the ringer's task; it connects on the first ring. Must run inside a runtime.
+    /// Starts the ringer's task, which connects at once (a first ring after a quiet start
+    /// would otherwise wait for the connection: issue #35's cold start). Must run inside a
+    /// runtime.
     ///
     /// The connection commits asynchronously: a NOTIFY is a transaction of its own, and
     /// waiting for its WAL flush (or for a synchronous standby) would add a disk write to
@@ -193,7 +195,8 @@ impl Due {
 }
 
 async fn ring_loop(mut rx: mpsc::Receiver<Knock>, options: PgConnectOptions) {
-    let mut conn: Option<PgConnection> = None;
+    // Connected ahead; a failure here is retried at the first ring.
+    let mut conn: Option<PgConnection> = PgConnection::connect_with(&options).await.ok();
     let mut last: Option<tokio::time::Instant> = None;
     while let Some(first) = rx.recv().await {
         let mut due = Due::default();

@@ -278,8 +278,7 @@ impl Relay {
             metrics: self.metrics.clone(),
         };
         let _prune = AbortOnDrop(tokio::spawn(pruner.run(confirmed)));
-        // The doorbell (common/src/doorbell.rs), on a connection of its own, opened at the
-        // first ring.
+        // The doorbell (common/src/doorbell.rs), on a connection of its own.
         let ringer = Ringer::spawn(
             self.config
                 .postgres

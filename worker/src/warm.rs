@@ -21,9 +21,8 @@ use crate::successes;
 /// Opens the pool's connections ahead and plans the hot statements on each. Errors are
 /// left to the statements' real runs, which report them.
 pub(crate) async fn warm(pool: &PgPool, streak: &StreakPolicy, gap_timeout: Duration) {
-    let n = railhook_common::db::OPEN_AHEAD.min(pool.options().get_max_connections());
-    // Held together, so each acquire opens (or takes) a different connection.
-    let conns = futures::future::join_all((0..n).map(|_| pool.acquire())).await;
+    let conns = railhook_common::db::open_ahead(pool).await;
+    let n = conns.len();
     let nobody = Claimed {
         id: String::new(),
         token: Uuid::nil(),
@@ -37,7 +36,7 @@ pub(crate) async fn warm(pool: &PgPool, streak: &StreakPolicy, gap_timeout: Dura
         deferral_count: 0,
         gated: false,
     };
-    let warmed = futures::future::join_all(conns.into_iter().flatten().map(|mut c| {
+    let warmed = futures::future::join_all(conns.into_iter().map(|mut c| {
         let nobody = &nobody;
         async move {
             claim::claim_batch(&mut *c, &[], gap_timeout).await?;
