@@ -97,41 +97,9 @@ async fn start_session(
                              coalesce($1, current_setting('plan_cache_mode')), false) AS "plans!""#,
         plan_cache_mode
     )
-    .fetch_one(&mut *conn)
-    .await?;
-    // Best effort: before the migrations ran (the migrator uses this pool) the tables do not
-    // exist, and a role may lack the privilege to read one of them.
-    if let Err(e) = warm_catalog(conn).await {
-        tracing::debug!(error = %e, "catalog caches not warmed");
-    }
-    Ok(())
-}
-
-/// Loads the partitions of the hot tables into the new backend's catalog caches.
-///
-/// Why (issue #35): a new Postgres backend plans its first statement on a partitioned table
-/// with empty caches, reading the catalog for every partition and index the plan spans.
-/// Measured from a cold start at 300 Events/s, the first `bind` of the worker's re-stamp
-/// and Claim took 25–58 ms on each new connection (on an idle machine: 4.8 ms, and 0.9 ms
-/// once another statement had loaded the partitions). One generic plan over `deliveries`,
-/// `events` and `attempts` (three scans, no join to search) loads them all here, before the connection serves anything; a
-/// statement planned later finds them cached. Its execution prunes every partition at run
-/// time (no id matches) and reads nothing. On an error the transaction is dropped, which
-/// rolls it back before the connection's next statement.
-async fn warm_catalog(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    let mut tx = sqlx::Connection::begin(conn).await?;
-    sqlx::query!(r#"SELECT set_config('plan_cache_mode', 'force_generic_plan', true) AS "mode!""#)
-        .fetch_one(&mut *tx)
-        .await?;
-    sqlx::query!(
-        r#"SELECT (SELECT count(*) FROM deliveries WHERE id = $1)
-                + (SELECT count(*) FROM events WHERE id = $1)
-                + (SELECT count(*) FROM attempts WHERE delivery_id = $1) AS "n!""#,
-        ""
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    tx.commit().await
+    .fetch_one(conn)
+    .await
+    .map(|_| ())
 }
 
 /// Connections the ingest's and the worker's pools open at start (see [`open_ahead`]): at
@@ -139,25 +107,36 @@ async fn warm_catalog(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> 
 /// with cold connections in that second) and 16 brought it to 106 ms (one run each).
 pub const OPEN_AHEAD: u32 = 16;
 
-/// Opens up to [`OPEN_AHEAD`] of the pool's connections at once and hands them over, so the
-/// caller can prepare each (the ingest's and the worker's `warm`). Connections that could
-/// not be opened are left out. The pool keeps them as it keeps any: an idle one is closed
-/// after sqlx's idle timeout (10 minutes), and traffic after a longer quiet opens and plans
-/// new ones as it goes (each still warms its catalog at connect, `warm_catalog`).
+/// Opens up to [`OPEN_AHEAD`] of the pool's connections at once and runs `warm` on each
+/// (the ingest's and the worker's hot statements, on input that writes nothing), so the
+/// first traffic finds its connections open and its statements planned. Errors are left to
+/// the statements' real runs, which report them. The pool keeps the connections as it keeps
+/// any: an idle one is closed after sqlx's idle timeout (10 minutes), and traffic after a
+/// longer quiet opens and plans new ones as it goes.
 ///
 /// Why (issue #35): the pool is lazy, so a role's first traffic used to open its
-/// connections itself — a TCP handshake, SCRAM authentication, the session settings and the
-/// first planning of each statement on partitioned tables — several times over while the
-/// first burst grew the pool. Measured from a cold start at 300 Events/s, the first second's
-/// Claims took 24–70 ms where later ones take 1–2.
-pub async fn open_ahead(pool: &PgPool) -> Vec<sqlx::pool::PoolConnection<sqlx::Postgres>> {
+/// connections itself — a TCP handshake, SCRAM authentication, the session settings — and
+/// plan each statement on each of them for the first time, several times over while the
+/// first burst grew the pool. A new backend plans its first statement on a partitioned
+/// table with empty catalog caches: the first `bind` of the worker's re-stamp and Claim
+/// took 25–58 ms on each new connection from a cold start at 300 Events/s (4.8 ms on an
+/// idle machine), where later ones take well under 1.
+pub async fn open_ahead<F, Fut>(pool: &PgPool, role: &str, warm: F)
+where
+    F: Fn(sqlx::pool::PoolConnection<sqlx::Postgres>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), sqlx::Error>>,
+{
     let n = OPEN_AHEAD.min(pool.options().get_max_connections());
     // Held together, so each acquire opens (or takes) a different connection.
-    futures::future::join_all((0..n).map(|_| pool.acquire()))
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
+    let conns = futures::future::join_all((0..n).map(|_| pool.acquire())).await;
+    let warmed = futures::future::join_all(conns.into_iter().flatten().map(warm)).await;
+    let ok = warmed.iter().filter(|w| w.is_ok()).count();
+    tracing::debug!(
+        role,
+        warmed = ok,
+        of = n,
+        "pool connections opened and planned"
+    );
 }
 
 /// A pooled connection idle for longer than this is pinged before it is handed out.

@@ -122,6 +122,7 @@ fn payloads(hints: &[Express]) -> Vec<String> {
     out
 }
 
+#[derive(Debug)]
 enum Knock {
     Ring,
     Express(Express),
@@ -132,15 +133,6 @@ enum Knock {
 #[derive(Clone, Debug)]
 pub struct Ringer {
     tx: mpsc::Sender<Knock>,
-}
-
-impl std::fmt::Debug for Knock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Knock::Ring => "ring",
-            Knock::Express(_) => "express",
-        })
-    }
 }
 
 impl Ringer {
@@ -172,24 +164,12 @@ impl Ringer {
     }
 }
 
-/// What one NOTIFY round sends: the express hints queued, or a plain ring.
-#[derive(Default)]
-struct Due {
-    rung: bool,
-    express: Vec<Express>,
-}
-
-impl Due {
-    fn take_queued(&mut self, rx: &mut mpsc::Receiver<Knock>) {
-        while let Ok(k) = rx.try_recv() {
-            self.add(k);
-        }
-    }
-
-    fn add(&mut self, knock: Knock) {
-        match knock {
-            Knock::Ring => self.rung = true,
-            Knock::Express(e) => self.express.push(e),
+/// Adds the express hints of everything queued to `express` (a plain ring adds nothing: the
+/// round's NOTIFY goes out either way).
+fn take_queued(rx: &mut mpsc::Receiver<Knock>, express: &mut Vec<Express>) {
+    while let Ok(k) = rx.try_recv() {
+        if let Knock::Express(e) = k {
+            express.push(e);
         }
     }
 }
@@ -199,19 +179,20 @@ async fn ring_loop(mut rx: mpsc::Receiver<Knock>, options: PgConnectOptions) {
     let mut conn: Option<PgConnection> = PgConnection::connect_with(&options).await.ok();
     let mut last: Option<tokio::time::Instant> = None;
     while let Some(first) = rx.recv().await {
-        let mut due = Due::default();
-        due.add(first);
-        due.take_queued(&mut rx);
+        let mut express = Vec::new();
+        if let Knock::Express(e) = first {
+            express.push(e);
+        }
+        take_queued(&mut rx, &mut express);
         // Plain rings wait out the gap, folding what comes meanwhile; express hints go now
         // (every express NOTIFY is a ring as well).
-        if due.express.is_empty()
+        if express.is_empty()
             && let Some(at) = last
         {
             tokio::time::sleep_until(at + GAP).await;
-            due.take_queued(&mut rx);
+            take_queued(&mut rx, &mut express);
         }
-        debug_assert!(due.rung || !due.express.is_empty());
-        let payloads = payloads(&due.express);
+        let payloads = payloads(&express);
         // A NOTIFY that failed is tried once more on a new connection: the old one may
         // have been closed by a Postgres restart since the last ring.
         for _ in 0..2 {

@@ -118,23 +118,16 @@ pub(crate) async fn insert_rows(
     Ok(found.into_iter().map(|r| (r.id, r.created_at)).collect())
 }
 
-/// Opens the pool's connections ahead (common/src/db.rs, `open_ahead`) and runs the ingest
-/// statement once on each with nothing to write (issue #35): the first call of
-/// `railhook_ingest()` in a backend compiles the function and plans each of its statements,
-/// which a cold ingest otherwise paid inside its first second of traffic (the first
-/// second's POST → 201 p99 at 600/s: 50–70 ms, against 15 later). Errors are left to the
-/// real calls.
+/// Opens the pool's connections ahead and runs the ingest statement once on each with
+/// nothing to write (common/src/db.rs, `open_ahead`): the first call of `railhook_ingest()`
+/// in a backend compiles the function and plans each of its statements, which a cold ingest
+/// otherwise paid inside its first second of traffic (issue #35: the first second's
+/// POST → 201 p99 at 600/s was 50–70 ms, against 15 later).
 pub async fn warm(pool: &PgPool) {
-    let conns = railhook_common::db::open_ahead(pool).await;
-    let n = conns.len();
-    let warmed = futures::future::join_all(
-        conns
-            .into_iter()
-            .map(|mut c| async move { insert_rows(&mut *c, "", &Rows::default()).await }),
-    )
+    railhook_common::db::open_ahead(pool, "ingest", |mut c| async move {
+        insert_rows(&mut *c, "", &Rows::default()).await.map(|_| ())
+    })
     .await;
-    let ok = warmed.iter().filter(|w| w.is_ok()).count();
-    tracing::debug!(warmed = ok, of = n, "ingest connections opened and planned");
 }
 
 /// Writes `rows` as [`insert_rows`] does, and tells a statement that committed from one

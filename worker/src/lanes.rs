@@ -327,12 +327,8 @@ impl Lane {
         // Set before the call, so a rebalance in between pauses what it assigns.
         flag.store(pause, Ordering::Relaxed);
         let mut mine = TopicPartitionList::new();
-        if let Ok(assigned) = consumer.assignment() {
-            for e in assigned.elements() {
-                if e.topic() == self.topic {
-                    mine.add_partition(e.topic(), e.partition());
-                }
-            }
+        for partition in held_partitions(consumer, &self.topic) {
+            mine.add_partition(&self.topic, partition);
         }
         let result = if pause {
             consumer.pause(&mine)
@@ -351,6 +347,23 @@ impl Lane {
             tracing::warn!(error = %e, lane = self.name, pause, "lane's partitions not paused or resumed");
         }
     }
+}
+
+/// The partitions of `topic` this member holds now.
+pub(crate) fn held_partitions<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
+    consumer: &C,
+    topic: &str,
+) -> Vec<i32> {
+    consumer
+        .assignment()
+        .map(|a| {
+            a.elements()
+                .iter()
+                .filter(|e| e.topic() == topic)
+                .map(|e| e.partition())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Reads a hint of either lane. A newer release's Announcement (a rolling deploy) still

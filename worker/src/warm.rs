@@ -18,11 +18,8 @@ use crate::claim::{self, Claimed};
 use crate::fence::{self, StreakPolicy};
 use crate::successes;
 
-/// Opens the pool's connections ahead and plans the hot statements on each. Errors are
-/// left to the statements' real runs, which report them.
+/// Opens the pool's connections ahead and plans the hot statements on each.
 pub(crate) async fn warm(pool: &PgPool, streak: &StreakPolicy, gap_timeout: Duration) {
-    let conns = railhook_common::db::open_ahead(pool).await;
-    let n = conns.len();
     let nobody = Claimed {
         id: String::new(),
         token: Uuid::nil(),
@@ -36,16 +33,14 @@ pub(crate) async fn warm(pool: &PgPool, streak: &StreakPolicy, gap_timeout: Dura
         deferral_count: 0,
         gated: false,
     };
-    let warmed = futures::future::join_all(conns.into_iter().map(|mut c| {
+    railhook_common::db::open_ahead(pool, "worker", |mut c| {
         let nobody = &nobody;
         async move {
             claim::claim_batch(&mut *c, &[], gap_timeout).await?;
             fence::restamp(&mut *c, nobody).await?;
             successes::write_successes(&mut *c, streak, []).await?;
-            Ok::<_, sqlx::Error>(())
+            Ok(())
         }
-    }))
+    })
     .await;
-    let ok = warmed.iter().filter(|w| w.is_ok()).count();
-    tracing::debug!(warmed = ok, of = n, "worker connections opened and planned");
 }

@@ -302,7 +302,7 @@ pub async fn run(
                         }
                     }
                     doze.read();
-                    let held = held_partitions(&consumer, &config.deliveries_topic);
+                    let held = crate::lanes::held_partitions(&consumer, &config.deliveries_topic);
                     fresh.push_express(hints, &held, &shared.metrics);
                 }
                 // A permit came free: the next pass claims for the lane that waits on it.
@@ -339,21 +339,4 @@ async fn next_express(
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }
-}
-
-/// The partitions of `topic` this member holds now.
-fn held_partitions<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
-    consumer: &C,
-    topic: &str,
-) -> Vec<i32> {
-    consumer
-        .assignment()
-        .map(|a| {
-            a.elements()
-                .iter()
-                .filter(|e| e.topic() == topic)
-                .map(|e| e.partition())
-                .collect()
-        })
-        .unwrap_or_default()
 }
