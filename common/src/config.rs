@@ -167,6 +167,9 @@ pub struct Settings {
     #[serde(deserialize_with = "seconds_list")]
     pub retry_incoming_delays: String,
     pub retry_incoming_max_attempts: u32,
+    /// The shortest wait after a timeout or a 429, whatever an endpoint's ladder says
+    /// (worker/src/retry_policy.rs).
+    pub retry_overload_floor_ms: u64,
     /// How often the retry scheduler looks for due Deliveries.
     pub retry_scheduler_ms: u64,
     /// How often the sweeps run.
@@ -352,8 +355,8 @@ impl Settings {
     /// The outgoing ladder as configured (hard cap 96 h).
     pub fn outgoing_ladder(&self) -> crate::retry::Ladder {
         let mut l = crate::retry::Ladder::outgoing();
-        if let Some(d) = crate::retry::Ladder::parse_delays(&self.retry_outgoing_delays) {
-            l.delays = d;
+        if let Ok(d) = crate::retry::RetryDelays::parse(&self.retry_outgoing_delays) {
+            l.delays = d.waits().to_vec();
         }
         l.max_attempts = self.retry_outgoing_max_attempts;
         l
@@ -362,8 +365,8 @@ impl Settings {
     /// The incoming ladder as configured (hard cap 24 h).
     pub fn incoming_ladder(&self) -> crate::retry::Ladder {
         let mut l = crate::retry::Ladder::incoming();
-        if let Some(d) = crate::retry::Ladder::parse_delays(&self.retry_incoming_delays) {
-            l.delays = d;
+        if let Ok(d) = crate::retry::RetryDelays::parse(&self.retry_incoming_delays) {
+            l.delays = d.waits().to_vec();
         }
         l.max_attempts = self.retry_incoming_max_attempts;
         l

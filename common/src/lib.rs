@@ -28,9 +28,11 @@ pub mod slot_status;
 pub mod status;
 pub mod telemetry;
 pub mod trace_context;
+pub mod vocabulary;
 
 pub use event_type::{EventType, EventTypePattern};
 pub use status::{AttemptOutcome, DeliveryStatus, OutboxReason};
+pub use vocabulary::Word;
 
 /// Installs the process's rustls crypto provider (ring), once; later calls do nothing.
 ///

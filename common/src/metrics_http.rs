@@ -10,6 +10,7 @@ use axum::response::IntoResponse;
 use axum::{Json, Router};
 
 use crate::health::Dependencies;
+use crate::vocabulary::Word;
 use axum::routing::get;
 use prometheus::{Encoder, Registry, TextEncoder};
 
@@ -45,26 +46,140 @@ pub fn render(registries: &[&Registry]) -> Vec<u8> {
     buf
 }
 
+/// A counter registered in `registry`.
+pub fn counter(registry: &Registry, name: &str, help: &str) -> prometheus::IntCounter {
+    register(
+        registry,
+        prometheus::IntCounter::new(name, help).expect("valid metric"),
+    )
+}
+
+/// A gauge registered in `registry`.
+pub fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::IntGauge {
+    register(
+        registry,
+        prometheus::IntGauge::new(name, help).expect("valid metric"),
+    )
+}
+
+/// A histogram registered in `registry`.
+pub fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+) -> prometheus::Histogram {
+    let opts = prometheus::HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    register(
+        registry,
+        prometheus::Histogram::with_opts(opts).expect("valid metric"),
+    )
+}
+
+/// A counter family with one `label`, its values the words of `L` (every one declared at
+/// start, so a series reads 0 rather than missing).
+pub fn counters<L: Word>(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+) -> prometheus::IntCounterVec {
+    counters_of(
+        registry,
+        name,
+        help,
+        label,
+        L::ALL.iter().map(|v| v.as_str()),
+    )
+}
+
+/// A counter family with one `label` whose values are given (a type's own label words
+/// where they are not its [`Word`]s, as `AttemptOutcome::label`).
+pub fn counters_of(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: impl IntoIterator<Item = &'static str>,
+) -> prometheus::IntCounterVec {
+    let opts = prometheus::Opts::new(name, help);
+    let family = register(
+        registry,
+        prometheus::IntCounterVec::new(opts, &[label]).expect("valid metric"),
+    );
+    for value in values {
+        family.with_label_values(&[value]);
+    }
+    family
+}
+
+/// A gauge family with one `label`, its values the words of `L` (see [`counters`]).
+pub fn gauges<L: Word>(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+) -> prometheus::IntGaugeVec {
+    let opts = prometheus::Opts::new(name, help);
+    let family = register(
+        registry,
+        prometheus::IntGaugeVec::new(opts, &[label]).expect("valid metric"),
+    );
+    for value in L::ALL {
+        family.with_label_values(&[value.as_str()]);
+    }
+    family
+}
+
+/// A histogram family with one `label`, its values the words of `L` (see [`counters`]).
+pub fn histograms<L: Word>(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+    buckets: &[f64],
+) -> prometheus::HistogramVec {
+    let opts = prometheus::HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    let family = register(
+        registry,
+        prometheus::HistogramVec::new(opts, &[label]).expect("valid metric"),
+    );
+    for value in L::ALL {
+        family.with_label_values(&[value.as_str()]);
+    }
+    family
+}
+
 pub const BUILD_INFO: &str = "railhook_build_info";
 pub const DELIVERIES_FINAL_TOTAL: &str = "railhook_deliveries_final_total";
-/// `outcome` label values of [`DELIVERIES_FINAL_TOTAL`].
-pub const FINAL_OUTCOMES: [&str; 3] = ["succeeded", "failed", "expunged"];
+
+crate::words! {
+    /// `outcome` label values of [`DELIVERIES_FINAL_TOTAL`].
+    FinalOutcome { Succeeded, Failed, Expunged }
+}
 
 /// Deliveries that reached a final state, by `outcome`: the worker counts `succeeded` and
 /// `failed`, the ingest counts those its payload expunge ended (`expunged`). Each role
 /// registers the same family in its own registry; [`render`] merges them in `railhook all`.
-pub fn deliveries_final(registry: &Registry) -> prometheus::IntCounterVec {
-    register(
+///
+/// `outcomes` are the ones this role counts, declared at start: the two registries of
+/// `railhook all` must not both declare a series, or the page would carry it twice.
+pub fn deliveries_final(
+    registry: &Registry,
+    outcomes: &[FinalOutcome],
+) -> prometheus::IntCounterVec {
+    let opts = prometheus::Opts::new(
+        DELIVERIES_FINAL_TOTAL,
+        "Deliveries that reached a final state, by outcome (succeeded, failed, expunged).",
+    );
+    let family = register(
         registry,
-        prometheus::IntCounterVec::new(
-            prometheus::Opts::new(
-                DELIVERIES_FINAL_TOTAL,
-                "Deliveries that reached a final state, by outcome (succeeded, failed, expunged).",
-            ),
-            &["outcome"],
-        )
-        .expect("valid metric"),
-    )
+        prometheus::IntCounterVec::new(opts, &["outcome"]).expect("valid metric"),
+    );
+    for outcome in outcomes {
+        family.with_label_values(&[outcome.as_str()]);
+    }
+    family
 }
 
 /// What every `/metrics` page carries whatever the role: `railhook_build_info` (1, labelled

@@ -139,6 +139,21 @@ pub enum AttemptOutcome {
 }
 
 impl AttemptOutcome {
+    pub const ALL: [AttemptOutcome; 3] = [
+        AttemptOutcome::Succeeded,
+        AttemptOutcome::Retry,
+        AttemptOutcome::Failed,
+    ];
+
+    /// The `outcome` label of `railhook_worker_attempts_total`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Retry => "retry",
+            AttemptOutcome::Failed => "failed",
+        }
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             AttemptOutcome::Succeeded => "SUCCEEDED",

@@ -4,6 +4,7 @@
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
+use railhook_common::metrics_http::FinalOutcome;
 
 pub const HTTP_REQUESTS_TOTAL: &str = "railhook_http_requests_total";
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "railhook_http_request_duration_seconds";
@@ -178,11 +179,10 @@ impl IngestMetrics {
                 "Provider webhooks refused with 401 before anything was stored, by provider and reason.",
                 &["provider", "reason"],
             ),
-            deliveries_final: {
-                let c = railhook_common::metrics_http::deliveries_final(&registry);
-                c.with_label_values(&["expunged"]);
-                c
-            },
+            deliveries_final: railhook_common::metrics_http::deliveries_final(
+                &registry,
+                &[FinalOutcome::Expunged],
+            ),
             registry,
         }
     }

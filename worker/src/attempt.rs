@@ -11,10 +11,9 @@
 //!    an HTTP client (see [`Runner::run`]'s signature); the outcome is written afterwards by
 //!    `fence::finalise`. A slow write inside the request's time budget could otherwise turn
 //!    a delivered webhook into a timeout and retry it.
-//! 4. **One function classifies outcomes** ([`classify`]): 2xx ⇒ delivered; 408, 429, 5xx,
-//!    timeout, connect/reset ⇒ retry; other 4xx and 3xx ⇒ failed (a person must change
-//!    something); 410 ⇒ failed and the endpoint disabled.
-//! 5. `Retry-After` on 429/503 is reported so the schedule can honour it within bounds.
+//! 4. **One function classifies outcomes**: `retry_policy::classify`, with every other retry
+//!    rule.
+//! 5. `Retry-After` on 429/503 is reported so the retry policy can honour it within bounds.
 //!
 //! (Invariants 3 and 6 are kept by `fence::finalise`: it writes only behind the Fence, and
 //! records an Attempt row for every request actually sent.)
@@ -25,9 +24,10 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use railhook_common::headers::{self, Extra};
 use railhook_common::signing::{SigningKey, signature_header};
-use reqwest::StatusCode;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use railhook_common::vocabulary::AttemptResult;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::retry_policy::classify;
 use crate::ssrf::{Allowlist, GuardedResolver, Refused};
 
 pub use railhook_common::headers::USER_AGENT_VALUE;
@@ -58,7 +58,7 @@ pub struct Attempt {
     pub tracestate: Option<String>,
 }
 
-/// How an Attempt ended, decided by [`classify`].
+/// How an Attempt ended, decided by `retry_policy::classify`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Delivered,
@@ -90,14 +90,19 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
-    pub fn as_str(self) -> &'static str {
+    /// The Attempt's result when nothing came back, and why.
+    pub fn result(self) -> AttemptResult {
         match self {
-            ErrorClass::Timeout => "timeout",
-            ErrorClass::Connect => "connect",
-            ErrorClass::Reset => "reset",
-            ErrorClass::TargetRefused => "target_refused",
-            ErrorClass::Request => "request",
+            ErrorClass::Timeout => AttemptResult::Timeout,
+            ErrorClass::Connect => AttemptResult::Connect,
+            ErrorClass::Reset => AttemptResult::Reset,
+            ErrorClass::TargetRefused => AttemptResult::TargetRefused,
+            ErrorClass::Request => AttemptResult::Request,
         }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        railhook_common::Word::as_str(self.result())
     }
 }
 
@@ -116,56 +121,17 @@ pub struct Report {
 
 impl Report {
     /// The `result` label of `railhook_worker_attempt_duration_seconds`: what the receiver
-    /// did, or why nothing came back (`metrics::ATTEMPT_RESULTS`).
-    pub fn result_label(&self) -> &'static str {
+    /// did, or why nothing came back.
+    pub fn result(&self) -> AttemptResult {
         match (self.status, self.error) {
-            (Some(s), _) if (200..300).contains(&s) => "success",
-            (Some(s), _) if (400..500).contains(&s) => "http_4xx",
-            (Some(s), _) if s >= 500 => "http_5xx",
-            (Some(_), _) => "http_other",
-            (None, Some(e)) => e.as_str(),
-            (None, None) => "request",
+            (Some(s), _) if (200..300).contains(&s) => AttemptResult::Success,
+            (Some(s), _) if (400..500).contains(&s) => AttemptResult::Http4xx,
+            (Some(s), _) if s >= 500 => AttemptResult::Http5xx,
+            (Some(_), _) => AttemptResult::HttpOther,
+            (None, Some(e)) => e.result(),
+            (None, None) => AttemptResult::Request,
         }
     }
-}
-
-/// Invariant 4: the one place an Attempt's result becomes an outcome.
-pub fn classify(
-    status: Option<StatusCode>,
-    error: Option<ErrorClass>,
-    headers: Option<&HeaderMap>,
-) -> Outcome {
-    match (status, error) {
-        (Some(s), _) if s.is_success() => Outcome::Delivered,
-        (Some(StatusCode::GONE), _) => Outcome::Failed { gone: true },
-        (Some(s), _)
-            if s == StatusCode::REQUEST_TIMEOUT
-                || s == StatusCode::TOO_MANY_REQUESTS
-                || s.is_server_error() =>
-        {
-            let honours =
-                s == StatusCode::TOO_MANY_REQUESTS || s == StatusCode::SERVICE_UNAVAILABLE;
-            let retry_after = if honours {
-                headers.and_then(retry_after)
-            } else {
-                None
-            };
-            Outcome::Retry { retry_after }
-        }
-        (Some(_), _) => Outcome::Failed { gone: false },
-        (None, Some(ErrorClass::TargetRefused)) => Outcome::Failed { gone: false },
-        (None, _) => Outcome::Retry { retry_after: None },
-    }
-}
-
-/// `Retry-After` as seconds or an HTTP date.
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let raw = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(secs) = raw.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = DateTime::parse_from_rfc2822(raw).ok()?;
-    (at.with_timezone(&Utc) - Utc::now()).to_std().ok()
 }
 
 fn error_class(e: &reqwest::Error) -> ErrorClass {
@@ -329,78 +295,4 @@ async fn read_excerpt(response: &mut reqwest::Response) -> Option<String> {
     let _ = tokio::time::timeout(EXCERPT_WAIT, read).await;
     buf.truncate(EXCERPT_BYTES);
     (!buf.is_empty()).then(|| String::from_utf8_lossy(&buf).into_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn outcome(code: u16) -> Outcome {
-        classify(Some(StatusCode::from_u16(code).expect("code")), None, None)
-    }
-
-    #[test]
-    fn one_function_classifies_every_status() {
-        for code in [200, 201, 202, 204, 299] {
-            assert_eq!(outcome(code), Outcome::Delivered, "{code}");
-        }
-        for code in [408, 429, 500, 502, 503, 504, 599] {
-            assert!(matches!(outcome(code), Outcome::Retry { .. }), "{code}");
-        }
-        for code in [301, 302, 307, 400, 401, 403, 404, 409, 422] {
-            assert_eq!(outcome(code), Outcome::Failed { gone: false }, "{code}");
-        }
-        assert_eq!(outcome(410), Outcome::Failed { gone: true });
-        for class in [
-            ErrorClass::Timeout,
-            ErrorClass::Connect,
-            ErrorClass::Reset,
-            ErrorClass::Request,
-        ] {
-            assert!(matches!(
-                classify(None, Some(class), None),
-                Outcome::Retry { .. }
-            ));
-        }
-        assert_eq!(
-            classify(None, Some(ErrorClass::TargetRefused), None),
-            Outcome::Failed { gone: false }
-        );
-    }
-
-    #[test]
-    fn retry_after_is_read_only_on_429_and_503() {
-        let mut h = HeaderMap::new();
-        h.insert(RETRY_AFTER, HeaderValue::from_static("120"));
-        let with = |code: u16| {
-            classify(
-                Some(StatusCode::from_u16(code).expect("code")),
-                None,
-                Some(&h),
-            )
-        };
-        assert_eq!(
-            with(429),
-            Outcome::Retry {
-                retry_after: Some(Duration::from_secs(120))
-            }
-        );
-        assert_eq!(
-            with(503),
-            Outcome::Retry {
-                retry_after: Some(Duration::from_secs(120))
-            }
-        );
-        assert_eq!(with(500), Outcome::Retry { retry_after: None });
-        let mut date = HeaderMap::new();
-        let later = (Utc::now() + chrono::Duration::seconds(90)).to_rfc2822();
-        date.insert(RETRY_AFTER, HeaderValue::from_str(&later).expect("header"));
-        let Outcome::Retry {
-            retry_after: Some(d),
-        } = classify(Some(StatusCode::TOO_MANY_REQUESTS), None, Some(&date))
-        else {
-            panic!("no retry-after");
-        };
-        assert!(d > Duration::from_secs(80) && d <= Duration::from_secs(90));
-    }
 }

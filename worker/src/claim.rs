@@ -9,6 +9,8 @@
 //! rows, [`claim_due`], is here too.
 
 use chrono::{DateTime, Utc};
+use railhook_common::Word;
+use railhook_common::vocabulary::Direction;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -20,7 +22,7 @@ pub struct Claimed {
     pub attempt_count: i32,
     pub event_id: String,
     pub endpoint_id: String,
-    pub direction: String,
+    pub direction: Direction,
     pub sequence_number: Option<i64>,
     pub ladder_started_at: DateTime<Utc>,
     /// Opted into the Ordering Buffer (and not skipped out of it).
@@ -108,7 +110,8 @@ impl ClaimRow {
             attempt_count: self.attempt_count,
             event_id: self.event_id,
             endpoint_id: self.endpoint_id,
-            direction: self.direction,
+            // The column's CHECK allows only the two words.
+            direction: Direction::parse(&self.direction).unwrap_or(Direction::Outgoing),
             sequence_number: self.sequence_number,
             ladder_started_at: self.ladder_started_at,
             ordered: self.ordered,

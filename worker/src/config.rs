@@ -50,6 +50,8 @@ pub struct WorkerConfig {
     pub breaker: BreakerPolicy,
     pub ordering_gap_timeout: Duration,
     pub deferral_max: Duration,
+    /// worker/src/retry_policy.rs: the shortest wait after a timeout or a 429.
+    pub overload_floor: Duration,
     pub streak: fence::StreakPolicy,
     /// Opens the endpoints' sealed signing secrets (common/src/sealing.rs).
     pub keyring: railhook_common::sealing::Keyring,
@@ -102,6 +104,7 @@ impl WorkerConfig {
             },
             ordering_gap_timeout: Duration::from_secs(s.ordering_gap_timeout_seconds),
             deferral_max: Duration::from_secs(s.deferral_max_seconds),
+            overload_floor: Duration::from_millis(s.retry_overload_floor_ms),
             streak: fence::StreakPolicy {
                 disable_after: Duration::from_secs(s.endpoint_disable_after_seconds),
                 min_failures: s.endpoint_disable_min_failures,

@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 use crate::config::{WorkerConfig, WorkerError};
 use crate::group_watch::{Probe, Stalls};
 use crate::lanes::Pauses;
-use crate::metrics::WorkerMetrics;
+use crate::metrics::{RebalanceKind, WorkerMetrics};
+use railhook_common::Word;
 
 /// Subscribes a new member of the workers' group.
 pub(crate) fn subscribe(
@@ -253,15 +254,15 @@ impl ConsumerContext for LagContext {
                 if assigned.count() > 0 {
                     self.pauses.assigned.notify_one();
                 }
-                "assign"
+                RebalanceKind::Assign
             }
-            Rebalance::Revoke(_) => "revoke",
+            Rebalance::Revoke(_) => RebalanceKind::Revoke,
             Rebalance::Error(e) => {
                 tracing::warn!(error = %e, "consumer group rebalance failed");
-                "error"
+                RebalanceKind::Error
             }
         };
-        tracing::info!(kind, "consumer group rebalance");
-        self.rebalances.with_label_values(&[kind]).inc();
+        tracing::info!(kind = kind.as_str(), "consumer group rebalance");
+        self.rebalances.with_label_values(&[kind.as_str()]).inc();
     }
 }

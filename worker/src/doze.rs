@@ -30,7 +30,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::lanes::Lane;
-use crate::metrics::WorkerMetrics;
+use crate::metrics::{WakeReason, WorkerMetrics};
+use railhook_common::Word;
 
 /// How often the group watch looks at the positions when dozing is on: the longest a
 /// missed ring delays a hint.
@@ -112,15 +113,15 @@ impl Doze {
     }
 
     /// Resumes both lanes (a lane with a backlog stays paused) and stays awake for
-    /// `doze_after`; `reason` is one of `metrics::WAKE_REASONS`.
+    /// `doze_after`; `reason` says why (`WakeReason`).
     pub(crate) fn wake<C: Consumer<X>, X: ConsumerContext>(
         &mut self,
         lanes: [&mut Lane; 2],
         consumer: &C,
-        reason: &'static str,
+        reason: WakeReason,
     ) {
         self.stir();
-        if reason == "missed_ring" {
+        if reason == WakeReason::MissedRing {
             self.until_read = true;
         }
         if !self.dozing {
@@ -132,11 +133,14 @@ impl Doze {
         poke_fetchers(consumer);
         self.dozing = false;
         self.metrics.dozing.set(0);
-        self.metrics.wakes.with_label_values(&[reason]).inc();
-        if reason == "missed_ring" {
+        self.metrics
+            .wakes
+            .with_label_values(&[reason.as_str()])
+            .inc();
+        if reason == WakeReason::MissedRing {
             tracing::warn!("a dozing worker found hints waiting that no doorbell announced; woke");
         } else {
-            tracing::debug!(reason, "worker woke");
+            tracing::debug!(reason = reason.as_str(), "worker woke");
         }
     }
 }

@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 use crate::attempt::Report;
 use crate::claim::Claimed;
-use crate::schedule::Decision;
+use crate::retry_policy::Decision;
 
 /// What [`finalise`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

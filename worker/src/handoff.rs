@@ -17,6 +17,8 @@ use crate::lanes::{Ask, Lane};
 use crate::turn::turns;
 use crate::worker::Shared;
 use crate::{claim, fence};
+use railhook_common::Word;
+use railhook_common::vocabulary::DeferralReason;
 
 /// Graceful drain: no new hand-offs; the running Attempts finish (and write their outcomes
 /// through the Fence) for up to `drain_timeout`, which the loop sees as every permit of
@@ -219,7 +221,7 @@ async fn settle_parked(
     shared
         .metrics
         .deferrals
-        .with_label_values(&[crate::limits::Reason::Ordering.as_str()])
+        .with_label_values(&[DeferralReason::Ordering.as_str()])
         .inc_by(got.parked.len() as u64);
     let taken = until_ok("parked look", || {
         claim::take_parked(&shared.pool, &got.parked)
@@ -238,7 +240,7 @@ async fn settle_parked(
 /// statement committed (or matched nothing): only then are the hints' offsets stored.
 pub(crate) async fn start(
     shared: &Shared,
-    lane: &str,
+    lane: railhook_common::vocabulary::Lane,
     lane_permits: &Arc<Semaphore>,
     asks: Vec<Ask>,
     permits: Vec<OwnedSemaphorePermit>,
@@ -249,7 +251,7 @@ pub(crate) async fn start(
     // Ordered hints the Claim parked, and hints handed to the visibility watcher: answered,
     // not missed.
     let mut parked = 0;
-    let won = if lane == "retry" {
+    let won = if lane == railhook_common::vocabulary::Lane::Retry {
         let hints: Vec<(String, Uuid)> = asks
             .iter()
             .filter_map(|a| match a {

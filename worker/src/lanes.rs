@@ -35,9 +35,11 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use crate::express::{Admit, Book, State};
-use crate::metrics::WorkerMetrics;
+use crate::metrics::{ExpressOutcome, WorkerMetrics};
+use railhook_common::Word;
 use railhook_common::doorbell::Express;
 use railhook_common::retry_hint::RetryHint;
+use railhook_common::vocabulary::Lane as LaneName;
 
 /// Most hints claimed in one statement.
 pub(crate) const CLAIM_BATCH: usize = 256;
@@ -124,7 +126,7 @@ pub(crate) struct Taken {
 }
 
 pub(crate) struct Lane {
-    pub name: &'static str,
+    pub name: LaneName,
     pub topic: String,
     pub permits: Arc<Semaphore>,
     /// All the lane's permits: holding them all means none of its Attempts is running.
@@ -142,12 +144,7 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
-    pub(crate) fn new(
-        name: &'static str,
-        topic: &str,
-        permits: usize,
-        pauses: Arc<Pauses>,
-    ) -> Self {
+    pub(crate) fn new(name: LaneName, topic: &str, permits: usize, pauses: Arc<Pauses>) -> Self {
         Self {
             name,
             topic: topic.to_owned(),
@@ -190,7 +187,7 @@ impl Lane {
                     .retain(|w| !(w.express && w.partition == partition && w.offset == offset));
                 metrics
                     .express_hints
-                    .with_label_values(&["superseded"])
+                    .with_label_values(&[ExpressOutcome::Superseded.as_str()])
                     .inc();
             }
             None => {}
@@ -213,24 +210,24 @@ impl Lane {
         metrics: &WorkerMetrics,
     ) {
         self.book.keep_only(held);
-        let count = |outcome: &str, n: usize| {
+        let count = |outcome: ExpressOutcome, n: usize| {
             metrics
                 .express_hints
-                .with_label_values(&[outcome])
+                .with_label_values(&[outcome.as_str()])
                 .inc_by(n as u64)
         };
         if self.backlog {
-            count("backlog", hints.len());
+            count(ExpressOutcome::Backlog, hints.len());
             return;
         }
         for h in hints {
             if !held.contains(&h.partition) {
-                count("not_held", 1);
+                count(ExpressOutcome::NotHeld, 1);
                 continue;
             }
             match self.book.admit(h.partition, h.offset) {
                 Admit::Queued => {
-                    count("queued", 1);
+                    count(ExpressOutcome::Queued, 1);
                     self.waiting.push_back(Waiting {
                         partition: h.partition,
                         offset: h.offset,
@@ -238,8 +235,8 @@ impl Lane {
                         express: true,
                     });
                 }
-                Admit::KafkaFirst => count("kafka_first", 1),
-                Admit::Full => count("full", 1),
+                Admit::KafkaFirst => count(ExpressOutcome::KafkaFirst, 1),
+                Admit::Full => count(ExpressOutcome::Full, 1),
             }
         }
     }
@@ -290,7 +287,7 @@ impl Lane {
     ) {
         metrics
             .hints_waiting
-            .with_label_values(&[self.name])
+            .with_label_values(&[self.name.as_str()])
             .set(self.waiting.len() as i64);
         if !self.backlog && self.waiting.len() >= PAUSE_AT {
             self.backlog = true;
@@ -319,7 +316,7 @@ impl Lane {
             return;
         }
         self.paused = pause;
-        let flag = if self.name == "fresh" {
+        let flag = if self.name == LaneName::Fresh {
             &self.pauses.fresh
         } else {
             &self.pauses.retry
@@ -336,7 +333,7 @@ impl Lane {
             consumer.resume(&mine)
         };
         tracing::debug!(
-            lane = self.name,
+            lane = self.name.as_str(),
             pause,
             backlog = self.backlog,
             dozing = self.dozing,
@@ -344,7 +341,7 @@ impl Lane {
             "lane paused or resumed"
         );
         if let Err(e) = result {
-            tracing::warn!(error = %e, lane = self.name, pause, "lane's partitions not paused or resumed");
+            tracing::warn!(error = %e, lane = self.name.as_str(), pause, "lane's partitions not paused or resumed");
         }
     }
 }
@@ -369,8 +366,8 @@ pub(crate) fn held_partitions<C: Consumer<X>, X: rdkafka::consumer::ConsumerCont
 /// Reads a hint of either lane. A newer release's Announcement (a rolling deploy) still
 /// names its Delivery, and the Claim reads the rest from the row, so it is claimed like any
 /// other rather than dropped (common/src/announcement.rs).
-fn decode(lane: &str, payload: &[u8]) -> Ask {
-    if lane == "retry" {
+fn decode(lane: LaneName, payload: &[u8]) -> Ask {
+    if lane == LaneName::Retry {
         return match RetryHint::decode(payload) {
             Some(h) => Ask::Swap(h.delivery_id.into_string(), h.token),
             None => Ask::Bad,
@@ -399,7 +396,12 @@ mod tests {
     use railhook_common::ids::{DeliveryId, EndpointId};
 
     fn lane(permits: usize) -> Lane {
-        Lane::new("fresh", "t", permits, Arc::new(Pauses::new("t", "r")))
+        Lane::new(
+            LaneName::Fresh,
+            "t",
+            permits,
+            Arc::new(Pauses::new("t", "r")),
+        )
     }
 
     fn waiting(offset: i64, ask: Ask) -> Waiting {
@@ -509,10 +511,10 @@ mod tests {
             token,
         };
         assert_eq!(
-            decode("retry", &hint.encode()),
+            decode(LaneName::Retry, &hint.encode()),
             Ask::Swap("dlv_1".into(), token)
         );
-        assert_eq!(decode("retry", b"{}"), Ask::Bad);
-        assert_eq!(decode("fresh", b"nonsense"), Ask::Bad);
+        assert_eq!(decode(LaneName::Retry, b"{}"), Ask::Bad);
+        assert_eq!(decode(LaneName::Fresh, b"nonsense"), Ask::Bad);
     }
 }

@@ -1,7 +1,7 @@
 //! The worker: consumes Kafka hints, takes a Claim on the Delivery row, runs the Attempt and
 //! records its outcome behind the Fence; the retry scheduler and the sweeps live here too.
 //! See [`worker`] for the loop, [`attempt`] for the Attempt Runner's invariants, [`claim`] and [`fence`]
-//! for the SQL that decides, [`schedule`] for the retry decision.
+//! for the SQL that decides, [`retry_policy`] for every retry decision.
 
 pub mod attempt;
 pub mod claim;
@@ -17,7 +17,7 @@ pub mod limits;
 pub mod metrics;
 pub mod ordering;
 mod resolution;
-pub mod schedule;
+pub mod retry_policy;
 mod scheduler;
 pub mod ssrf;
 pub mod successes;

@@ -171,54 +171,12 @@ pub struct EndpointLimits {
     pub timeout: Duration,
 }
 
-/// Why a Delivery was deferred; also the `reason` label of `railhook_worker_deferrals_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    Breaker,
-    Throttled,
-    Concurrency,
-    Rate,
-    Ordering,
-}
-
-impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Breaker => "breaker",
-            Reason::Throttled => "throttled",
-            Reason::Concurrency => "concurrency",
-            Reason::Rate => "rate",
-            Reason::Ordering => "ordering",
-        }
-    }
-}
-
+use railhook_common::Word;
 /// A breaker state change, mirrored to `endpoints.breaker_state` for the API and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerState {
-    Closed,
-    Open,
-    HalfOpen,
-}
-
-impl BreakerState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half_open",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        match s {
-            "closed" => Some(BreakerState::Closed),
-            "open" => Some(BreakerState::Open),
-            "half_open" => Some(BreakerState::HalfOpen),
-            _ => None,
-        }
-    }
-}
+pub use railhook_common::vocabulary::BreakerState;
+/// Why a Delivery was deferred (common/src/vocabulary.rs, also the `reason` label of
+/// `railhook_worker_deferrals_total`).
+pub use railhook_common::vocabulary::DeferralReason as Reason;
 
 /// What [`Limits::admit`] decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -373,10 +331,7 @@ impl Limits {
                     changed: BreakerState::parse(&changed),
                 };
             }
-            "breaker" => Reason::Breaker,
-            "throttled" => Reason::Throttled,
-            "concurrency" => Reason::Concurrency,
-            _ => Reason::Rate,
+            other => Reason::parse(other).unwrap_or(Reason::Rate),
         };
         Admission::Defer { reason, wait }
     }

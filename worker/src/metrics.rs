@@ -1,8 +1,7 @@
 //! Worker metrics: names, help texts and label sets in one place. No ids as labels.
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 pub const ATTEMPTS_TOTAL: &str = "railhook_worker_attempts_total";
@@ -37,61 +36,42 @@ pub const INTERNAL_ERRORS_TOTAL: &str = "railhook_worker_internal_errors_total";
 pub const OLDEST_DUE_RETRY_AGE_SECONDS: &str = "railhook_worker_oldest_due_retry_age_seconds";
 pub const OLDEST_UNCLAIMED_AGE_SECONDS: &str = "railhook_worker_oldest_unclaimed_age_seconds";
 
-/// `result` label values of [`ATTEMPT_DURATION_SECONDS`]: what the receiver did
-/// (`success`, `http_4xx`, `http_5xx`, `http_other` for 1xx/3xx, `timeout`, `connect`,
-/// `reset`, `request`), or `target_refused` when the SSRF guard kept the request from being
-/// sent (the endpoint's configuration, not Railhook's fault). Railhook's own failures are in
-/// [`INTERNAL_ERRORS_TOTAL`] instead, so a receiver's bad day and ours never share a series.
-pub const ATTEMPT_RESULTS: [&str; 9] = [
-    "success",
-    "http_4xx",
-    "http_5xx",
-    "http_other",
-    "timeout",
-    "connect",
-    "reset",
-    "request",
-    "target_refused",
-];
-/// `kind` label values of [`INTERNAL_ERRORS_TOTAL`]: an Attempt's outcome that could not
-/// be written (Postgres away past the retries; the sweep hands the Delivery back), and a
-/// Delivery deferred because no configured key opens its endpoint's secret.
-pub const INTERNAL_ERROR_KINDS: [&str; 2] = ["outcome_not_written", "secret_unavailable"];
 /// Buckets for request latencies, fine around a 100 ms objective.
 pub const LATENCY_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// `kind` label values of [`REBALANCES_TOTAL`].
-pub const REBALANCE_KINDS: [&str; 3] = ["assign", "revoke", "error"];
-/// `lane` label values of [`HINTS_WAITING`] (see `lanes.rs`).
-pub const LANES: [&str; 2] = ["fresh", "retry"];
+railhook_common::words! {
+    /// `kind` label values of [`REBALANCES_TOTAL`].
+    RebalanceKind { Assign, Revoke, Error }
+}
 
-/// `reason` label values of [`WAKES_TOTAL`] (see `doze.rs`): the doorbell rang, or a
-/// rebalance assigned partitions, or the group watch found messages waiting on a partition
-/// of a dozing worker (a missed ring: non-zero means the doorbell is not reaching it).
-pub const WAKE_REASONS: [&str; 3] = ["ring", "rebalance", "missed_ring"];
+railhook_common::words! {
+    /// `reason` label values of [`WAKES_TOTAL`] (see `doze.rs`): the doorbell rang, or a
+    /// rebalance assigned partitions, or the group watch found messages waiting on a
+    /// partition of a dozing worker (a missed ring: non-zero means the doorbell is not
+    /// reaching it).
+    WakeReason { Ring, Rebalance, MissedRing }
+}
 
-/// `outcome` label values of [`EXPRESS_HINTS_TOTAL`] (see `express.rs`): queued for a
-/// Claim; superseded by its Kafka copy before the Claim; dropped because Kafka delivered
-/// it first, because another worker holds its partition, because the lane had a backlog,
-/// or because the book was full.
-pub const EXPRESS_OUTCOMES: [&str; 6] = [
-    "queued",
-    "superseded",
-    "kafka_first",
-    "not_held",
-    "backlog",
-    "full",
-];
+railhook_common::words! {
+    /// `outcome` label values of [`EXPRESS_HINTS_TOTAL`] (see `express.rs`): queued for a
+    /// Claim; superseded by its Kafka copy before the Claim; dropped because Kafka delivered
+    /// it first, because another worker holds its partition, because the lane had a
+    /// backlog, or because the book was full.
+    ExpressOutcome { Queued, Superseded, KafkaFirst, NotHeld, Backlog, Full }
+}
 
-/// `reason` label values of [`DEFERRALS_TOTAL`] (see `limits::Reason`).
-pub const DEFERRAL_REASONS: [&str; 5] = ["breaker", "throttled", "concurrency", "rate", "ordering"];
-/// `state` label values of [`BREAKER_TRANSITIONS_TOTAL`] and [`ENDPOINT_BREAKERS`].
-pub const BREAKER_STATES: [&str; 3] = ["closed", "open", "half_open"];
+railhook_common::words! {
+    /// `sweep` label values of [`SWEPT_TOTAL`] (see `sweeps.rs`).
+    Sweep { Processing, Stranded, MissedHint }
+}
 
-/// `outcome` label values of [`ATTEMPTS_TOTAL`].
-pub const OUTCOMES: [&str; 3] = ["succeeded", "retry", "failed"];
+railhook_common::words! {
+    /// `state` label values of [`RETRY_BACKLOG`]: PENDING with a retry time, and those
+    /// whose time has passed.
+    BacklogState { Scheduled, Due }
+}
 
 #[derive(Clone)]
 pub struct WorkerMetrics {
@@ -112,7 +92,7 @@ pub struct WorkerMetrics {
     pub failed_messages: IntCounter,
     pub delivery_latency: Histogram,
     pub bad_hints: IntCounter,
-    /// `reason`: one of [`DEFERRAL_REASONS`].
+    /// `reason`: one of [`DeferralReason`].
     pub deferrals: IntCounterVec,
     pub ordering_gap_timeouts: IntCounter,
     pub ordering_released: IntCounter,
@@ -140,15 +120,15 @@ pub struct WorkerMetrics {
     pub hints_waiting: IntGaugeVec,
     /// 1 while the worker dozes: its partitions are paused until the doorbell rings.
     pub dozing: IntGauge,
-    /// Times a dozing worker woke, by `reason` (one of [`WAKE_REASONS`]).
+    /// Times a dozing worker woke, by `reason` (one of [`WakeReason`]).
     pub wakes: IntCounterVec,
-    /// Express hints heard from the doorbell, by `outcome` (one of [`EXPRESS_OUTCOMES`]).
+    /// Express hints heard from the doorbell, by `outcome` (one of [`ExpressOutcome`]).
     pub express_hints: IntCounterVec,
-    /// Each Attempt's request time by `result` (one of [`ATTEMPT_RESULTS`]).
+    /// Each Attempt's request time by `result` (one of [`AttemptResult`]).
     pub attempt_duration: HistogramVec,
     /// Final states reached by this worker's writes: `succeeded` or `failed`.
     pub deliveries_final: IntCounterVec,
-    /// `kind`: one of [`INTERNAL_ERROR_KINDS`].
+    /// `kind`: one of [`InternalError`].
     pub internal_errors: IntCounterVec,
     /// Seconds since the oldest due retry became due (0 when none is due); from the sweeps.
     pub oldest_due_retry_age: IntGauge,
@@ -156,151 +136,128 @@ pub struct WorkerMetrics {
     pub oldest_unclaimed_age: IntGauge,
 }
 
-use railhook_common::metrics_http::register as reg;
+use railhook_common::AttemptOutcome;
+use railhook_common::metrics_http::{
+    FinalOutcome, counter, counters, gauge, gauges, histogram, histograms,
+};
+use railhook_common::vocabulary::{
+    AttemptResult, BreakerState, DeferralReason, InternalError, Lane,
+};
 
 impl WorkerMetrics {
     pub fn new() -> Self {
         let r = Registry::new();
-        let counter =
-            |name: &str, help: &str| reg(&r, IntCounter::new(name, help).expect("valid metric"));
-        let m = Self {
-            attempts: reg(
+        let delivery_buckets: Vec<f64> = LATENCY_BUCKETS
+            .iter()
+            .copied()
+            .chain([60.0, 300.0, 3600.0])
+            .collect();
+        Self {
+            attempts: railhook_common::metrics_http::counters_of(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(ATTEMPTS_TOTAL, "HTTP Attempts sent, by outcome."),
-                    &["outcome"],
-                )
-                .expect("valid metric"),
+                ATTEMPTS_TOTAL,
+                "HTTP Attempts sent, by outcome.",
+                "outcome",
+                AttemptOutcome::ALL.map(AttemptOutcome::label),
             ),
             early_hints: counter(
+                &r,
                 EARLY_HINTS_TOTAL,
                 "Second looks at hints that arrived before their Delivery's row was visible (the commit was in the WAL, not yet in snapshots).",
             ),
             claim_misses: counter(
+                &r,
                 CLAIM_MISSES_TOTAL,
                 "Hints whose Claim matched nothing (a duplicate, or a Delivery not due).",
             ),
             fence_rejections: counter(
+                &r,
                 FENCE_REJECTIONS_TOTAL,
                 "Outcomes refused by the Fence: the worker had lost its Claim.",
             ),
-            success_group: reg(
+            success_group: histogram(
                 &r,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        SUCCESS_GROUP,
-                        "Successful outcomes written by one statement: 1 while an outcome writer is free, more when they waited for one.",
-                    )
-                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
-                )
-                .expect("valid metric"),
+                SUCCESS_GROUP,
+                "Successful outcomes written by one statement: 1 while an outcome writer is free, more when they waited for one.",
+                &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0],
             ),
             success_group_retried: counter(
+                &r,
                 SUCCESS_GROUP_RETRIED_TOTAL,
                 "Group statements of successful outcomes that failed and were written one outcome at a time.",
             ),
             endpoints_disabled: counter(
+                &r,
                 ENDPOINTS_DISABLED_TOTAL,
                 "Endpoints disabled by an Attempt's outcome: a 410 Gone, or a failure streak past the policy.",
             ),
             retries_published: counter(
+                &r,
                 RETRIES_SCHEDULED_TOTAL,
                 "Due Deliveries the retry scheduler published to the retry topic.",
             ),
-            swept: reg(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(SWEPT_TOTAL, "Deliveries moved by a sweep."),
-                    &["sweep"],
-                )
-                .expect("valid metric"),
-            ),
+            swept: counters::<Sweep>(&r, SWEPT_TOTAL, "Deliveries moved by a sweep.", "sweep"),
             failed_messages: counter(
+                &r,
                 FAILED_MESSAGES_TOTAL,
                 "Deliveries that ended FAILED (Failed Messages).",
             ),
-            delivery_latency: reg(
+            delivery_latency: histogram(
                 &r,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        DELIVERY_LATENCY_SECONDS,
-                        "Event commit to the 2xx of its Delivery.",
-                    )
-                    .buckets(
-                        LATENCY_BUCKETS
-                            .iter()
-                            .copied()
-                            .chain([60.0, 300.0, 3600.0])
-                            .collect(),
-                    ),
-                )
-                .expect("valid metric"),
+                DELIVERY_LATENCY_SECONDS,
+                "Event commit to the 2xx of its Delivery.",
+                &delivery_buckets,
             ),
             bad_hints: counter(
+                &r,
                 BAD_HINTS_TOTAL,
                 "Kafka messages that could not be decoded (skipped).",
             ),
-            deferrals: reg(
+            deferrals: counters::<DeferralReason>(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        DEFERRALS_TOTAL,
-                        "Claimed Deliveries put back without an Attempt, by reason.",
-                    ),
-                    &["reason"],
-                )
-                .expect("valid metric"),
+                DEFERRALS_TOTAL,
+                "Claimed Deliveries put back without an Attempt, by reason.",
+                "reason",
             ),
             ordering_gap_timeouts: counter(
+                &r,
                 ORDERING_GAP_TIMEOUT_TOTAL,
                 "Ordered Deliveries that went without a stuck predecessor after the gap timeout.",
             ),
             ordering_released: counter(
+                &r,
                 ORDERING_RELEASED_TOTAL,
                 "Parked ordered Deliveries released through the Outbox when a predecessor resolved.",
             ),
             ordering_handoffs: counter(
+                &r,
                 ORDERING_HANDOFFS_TOTAL,
                 "Released ordered Deliveries the releasing worker claimed and delivered itself (no trip through the relay).",
             ),
-            breaker_transitions: reg(
+            breaker_transitions: counters::<BreakerState>(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        BREAKER_TRANSITIONS_TOTAL,
-                        "Circuit-breaker state changes, by the state entered.",
-                    ),
-                    &["state"],
-                )
-                .expect("valid metric"),
+                BREAKER_TRANSITIONS_TOTAL,
+                "Circuit-breaker state changes, by the state entered.",
+                "state",
             ),
-            endpoint_breakers: reg(
+            endpoint_breakers: gauges::<BreakerState>(
                 &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        ENDPOINT_BREAKERS,
-                        "Live endpoints by circuit-breaker state.",
-                    ),
-                    &["state"],
-                )
-                .expect("valid metric"),
+                ENDPOINT_BREAKERS,
+                "Live endpoints by circuit-breaker state.",
+                "state",
             ),
             limits_unavailable: counter(
+                &r,
                 LIMITS_UNAVAILABLE_TOTAL,
                 "Deliveries sent without the breaker and limit checks because Redis did not answer.",
             ),
-            retry_backlog: reg(
+            retry_backlog: gauges::<BacklogState>(
                 &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        RETRY_BACKLOG,
-                        "PENDING Deliveries with a retry scheduled, and those already due (refreshed by the sweeps).",
-                    ),
-                    &["state"],
-                )
-                .expect("valid metric"),
+                RETRY_BACKLOG,
+                "PENDING Deliveries with a retry scheduled, and those already due (refreshed by the sweeps).",
+                "state",
             ),
-            consumer_lag: reg(
+            consumer_lag: railhook_common::metrics_http::register(
                 &r,
                 IntGaugeVec::new(
                     Opts::new(
@@ -312,141 +269,68 @@ impl WorkerMetrics {
                 .expect("valid metric"),
             ),
             group_rejoins: counter(
+                &r,
                 GROUP_REJOINS_TOTAL,
                 "Consumer-group rejoins forced by partitions left unread (a broker that kept a dead member's partitions assigned).",
             ),
-            rebalances: reg(
+            rebalances: counters::<RebalanceKind>(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        REBALANCES_TOTAL,
-                        "Consumer-group rebalances this worker went through, by kind.",
-                    ),
-                    &["kind"],
-                )
-                .expect("valid metric"),
+                REBALANCES_TOTAL,
+                "Consumer-group rebalances this worker went through, by kind.",
+                "kind",
             ),
-            hints_waiting: reg(
+            hints_waiting: gauges::<Lane>(
                 &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        HINTS_WAITING,
-                        "Hints read and not yet claimed, waiting for an in-flight permit, by lane.",
-                    ),
-                    &["lane"],
-                )
-                .expect("valid metric"),
+                HINTS_WAITING,
+                "Hints read and not yet claimed, waiting for an in-flight permit, by lane.",
+                "lane",
             ),
-            dozing: reg(
+            dozing: gauge(
                 &r,
-                IntGauge::new(
-                    DOZING,
-                    "1 while this worker dozes (idle, its partitions paused until the doorbell rings).",
-                )
-                .expect("valid metric"),
+                DOZING,
+                "1 while this worker dozes (idle, its partitions paused until the doorbell rings).",
             ),
-            wakes: reg(
+            wakes: counters::<WakeReason>(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        WAKES_TOTAL,
-                        "Times this dozing worker woke, by reason (missed_ring: the doorbell did not reach it).",
-                    ),
-                    &["reason"],
-                )
-                .expect("valid metric"),
+                WAKES_TOTAL,
+                "Times this dozing worker woke, by reason (missed_ring: the doorbell did not reach it).",
+                "reason",
             ),
-            express_hints: reg(
+            express_hints: counters::<ExpressOutcome>(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        EXPRESS_HINTS_TOTAL,
-                        "Express hints heard from the doorbell, by outcome (queued: claimed without waiting for Kafka).",
-                    ),
-                    &["outcome"],
-                )
-                .expect("valid metric"),
+                EXPRESS_HINTS_TOTAL,
+                "Express hints heard from the doorbell, by outcome (queued: claimed without waiting for Kafka).",
+                "outcome",
             ),
-            attempt_duration: reg(
+            attempt_duration: histograms::<AttemptResult>(
                 &r,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        ATTEMPT_DURATION_SECONDS,
-                        "Time from an Attempt's request to its response (or error), by result.",
-                    )
-                    .buckets(LATENCY_BUCKETS.to_vec()),
-                    &["result"],
-                )
-                .expect("valid metric"),
+                ATTEMPT_DURATION_SECONDS,
+                "Time from an Attempt's request to its response (or error), by result.",
+                "result",
+                &LATENCY_BUCKETS,
             ),
-            deliveries_final: railhook_common::metrics_http::deliveries_final(&r),
-            internal_errors: reg(
+            deliveries_final: railhook_common::metrics_http::deliveries_final(
                 &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        INTERNAL_ERRORS_TOTAL,
-                        "Railhook's own failures on the delivery path (not the receiver's), by kind.",
-                    ),
-                    &["kind"],
-                )
-                .expect("valid metric"),
+                &[FinalOutcome::Succeeded, FinalOutcome::Failed],
             ),
-            oldest_due_retry_age: reg(
+            internal_errors: counters::<InternalError>(
                 &r,
-                IntGauge::new(
-                    OLDEST_DUE_RETRY_AGE_SECONDS,
-                    "Seconds the oldest due retry has waited past its time (refreshed by the sweeps).",
-                )
-                .expect("valid metric"),
+                INTERNAL_ERRORS_TOTAL,
+                "Railhook's own failures on the delivery path (not the receiver's), by kind.",
+                "kind",
             ),
-            oldest_unclaimed_age: reg(
+            oldest_due_retry_age: gauge(
                 &r,
-                IntGauge::new(
-                    OLDEST_UNCLAIMED_AGE_SECONDS,
-                    "Age in seconds of the oldest PENDING Delivery never tried yet (refreshed by the sweeps).",
-                )
-                .expect("valid metric"),
+                OLDEST_DUE_RETRY_AGE_SECONDS,
+                "Seconds the oldest due retry has waited past its time (refreshed by the sweeps).",
+            ),
+            oldest_unclaimed_age: gauge(
+                &r,
+                OLDEST_UNCLAIMED_AGE_SECONDS,
+                "Age in seconds of the oldest PENDING Delivery never tried yet (refreshed by the sweeps).",
             ),
             registry: r,
-        };
-        for result in ATTEMPT_RESULTS {
-            m.attempt_duration.with_label_values(&[result]);
         }
-        for outcome in ["succeeded", "failed"] {
-            m.deliveries_final.with_label_values(&[outcome]);
-        }
-        for kind in INTERNAL_ERROR_KINDS {
-            m.internal_errors.with_label_values(&[kind]);
-        }
-        for kind in REBALANCE_KINDS {
-            m.rebalances.with_label_values(&[kind]);
-        }
-        for lane in LANES {
-            m.hints_waiting.with_label_values(&[lane]);
-        }
-        for state in ["scheduled", "due"] {
-            m.retry_backlog.with_label_values(&[state]);
-        }
-        for outcome in EXPRESS_OUTCOMES {
-            m.express_hints.with_label_values(&[outcome]);
-        }
-        for reason in WAKE_REASONS {
-            m.wakes.with_label_values(&[reason]);
-        }
-        for reason in DEFERRAL_REASONS {
-            m.deferrals.with_label_values(&[reason]);
-        }
-        for state in BREAKER_STATES {
-            m.breaker_transitions.with_label_values(&[state]);
-            m.endpoint_breakers.with_label_values(&[state]);
-        }
-        for o in OUTCOMES {
-            m.attempts.with_label_values(&[o]);
-        }
-        for s in ["processing", "stranded", "missed_hint"] {
-            m.swept.with_label_values(&[s]);
-        }
-        m
     }
 }
 

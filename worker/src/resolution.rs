@@ -8,8 +8,10 @@ use crate::claim::Claimed;
 use crate::fence;
 use crate::limits::{Reason, deferral_wait};
 use crate::ordering::{self};
-use crate::schedule::Decision;
+use crate::retry_policy::Decision;
 use crate::worker::Shared;
+use railhook_common::Word;
+use railhook_common::metrics_http::FinalOutcome;
 
 /// Ends a claimed Delivery as FAILED without sending anything; counted only if it wrote.
 /// Returns the ordered Delivery it released, if any.
@@ -23,7 +25,7 @@ pub(crate) async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) ->
             shared
                 .metrics
                 .deliveries_final
-                .with_label_values(&["failed"])
+                .with_label_values(&[FinalOutcome::Failed.as_str()])
                 .inc();
             released
         }

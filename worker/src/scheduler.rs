@@ -13,9 +13,12 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::config::WorkerConfig;
+use crate::metrics::{BacklogState, Sweep};
 use crate::worker::Shared;
 use crate::{claim, fence, sweeps};
+use railhook_common::Word;
 use railhook_common::retry_hint::RetryHint;
+use railhook_common::vocabulary::BreakerState;
 
 /// Most due rows one round takes.
 const ROUND: i64 = 500;
@@ -190,10 +193,14 @@ pub(crate) fn unpublished_window(config: &WorkerConfig) -> Duration {
 }
 
 /// Counts what one sweep moved under its `sweep` label, or says that it failed.
-fn count_swept(shared: &Shared, sweep: &'static str, result: Result<u64, sqlx::Error>) {
+fn count_swept(shared: &Shared, sweep: Sweep, result: Result<u64, sqlx::Error>) {
     match result {
-        Ok(n) => shared.metrics.swept.with_label_values(&[sweep]).inc_by(n),
-        Err(e) => tracing::warn!(error = %e, sweep, "sweep failed"),
+        Ok(n) => shared
+            .metrics
+            .swept
+            .with_label_values(&[sweep.as_str()])
+            .inc_by(n),
+        Err(e) => tracing::warn!(error = %e, sweep = sweep.as_str(), "sweep failed"),
     }
 }
 
@@ -206,32 +213,36 @@ pub(crate) async fn sweeps(shared: &Shared, config: &WorkerConfig) {
         unpublished_window(config).as_secs_f64(),
     )
     .await;
-    count_swept(shared, "processing", processing);
+    count_swept(shared, Sweep::Processing, processing);
     let stranded = sweeps::sweep_stranded(&shared.pool, config.stranded_after.as_secs_f64()).await;
-    count_swept(shared, "stranded", stranded);
+    count_swept(shared, Sweep::Stranded, stranded);
     let missed =
         sweeps::sweep_missed_hints(&shared.pool, crate::handoff::VISIBILITY_WAIT.as_secs_f64())
             .await;
-    count_swept(shared, "missed_hint", missed);
+    count_swept(shared, Sweep::MissedHint, missed);
     if let Ok((scheduled, due)) = sweeps::retry_backlog(&shared.pool).await {
         let backlog = &shared.metrics.retry_backlog;
-        backlog.with_label_values(&["scheduled"]).set(scheduled);
-        backlog.with_label_values(&["due"]).set(due);
+        backlog
+            .with_label_values(&[BacklogState::Scheduled.as_str()])
+            .set(scheduled);
+        backlog
+            .with_label_values(&[BacklogState::Due.as_str()])
+            .set(due);
     }
     if let Ok((due, unclaimed)) = sweeps::oldest_waiting(&shared.pool).await {
         shared.metrics.oldest_due_retry_age.set(due);
         shared.metrics.oldest_unclaimed_age.set(unclaimed);
     }
     if let Ok(counts) = sweeps::breaker_counts(&shared.pool).await {
-        for state in crate::metrics::BREAKER_STATES {
+        for state in BreakerState::ALL {
             let n = counts
                 .iter()
-                .find(|(s, _)| s == state)
+                .find(|(s, _)| s == state.as_str())
                 .map_or(0, |(_, n)| *n);
             shared
                 .metrics
                 .endpoint_breakers
-                .with_label_values(&[state])
+                .with_label_values(&[state.as_str()])
                 .set(n);
         }
     }

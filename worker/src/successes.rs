@@ -30,7 +30,7 @@ use crate::attempt::Report;
 use crate::claim::Claimed;
 use crate::fence::{self, StreakPolicy};
 use crate::metrics::WorkerMetrics;
-use crate::schedule::Decision;
+use crate::retry_policy::Decision;
 
 /// The most outcomes one statement writes.
 pub const MAX_GROUP: usize = 64;

@@ -5,19 +5,22 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use railhook_common::Word;
 use railhook_common::headers::Extra;
-use railhook_common::retry::Ladder;
+use railhook_common::metrics_http::FinalOutcome;
+use railhook_common::retry::{Ladder, LadderOverride};
 use railhook_common::signing::SigningKey;
 use railhook_common::trace_context::{self, TraceParent};
+use railhook_common::vocabulary::InternalError;
 use tracing::Instrument;
 
-use crate::attempt::{Attempt, Outcome};
+use crate::attempt::{Attempt, Report};
 use crate::claim::{self, Claimed};
 use crate::fence;
 use crate::limits::{Admission, BreakerState, EndpointLimits, Reason, Verdict, rate_hold};
 use crate::ordering::{self, Gate};
 use crate::resolution::{Released, Resolved, defer, finalise_with_retry, give_up};
-use crate::schedule::{Decision, decide};
+use crate::retry_policy::{Climb, Decision};
 use crate::worker::Shared;
 
 /// Delivers a claimed Delivery, then, while each one resolved and released the next parked
@@ -94,7 +97,7 @@ enum Admitted {
 
 /// The checks before a request is built: the ordering gate, then the endpoint's breaker and
 /// limits.
-async fn admit(shared: &Shared, claimed: &mut Claimed, target: &claim::Target) -> Admitted {
+async fn admit(shared: &Shared, claimed: &mut Claimed, limits: &EndpointLimits) -> Admitted {
     if claimed.ordered && !claimed.gated {
         match ordering::gate(&shared.pool, claimed, shared.gap_timeout).await {
             Ok(Gate::Go { sequence_number }) => claimed.sequence_number = Some(sequence_number),
@@ -116,13 +119,6 @@ async fn admit(shared: &Shared, claimed: &mut Claimed, target: &claim::Target) -
             }
         }
     }
-    let positive = |v: Option<i32>| v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0);
-    let limits = EndpointLimits {
-        rate_per_second: positive(target.rate_limit_per_second),
-        burst: positive(target.rate_limit_burst),
-        max_concurrency: positive(target.max_concurrency),
-        timeout: Duration::from_millis(u64::try_from(target.timeout_ms).unwrap_or(30_000)),
-    };
     let lease_token = claimed.token.to_string();
     let hold = rate_hold(limits.rate_per_second.unwrap_or(0));
     // A reserved rate slot within `hold` is waited for here (the Claim is held, nothing is
@@ -132,7 +128,7 @@ async fn admit(shared: &Shared, claimed: &mut Claimed, target: &claim::Target) -
     loop {
         match shared
             .limits
-            .admit(&claimed.endpoint_id, &claimed.id, &lease_token, &limits)
+            .admit(&claimed.endpoint_id, &claimed.id, &lease_token, limits)
             .await
         {
             Admission::Go { lease, changed } => {
@@ -166,48 +162,84 @@ async fn admit(shared: &Shared, claimed: &mut Claimed, target: &claim::Target) -
     }
 }
 
-/// How the breaker reads a report, and how long a 429 (or a 503 with `Retry-After`) pauses
-/// the whole endpoint.
-fn breaker_verdict(report: &crate::attempt::Report, max: Duration) -> (Verdict, Option<Duration>) {
-    if !report.sent {
-        return (Verdict::Neutral, None);
-    }
-    match &report.outcome {
-        Outcome::Delivered => (Verdict::Ok, None),
-        Outcome::Retry { retry_after } => {
-            if report.status == Some(429) {
-                let pause = retry_after.unwrap_or(Duration::from_secs(1)).min(max);
-                (Verdict::Neutral, Some(pause))
-            } else {
-                (Verdict::Fail, retry_after.map(|d| d.min(max)))
-            }
-        }
-        Outcome::Failed { .. } => (Verdict::Neutral, None),
-    }
+/// One claimed Delivery, in four stages: [`prepare`] (is there anything to send, and
+/// what), [`admit`] (the ordering gate and the endpoint's limits, or a Deferral), [`send`]
+/// (the re-stamp through the Fence, then the Attempt) and [`conclude`] (the decision,
+/// written behind the Fence, and the final-state metrics). Returns the ordered Delivery
+/// its resolution released, if any.
+async fn deliver(shared: &Shared, mut claimed: Claimed, target: claim::Target) -> Option<Released> {
+    let mut ready = match prepare(shared, &claimed, target).await {
+        Ok(ready) => ready,
+        Err(ended) => return ended,
+    };
+    let Admitted::Send { lease } = admit(shared, &mut claimed, &ready.limits).await else {
+        return None;
+    };
+    ready.attempt.sequence_number = claimed.sequence_number;
+    let report = send(shared, &claimed, &ready.attempt, lease.as_deref()).await?;
+    conclude(shared, &claimed, &report, &ready).await
 }
 
-/// One claimed Delivery: gate and limits (or a Deferral), Attempt, decision, finalise.
-/// Returns the ordered Delivery its resolution released, if any.
-async fn deliver(
+/// What a claimed Delivery will send, and the endpoint's terms for it.
+struct Ready {
+    attempt: Attempt,
+    ladder: Ladder,
+    limits: EndpointLimits,
+    /// When the Event committed: the start of the delivery latency.
+    event_created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Stage 1: whether anything can be sent, and what. `Err` when nothing can: the Delivery
+/// ended FAILED (with what that released) or was deferred.
+async fn prepare(
     shared: &Shared,
-    mut claimed: Claimed,
+    claimed: &Claimed,
     mut target: claim::Target,
-) -> Option<Released> {
+) -> Result<Ready, Option<Released>> {
     if !target.enabled {
-        return give_up(shared, &claimed, "the endpoint is disabled or deleted").await;
+        return Err(give_up(shared, claimed, "the endpoint is disabled or deleted").await);
     }
     // The Claim returns a Delivery whose Event row is missing rather than leave it
     // PROCESSING under a token nobody holds (claim.rs); it ends here.
     if target.event_gone {
-        return give_up(shared, &claimed, "event_gone").await;
+        return Err(give_up(shared, claimed, "event_gone").await);
     }
     // The expunge fails every Delivery not sent yet in its own transaction; this guards
     // any path that could make one PENDING again.
     if target.expunged {
-        return give_up(shared, &claimed, "payload_expunged").await;
+        return Err(give_up(shared, claimed, "payload_expunged").await);
     }
-    // Secrets (and header values) are stored sealed; a worker started without the key that sealed one defers
-    // the Delivery (never an Attempt, never FAILED) and says why, once per Claim.
+    if !open_secrets(shared, claimed, &mut target) {
+        let _ = fence::defer(&shared.pool, claimed, SECRET_UNAVAILABLE_WAIT).await;
+        return Err(None);
+    }
+    let Some(mut attempt) = build_attempt(claimed, &target) else {
+        return Err(give_up(shared, claimed, "the endpoint's URL or secret is invalid").await);
+    };
+    attempt.timeout = attempt.timeout.min(shared.endpoint_timeout_max);
+    // Inside the Attempt's span: the receiver's parent is this Attempt.
+    let stored = target.traceparent.as_deref().and_then(TraceParent::parse);
+    attempt.traceparent =
+        Some(trace_context::handed_on(&tracing::Span::current(), stored.as_ref()).to_string());
+    attempt.tracestate = target.tracestate.clone();
+    let positive = |v: Option<i32>| v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0);
+    Ok(Ready {
+        ladder: endpoint_ladder(shared, claimed, &target),
+        limits: EndpointLimits {
+            rate_per_second: positive(target.rate_limit_per_second),
+            burst: positive(target.rate_limit_burst),
+            max_concurrency: positive(target.max_concurrency),
+            timeout: attempt.timeout,
+        },
+        attempt,
+        event_created_at: target.event_created_at,
+    })
+}
+
+/// Opens the endpoint's sealed secrets and header values in place. Secrets (and header
+/// values) are stored sealed; a worker started without the key that sealed one defers the
+/// Delivery (never an Attempt, never FAILED) and says why, once per Claim.
+fn open_secrets(shared: &Shared, claimed: &Claimed, target: &mut claim::Target) -> bool {
     let opened = shared
         .keyring
         .open_pair(
@@ -223,7 +255,8 @@ async fn deliver(
         });
     match opened {
         Ok(((secret, previous), headers)) => {
-            (target.secret, target.previous_secret, target.headers) = (secret, previous, headers)
+            (target.secret, target.previous_secret, target.headers) = (secret, previous, headers);
+            true
         }
         Err(e) => {
             tracing::error!(delivery = %claimed.id, endpoint = %claimed.endpoint_id, error = %e,
@@ -231,25 +264,21 @@ async fn deliver(
             shared
                 .metrics
                 .internal_errors
-                .with_label_values(&["secret_unavailable"])
+                .with_label_values(&[InternalError::SecretUnavailable.as_str()])
                 .inc();
-            let _ = fence::defer(&shared.pool, &claimed, SECRET_UNAVAILABLE_WAIT).await;
-            return None;
+            false
         }
     }
-    let Some(mut attempt) = build_attempt(&claimed, &target) else {
-        return give_up(shared, &claimed, "the endpoint's URL or secret is invalid").await;
-    };
-    attempt.timeout = attempt.timeout.min(shared.endpoint_timeout_max);
-    // Inside the Attempt's span: the receiver's parent is this Attempt.
-    let stored = target.traceparent.as_deref().and_then(TraceParent::parse);
-    attempt.traceparent =
-        Some(trace_context::handed_on(&tracing::Span::current(), stored.as_ref()).to_string());
-    attempt.tracestate = target.tracestate.clone();
-    let Admitted::Send { lease } = admit(shared, &mut claimed, &target).await else {
-        return None;
-    };
-    attempt.sequence_number = claimed.sequence_number;
+}
+
+/// Stage 3: the re-stamp, then the Attempt; its result feeds the endpoint's breaker and
+/// pause. `None` when the Claim was lost before the request started (nothing was sent).
+async fn send(
+    shared: &Shared,
+    claimed: &Claimed,
+    attempt: &Attempt,
+    lease: Option<&str>,
+) -> Option<Report> {
     // Invariant: a request starts only under a Claim that still holds, re-stamped through
     // the Fence right before it (review #34 item 7). Between the Claim and here the turn may
     // have waited (the gate, a rate hold, Redis), and meanwhile an expunge may have failed
@@ -258,126 +287,111 @@ async fn deliver(
     // restarts the processing window, so the request and its finalise fit inside it
     // (review #19 item 1; configuration refuses a window that cannot hold the longest
     // request and [`railhook_common::config::PROCESSING_MARGIN`]).
-    {
-        let kept = fence::restamp(&shared.pool, &claimed).await;
-        if !matches!(kept, Ok(true)) {
-            if let Err(e) = &kept {
-                tracing::warn!(error = %e, "claim not re-stamped; not sending, the sweep will hand it back");
-            } else {
-                shared.metrics.fence_rejections.inc();
-                tracing::info!("claim lost before its request started; not sending");
-            }
-            shared
-                .limits
-                .record(
-                    &claimed.endpoint_id,
-                    lease.as_deref(),
-                    Verdict::Neutral,
-                    None,
-                )
-                .await;
-            return None;
+    let kept = fence::restamp(&shared.pool, claimed).await;
+    if !matches!(kept, Ok(true)) {
+        if let Err(e) = &kept {
+            tracing::warn!(error = %e, "claim not re-stamped; not sending, the sweep will hand it back");
+        } else {
+            shared.metrics.fence_rejections.inc();
+            tracing::info!("claim lost before its request started; not sending");
         }
+        let endpoint = &claimed.endpoint_id;
+        shared
+            .limits
+            .record(endpoint, lease, Verdict::Neutral, None)
+            .await;
+        return None;
     }
-    let report = shared.runner.run(&attempt).await;
-    let (verdict, throttle) = breaker_verdict(&report, shared.deferral_max);
-    if let Some(state) = shared
-        .limits
-        .record(&claimed.endpoint_id, lease.as_deref(), verdict, throttle)
-        .await
-    {
-        breaker_changed(shared, &claimed.endpoint_id, state).await;
+    let report = shared.runner.run(attempt).await;
+    let (verdict, pause) = shared.policy.breaker(&report);
+    let endpoint = &claimed.endpoint_id;
+    if let Some(state) = shared.limits.record(endpoint, lease, verdict, pause).await {
+        breaker_changed(shared, endpoint, state).await;
     }
-    let ladder = endpoint_ladder(shared, &claimed, &target);
-    let attempts = u32::try_from(claimed.attempt_count).unwrap_or(0) + 1;
-    let age = (chrono::Utc::now() - claimed.ladder_started_at)
-        .to_std()
-        .unwrap_or_default();
-    let decision = decide(
-        &report.outcome,
-        report.status,
-        attempts,
-        age,
-        &ladder,
-        rand::random::<f64>(),
-    );
-    let label = match report.outcome {
-        Outcome::Delivered => "succeeded",
-        Outcome::Retry { .. } => "retry",
-        Outcome::Failed { .. } => "failed",
-    };
     if report.sent {
-        shared.metrics.attempts.with_label_values(&[label]).inc();
+        let outcome = report.outcome.recorded().label();
+        shared.metrics.attempts.with_label_values(&[outcome]).inc();
     }
     shared
         .metrics
         .attempt_duration
-        .with_label_values(&[report.result_label()])
+        .with_label_values(&[report.result().as_str()])
         .observe(report.duration.as_secs_f64());
-    match finalise_with_retry(shared, &claimed, &report, &decision).await {
+    Some(report)
+}
+
+/// Stage 4: the retry policy's decision, written behind the Fence, and the metrics of the
+/// final state it reached (the one place they are counted for a sent Attempt).
+async fn conclude(
+    shared: &Shared,
+    claimed: &Claimed,
+    report: &Report,
+    ready: &Ready,
+) -> Option<Released> {
+    let climb = Climb {
+        attempts: u32::try_from(claimed.attempt_count).unwrap_or(0) + 1,
+        age: (chrono::Utc::now() - claimed.ladder_started_at)
+            .to_std()
+            .unwrap_or_default(),
+        jitter: rand::random::<f64>(),
+    };
+    let decision = shared.policy.decide(report, &ready.ladder, climb);
+    let metrics = &shared.metrics;
+    match finalise_with_retry(shared, claimed, report, &decision).await {
         Some(Resolved {
             wrote: true,
             released,
         }) => {
-            if decision == Decision::Succeeded {
-                let since_commit = chrono::Utc::now() - target.event_created_at;
-                shared
-                    .metrics
-                    .delivery_latency
-                    .observe(since_commit.to_std().unwrap_or_default().as_secs_f64());
+            let reached = match decision {
+                Decision::Succeeded => Some(FinalOutcome::Succeeded),
+                Decision::Failed { .. } => Some(FinalOutcome::Failed),
+                Decision::RetryAfter(_) => None,
+            };
+            if reached == Some(FinalOutcome::Succeeded) {
+                let since_commit = chrono::Utc::now() - ready.event_created_at;
+                let seconds = since_commit.to_std().unwrap_or_default().as_secs_f64();
+                metrics.delivery_latency.observe(seconds);
             }
-            if decision == Decision::Succeeded {
-                shared
-                    .metrics
-                    .deliveries_final
-                    .with_label_values(&["succeeded"])
-                    .inc();
+            if reached == Some(FinalOutcome::Failed) {
+                metrics.failed_messages.inc();
             }
-            if matches!(decision, Decision::Failed { .. }) {
-                shared.metrics.failed_messages.inc();
-                shared
-                    .metrics
-                    .deliveries_final
-                    .with_label_values(&["failed"])
-                    .inc();
+            if let Some(outcome) = reached {
+                let family = &metrics.deliveries_final;
+                family.with_label_values(&[outcome.as_str()]).inc();
             }
             released
         }
         Some(Resolved { wrote: false, .. }) => {
-            shared.metrics.fence_rejections.inc();
+            metrics.fence_rejections.inc();
             tracing::info!(delivery_id = %claimed.id, "outcome fenced out: the claim was lost");
             None
         }
         None => {
-            shared
-                .metrics
-                .internal_errors
-                .with_label_values(&["outcome_not_written"])
-                .inc();
+            let kind = InternalError::OutcomeNotWritten.as_str();
+            metrics.internal_errors.with_label_values(&[kind]).inc();
             tracing::error!(delivery_id = %claimed.id, "outcome not written; the sweep will hand the delivery back");
             None
         }
     }
 }
 
-/// The direction's ladder, with the endpoint's own waits and Attempt count where it has them.
+/// The direction's ladder with the endpoint's own (retry_policy.rs). A stored override that
+/// does not parse was written around the API: it is reported, and the direction's ladder
+/// is used whole.
 fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &claim::Target) -> Ladder {
-    let mut ladder = if claimed.direction == "incoming" {
-        shared.incoming.clone()
-    } else {
-        shared.outgoing.clone()
-    };
-    if let Some(delays) = target
-        .retry_delays
-        .as_deref()
-        .and_then(Ladder::parse_delays)
-    {
-        ladder.delays = delays;
-    }
-    if let Some(n) = target.max_attempts.and_then(|n| u32::try_from(n).ok()) {
-        ladder.max_attempts = n;
-    }
-    ladder
+    let own = LadderOverride::from_stored(target.retry_delays.as_deref(), target.max_attempts)
+        .unwrap_or_else(|e| {
+            tracing::error!(endpoint = %claimed.endpoint_id, error = %e,
+                "the endpoint's stored retry ladder is invalid; the default ladder applies");
+            let kind = InternalError::LadderOverrideInvalid.as_str();
+            shared
+                .metrics
+                .internal_errors
+                .with_label_values(&[kind])
+                .inc();
+            LadderOverride::default()
+        });
+    shared.policy.ladder(claimed.direction, &own)
 }
 
 /// How long a Delivery whose secret this worker cannot open waits before another try.

@@ -26,7 +26,7 @@ pub(crate) async fn warm(pool: &PgPool, streak: &StreakPolicy, gap_timeout: Dura
         attempt_count: 0,
         event_id: String::new(),
         endpoint_id: String::new(),
-        direction: String::new(),
+        direction: railhook_common::vocabulary::Direction::Outgoing,
         sequence_number: None,
         ladder_started_at: chrono::Utc::now(),
         ordered: false,

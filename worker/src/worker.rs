@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use railhook_common::health::{Backoff, Dependencies};
 use railhook_common::kafka::{self};
-use railhook_common::retry::Ladder;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use sqlx::PgPool;
@@ -53,7 +52,7 @@ use crate::group_watch::Probe;
 use crate::handoff::{drain, start};
 use crate::lanes::{CLAIM_BATCH, Lane, Pauses, Taken};
 use crate::limits::Limits;
-use crate::metrics::WorkerMetrics;
+use crate::metrics::{WakeReason, WorkerMetrics};
 use crate::scheduler::{run_scheduler, run_sweeps};
 use crate::ssrf::Allowlist;
 
@@ -63,8 +62,8 @@ pub(crate) struct Shared {
     pub(crate) pool: PgPool,
     pub(crate) runner: Runner,
     pub(crate) metrics: WorkerMetrics,
-    pub(crate) outgoing: Ladder,
-    pub(crate) incoming: Ladder,
+    /// Every retry decision (retry_policy.rs).
+    pub(crate) policy: crate::retry_policy::RetryPolicy,
     pub(crate) limits: Limits,
     pub(crate) gap_timeout: Duration,
     pub(crate) deferral_max: Duration,
@@ -154,8 +153,12 @@ pub async fn run(
         pool,
         runner: Runner::new(Allowlist::parse(&config.allow_private_targets)?)?,
         metrics,
-        outgoing: config.outgoing.clone(),
-        incoming: config.incoming.clone(),
+        policy: crate::retry_policy::RetryPolicy {
+            outgoing: config.outgoing.clone(),
+            incoming: config.incoming.clone(),
+            pause_max: config.deferral_max,
+            overload_floor: config.overload_floor,
+        },
         limits: Limits::new(config.redis.clone(), config.breaker.clone())?,
         gap_timeout: config.ordering_gap_timeout,
         deferral_max: config.deferral_max,
@@ -234,13 +237,13 @@ pub async fn run(
         // A new membership starts with empty, unpaused lanes: what the last one read and
         // did not claim is read again from the committed offsets.
         let mut fresh = Lane::new(
-            "fresh",
+            railhook_common::vocabulary::Lane::Fresh,
             &config.deliveries_topic,
             config.max_in_flight,
             pauses.clone(),
         );
         let mut retry = Lane::new(
-            "retry",
+            railhook_common::vocabulary::Lane::Retry,
             &config.retries_topic,
             config.max_in_flight.div_ceil(2),
             pauses.clone(),
@@ -309,15 +312,15 @@ pub async fn run(
                 _ = fresh_free.acquire(), if fresh.has_waiting() => {}
                 _ = retry_free.acquire(), if retry.has_waiting() => {}
                 () = doze::rung(doze.bell.as_mut()) => {
-                    doze.wake([&mut fresh, &mut retry], &consumer, "ring");
+                    doze.wake([&mut fresh, &mut retry], &consumer, WakeReason::Ring);
                 }
                 () = doze::until(doze_at) => doze.sleep([&mut fresh, &mut retry], &consumer),
                 () = pauses.assigned.notified() => {
-                    doze.wake([&mut fresh, &mut retry], &consumer, "rebalance");
+                    doze.wake([&mut fresh, &mut retry], &consumer, WakeReason::Rebalance);
                 }
                 Some(report) = seen.recv() => {
                     if doze.is_dozing() && waiting_on(&consumer, &report) {
-                        doze.wake([&mut fresh, &mut retry], &consumer, "missed_ring");
+                        doze.wake([&mut fresh, &mut retry], &consumer, WakeReason::MissedRing);
                     }
                     let settled = rejoined.is_none_or(|at| at.elapsed() >= settle);
                     if settled && orphaned(&consumer, &report) {

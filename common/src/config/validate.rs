@@ -138,11 +138,8 @@ impl Settings {
             ("retry_outgoing_delays", &self.retry_outgoing_delays),
             ("retry_incoming_delays", &self.retry_incoming_delays),
         ] {
-            if crate::retry::Ladder::parse_delays(raw).is_none() {
-                return Err(invalid(
-                    field,
-                    "must be comma-separated seconds, e.g. 60,300,900",
-                ));
+            if let Err(e) = crate::retry::RetryDelays::parse(raw) {
+                return Err(invalid(field, e.to_string()));
             }
         }
         if self.retry_outgoing_max_attempts == 0 || self.retry_incoming_max_attempts == 0 {

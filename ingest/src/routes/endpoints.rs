@@ -21,6 +21,7 @@ use crate::routes::{double_option, validate_headers, validate_url};
 use crate::state::AppState;
 pub(crate) use crate::store::endpoints::EndpointRow;
 use crate::store::endpoints::{self as store, Kind};
+use railhook_common::retry::RetryDelays;
 
 pub const DEFAULT_TIMEOUT_MS: i32 = 30_000;
 
@@ -86,7 +87,8 @@ impl EndpointRow {
             headers,
             retry_delays_seconds: r
                 .retry_delays
-                .map(|d| d.split(',').filter_map(|v| v.parse().ok()).collect()),
+                .and_then(|d| RetryDelays::parse(&d).ok())
+                .map(|d| d.seconds()),
             max_attempts: r.max_attempts,
             source_id: r.source_id,
             created_at: r.created_at,
@@ -121,16 +123,13 @@ fn check_positive(field: &'static str, value: Option<i32>) -> ApiResult<()> {
     }
 }
 
-/// A retry ladder override: 1–20 waits of 0 s to 7 days, stored as `"60,300,900"`.
+/// A retry ladder override in its stored form (common/src/retry.rs, `RetryDelays`).
 fn retry_delays(raw: &[f64]) -> ApiResult<String> {
-    let ok = (1..=20).contains(&raw.len()) && raw.iter().all(|d| (0.0..=604_800.0).contains(d));
-    if !ok {
-        return Err(ApiError::validation(
-            "retry_delays_seconds",
-            "retry_delays_seconds must hold 1-20 waits of 0 to 604800 seconds",
-        ));
-    }
-    Ok(raw.iter().map(f64::to_string).collect::<Vec<_>>().join(","))
+    RetryDelays::from_seconds(raw)
+        .map(|d| d.to_string())
+        .map_err(|e| {
+            ApiError::validation("retry_delays_seconds", format!("retry_delays_seconds {e}"))
+        })
 }
 
 fn check_max_attempts(value: Option<i32>) -> ApiResult<()> {

@@ -4,8 +4,9 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
-use railhook_common::EventType;
 use railhook_common::ids::EventId;
+use railhook_common::metrics_http::FinalOutcome;
+use railhook_common::{EventType, Word};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -95,7 +96,7 @@ pub const MAX_PAYLOAD_DEPTH: usize = 128;
 /// deeper than [`MAX_PAYLOAD_DEPTH`]. Each of these would otherwise fail inside the ingest
 /// statement: a 500 for the sender, and under group commit a failed group written again
 /// request by request (review #34 item 11).
-fn check_storable(raw: &str) -> Result<(), &'static str> {
+pub(crate) fn check_storable(raw: &str) -> Result<(), &'static str> {
     let bytes = raw.as_bytes();
     let (mut depth, mut in_string, mut i) = (0usize, false, 0usize);
     while i < bytes.len() {
@@ -471,7 +472,7 @@ pub async fn expunge(
     state
         .metrics
         .deliveries_final
-        .with_label_values(&["expunged"])
+        .with_label_values(&[FinalOutcome::Expunged.as_str()])
         .inc_by(u64::try_from(deliveries_failed).unwrap_or(0));
     Ok(Json(Expunged {
         id: id.as_str().to_owned(),

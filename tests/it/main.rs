@@ -1,0 +1,32 @@
+//! The integration tests: one binary, one module per area, so that
+//! `support` compiles once and the workspace links once. Every test gets its own database; see `support`.
+// Tests build their own fixtures with unchecked SQL (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+mod api;
+mod auth_isolation;
+mod claim_fence;
+mod connectivity;
+mod dashboard;
+mod deferrals;
+mod doze;
+mod event_types;
+mod fuzz;
+mod group_commit;
+mod hostile;
+mod incoming;
+mod ingest;
+mod migrations;
+mod observability;
+mod operational;
+mod operator;
+mod ordering;
+mod privileges;
+mod quota;
+mod redis_cluster;
+mod relay;
+mod retention;
+mod secrets;
+mod worker;
