@@ -27,7 +27,7 @@
 //! - What is left (a NOTIFY that failed twice, a connection that died silently) is caught
 //!   by the worker's fallback: its group watch reads committed offsets against the high
 //!   watermarks every few seconds and wakes the worker if one of its partitions has messages
-//!   waiting (worker/src/worker.rs).
+//!   waiting (worker/src/runtime.rs).
 //!
 //! The ringer and the listener each use a connection of their own, outside the pools, so
 //! neither takes a connection the Claims need. LISTEN needs a session: behind a

@@ -188,6 +188,55 @@ fn readable(field: &'static str, path: &Path) -> Result<String, KafkaSettingsErr
         })
 }
 
+/// The SASL properties for a `SASL_*` protocol (mechanism, username and password, all
+/// required); for any other protocol, none, and a SASL setting given anyway is refused.
+fn sasl_properties(
+    sasl: bool,
+    security: &KafkaSecurity<'_>,
+) -> Result<Vec<(&'static str, String)>, KafkaSettingsError> {
+    if !sasl {
+        for (field, value) in [
+            ("kafka_sasl_mechanism", security.sasl_mechanism.is_some()),
+            ("kafka_sasl_username", security.sasl_username.is_some()),
+            ("kafka_sasl_password", security.sasl_password.is_some()),
+        ] {
+            if value {
+                return Err(KafkaSettingsError::Unused {
+                    field,
+                    with: "KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT or SASL_SSL",
+                });
+            }
+        }
+        return Ok(Vec::new());
+    }
+    let missing = |field| KafkaSettingsError::Missing {
+        field,
+        because: "the protocol is SASL_*",
+    };
+    let mechanism = security
+        .sasl_mechanism
+        .ok_or(missing("kafka_sasl_mechanism"))?
+        .to_ascii_uppercase();
+    if !SASL_MECHANISMS.contains(&mechanism.as_str()) {
+        return Err(KafkaSettingsError::NotOneOf {
+            field: "kafka_sasl_mechanism",
+            allowed: SASL_MECHANISMS.join(", "),
+            value: mechanism,
+        });
+    }
+    let username = security
+        .sasl_username
+        .ok_or(missing("kafka_sasl_username"))?;
+    let password = security
+        .sasl_password
+        .ok_or(missing("kafka_sasl_password"))?;
+    Ok(vec![
+        ("sasl.mechanism", mechanism),
+        ("sasl.username", username.to_owned()),
+        ("sasl.password", password.to_owned()),
+    ])
+}
+
 /// Reads a librdkafka properties file: `name=value` lines, `#` comments, blank lines.
 pub fn read_properties(path: &Path) -> Result<BTreeMap<String, String>, KafkaSettingsError> {
     let file = path.display().to_string();
@@ -303,45 +352,8 @@ impl KafkaConnection {
         if let Some(p) = security.key_password {
             set("ssl.key.password", p.to_owned());
         }
-        if sasl {
-            let mechanism = security
-                .sasl_mechanism
-                .ok_or(KafkaSettingsError::Missing {
-                    field: "kafka_sasl_mechanism",
-                    because: "the protocol is SASL_*",
-                })?
-                .to_ascii_uppercase();
-            if !SASL_MECHANISMS.contains(&mechanism.as_str()) {
-                return Err(KafkaSettingsError::NotOneOf {
-                    field: "kafka_sasl_mechanism",
-                    allowed: SASL_MECHANISMS.join(", "),
-                    value: mechanism,
-                });
-            }
-            let username = security.sasl_username.ok_or(KafkaSettingsError::Missing {
-                field: "kafka_sasl_username",
-                because: "the protocol is SASL_*",
-            })?;
-            let password = security.sasl_password.ok_or(KafkaSettingsError::Missing {
-                field: "kafka_sasl_password",
-                because: "the protocol is SASL_*",
-            })?;
-            set("sasl.mechanism", mechanism);
-            set("sasl.username", username.to_owned());
-            set("sasl.password", password.to_owned());
-        } else {
-            for (field, value) in [
-                ("kafka_sasl_mechanism", security.sasl_mechanism.is_some()),
-                ("kafka_sasl_username", security.sasl_username.is_some()),
-                ("kafka_sasl_password", security.sasl_password.is_some()),
-            ] {
-                if value {
-                    return Err(KafkaSettingsError::Unused {
-                        field,
-                        with: "KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT or SASL_SSL",
-                    });
-                }
-            }
+        for (property, value) in sasl_properties(sasl, security)? {
+            set(property, value);
         }
         let connection = Self {
             brokers: brokers.to_owned(),

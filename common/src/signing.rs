@@ -22,7 +22,7 @@ use hmac::{Hmac, Mac};
 use ring::signature::{Ed25519KeyPair, KeyPair};
 use sha2::Sha256;
 
-use crate::secrets::{ED25519_PUBLIC_PREFIX, ED25519_SECRET_PREFIX, SIGNING_SECRET_PREFIX};
+use crate::keygen::{ED25519_PUBLIC_PREFIX, ED25519_SECRET_PREFIX, SIGNING_SECRET_PREFIX};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("signing secret is not whsec_ or whsk_ followed by base64 of a valid key")]
@@ -134,7 +134,7 @@ mod tests {
     #[test]
     fn rotation_signs_with_every_active_key() {
         let a = SigningKey::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("a");
-        let b = SigningKey::parse(&crate::secrets::generate_signing_secret()).expect("b");
+        let b = SigningKey::parse(&crate::keygen::generate_signing_secret()).expect("b");
         let header = signature_header(&[a.clone(), b.clone()], "id", 1, b"{}");
         let parts: Vec<&str> = header.split(' ').collect();
         assert_eq!(parts, vec![a.sign("id", 1, b"{}"), b.sign("id", 1, b"{}")]);
@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn ed25519_keys_sign_v1a_and_show_only_their_public_half() {
-        let secret = crate::secrets::generate_ed25519_secret();
+        let secret = crate::keygen::generate_ed25519_secret();
         let key = SigningKey::parse(&secret).expect("key");
         assert_eq!(key.scheme(), "ed25519");
         let public = key.public_key().expect("public");

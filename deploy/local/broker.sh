@@ -8,7 +8,7 @@
 # `down` uses SIGKILL on purpose: tansu 0.6.0 with sqlite answers errors while draining on
 # SIGTERM under a live idempotent producer and can then fail on restart (SPEC broker notes).
 # `up` records the broker's binary as RAILHOOK_BROKER_BIN, for the tests that start brokers
-# of their own (tests/support/relay.rs).
+# of their own (tests/it/support/relay.rs).
 source "$(dirname "$0")/lib.sh"
 
 DIR="$STATE/broker"

@@ -86,7 +86,7 @@ ensure_provider_signers() {
 }
 
 # Debian's Chromium and playwright-core (pinned by tests/browser/package-lock.json) for the
-# dashboard's browser test (tests/dashboard.rs). Playwright never downloads a browser here.
+# dashboard's browser test (tests/it/dashboard.rs). Playwright never downloads a browser here.
 ensure_browser() {
   command -v chromium >/dev/null || apt_install chromium
   command -v node >/dev/null || apt_install nodejs npm
@@ -97,12 +97,14 @@ ensure_browser() {
   fi
 }
 
-# schemathesis fuzzes the API from its OpenAPI document (tests/fuzz.rs).
+# schemathesis fuzzes the API from its OpenAPI document (tests/it/fuzz.rs).
+# Pinned: the fuzzer's own generation changes between releases.
+SCHEMATHESIS_VERSION=4.32.5
 ensure_schemathesis() {
-  command -v st >/dev/null && return 0
-  log "pip install schemathesis"
-  python3 -m pip install --quiet schemathesis 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages schemathesis
+  st --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION" && return 0
+  log "pip install schemathesis==$SCHEMATHESIS_VERSION"
+  python3 -m pip install --quiet "schemathesis==$SCHEMATHESIS_VERSION" 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages "schemathesis==$SCHEMATHESIS_VERSION"
 }
 
 ensure_standardwebhooks() {

@@ -47,7 +47,7 @@ for _ in range(200):
 '
 }
 
-# A three-node Redis Cluster (no replicas) on loopback, for tests/redis_cluster.rs: the
+# A three-node Redis Cluster (no replicas) on loopback, for tests/it/redis_cluster.rs: the
 # limits' scripts must work where keys live on different nodes.
 cluster_up() {
   command -v redis-server >/dev/null || apt_install redis-server

@@ -3,18 +3,18 @@
 # (installing it on a new machine), then runs the whole workspace's tests against it.
 source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
-# The same dependencies reachable only over TLS (tests/connectivity.rs).
+# The same dependencies reachable only over TLS (tests/it/connectivity.rs).
 "$ROOT/deploy/local/tls.sh" up
-# A three-node Redis Cluster (tests/redis_cluster.rs).
+# A three-node Redis Cluster (tests/it/redis_cluster.rs).
 "$ROOT/deploy/local/redis.sh" cluster
 ensure_standardwebhooks
 ensure_provider_signers
 ensure_browser
 ensure_schemathesis
-# promtool checks the alert rules and the /metrics page (tests/observability.rs).
+# promtool checks the alert rules and the /metrics page (tests/it/observability.rs).
 command -v promtool >/dev/null || apt_install prometheus
 # ip (iproute2) builds the far host behind a router for the network-partition scenario
-# (tests/support/netns.rs).
+# (tests/it/support/netns.rs).
 command -v ip >/dev/null || apt_install iproute2
 # The compose file, Kubernetes manifests and Prometheus config, checked offline.
 "$ROOT/deploy/validate.sh"

@@ -7,7 +7,7 @@
 #   - Redis on a TLS-only port (--port 0) with a password;
 #   - the broker behind stunnel: a second broker ($RAILHOOK_BROKER) whose advertised listener is stunnel's TLS
 #     port, and stunnel requires a client certificate signed by the CA (mutual TLS).
-# Settings go to .local/env as RAILHOOK_TLS_* (tests/connectivity.rs reads them). With
+# Settings go to .local/env as RAILHOOK_TLS_* (tests/it/connectivity.rs reads them). With
 # RAILHOOK_LOCAL_TLS=1, up.sh runs this and points DATABASE_URL, REDIS_URL and the KAFKA_*
 # settings at these servers, so the demo runs over TLS end to end.
 source "$(dirname "$0")/lib.sh"

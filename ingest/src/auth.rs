@@ -7,7 +7,7 @@ use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use railhook_common::ids::{OrganizationId, ProjectId};
-use railhook_common::secrets::hash_api_key;
+use railhook_common::keygen::hash_api_key;
 use secrecy::ExposeSecret;
 use subtle::ConstantTimeEq;
 

@@ -47,7 +47,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::ingest::{DeliveryPlan, IDEMPOTENCY_WINDOW_HOURS};
+use crate::accept::{DeliveryPlan, IDEMPOTENCY_WINDOW_HOURS};
 use crate::metrics::IngestMetrics;
 
 /// The most Events one group statement carries. Past a few dozen the statement's fixed cost

@@ -77,6 +77,10 @@ fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> 
 
 impl IngestMetrics {
     #[allow(clippy::expect_used)] // names are constants: a failure is a programming error
+    #[allow(
+        clippy::too_many_lines,
+        reason = "a declarative table: one entry per metric"
+    )]
     pub fn new() -> Self {
         let registry = Registry::new();
         let http_duration = HistogramVec::new(

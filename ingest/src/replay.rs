@@ -27,7 +27,7 @@ use railhook_common::event_type::EventType;
 use railhook_common::ids::{DeliveryId, EventId};
 use sqlx::{PgConnection, PgPool};
 
-use crate::ingest::{DeliveryPlan, candidates, plan_deliveries};
+use crate::accept::{DeliveryPlan, candidates, plan_deliveries};
 use crate::store::replays::{self, ReplayedEvent, Selection};
 
 /// Events per batch transaction.

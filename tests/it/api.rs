@@ -343,7 +343,7 @@ fn bad_configuration_stops_the_binary_with_a_message_naming_the_setting() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("admin_token"));
     // A TLS setting that cannot work is configuration: the process stops at once and names
-    // the parameter. (Postgres merely away is not: tests/connectivity.rs.)
+    // the parameter. (Postgres merely away is not: tests/it/connectivity.rs.)
     let out = railhook(
         &["ingest"],
         &[

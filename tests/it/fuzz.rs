@@ -26,7 +26,9 @@ async fn schemathesis_finds_no_server_error_and_no_hang() {
             "not_a_server_error,status_code_conformance,content_type_conformance",
         ])
         .args(["--max-response-time", "5", "--request-timeout", "10"])
-        .args(["--max-examples", &examples, "--workers", "2", "--seed", "7"])
+        // One worker: with two, schemathesis 4.32.5 sometimes fails inside hypothesis
+        // ("dictionary changed size during iteration", its strategies shared by threads).
+        .args(["--max-examples", &examples, "--workers", "1", "--seed", "7"])
         // The coverage phase is left out: schemathesis 4.32 itself crashes in it on this
         // document ("AST constructor recursion depth mismatch", inside hypothesis).
         .args(["--phases", "examples,fuzzing", "--mode", "all"])

@@ -256,7 +256,7 @@ async fn shopify_and_standard_webhooks_verify_and_dedupe() {
     );
     assert_eq!(incoming_events(&app, &shop).await, 1);
 
-    let std_secret = railhook_common::secrets::generate_signing_secret();
+    let std_secret = railhook_common::keygen::generate_signing_secret();
     let std_src = source(&app, &key, "standard", &std_secret).await;
     let body = r#"{"type":"user.created","data":{"id":1}}"#;
     let t = now();

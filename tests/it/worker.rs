@@ -153,7 +153,7 @@ async fn an_ed25519_endpoint_signs_v1a_that_its_public_key_verifies_through_a_ro
     );
     // Another key's public half does not verify it (the check can fail).
     let other = railhook_common::signing::SigningKey::parse(
-        &railhook_common::secrets::generate_ed25519_secret(),
+        &railhook_common::keygen::generate_ed25519_secret(),
     )
     .expect("other")
     .public_key()
@@ -234,7 +234,7 @@ async fn retryable_answers_climb_the_ladder_with_the_same_webhook_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_full_ladder_ends_in_failed_messages_after_seven_attempts() {
     // Seven failures in a row would open the circuit breaker (default: five) and defer the
-    // rest of the ladder for its cooldown; this test is about the ladder, tests/deferrals.rs
+    // rest of the ladder for its cooldown; this test is about the ladder, tests/it/deferrals.rs
     // about the breaker.
     let p = Pipeline::start(|s| {
         s.retry_outgoing_delays = "0.1,0.1,0.1,0.1,0.1,0.1".into();

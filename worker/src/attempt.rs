@@ -1,7 +1,7 @@
 //! The Attempt Runner: one HTTP request towards one Delivery, for both directions (outgoing
 //! Events and forwarded incoming webhooks).
 //!
-//! Invariants (each has a test in `tests/worker.rs` or below):
+//! Invariants (each has a test in `tests/it/worker.rs` or below):
 //! 1. **The status line of a 2xx is delivery.** Once a 2xx status line arrived, the Attempt
 //!    counts as delivered whether or not the body follows; the body is read only for an
 //!    excerpt, briefly, and failing to read it changes nothing. Without this, a receiver

@@ -399,7 +399,7 @@ pub async fn hand_off_next(
 /// the row is about to be PENDING (seen: 1 in 3,000 at 300 Events/s on 2 cores). Without a
 /// second look its hint would be taken for a duplicate, and the Delivery would wait for the
 /// stranded sweep (an hour). With a synchronous standby that stalls, the wait is as long as
-/// the stall (review #34 item 1; handoff.rs, `look_again`).
+/// the stall (review #34 item 1; dispatch.rs, `look_again`).
 pub async fn invisible(pool: &PgPool, ids: &[String]) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar!(
         r#"SELECT w.id AS "id!" FROM unnest($1::text[]) AS w(id)
@@ -410,7 +410,7 @@ pub async fn invisible(pool: &PgPool, ids: &[String]) -> Result<Vec<String>, sql
     .await
 }
 
-/// Records hints that came ahead of their rows (handoff.rs, `look_again`), so that a
+/// Records hints that came ahead of their rows (dispatch.rs, `look_again`), so that a
 /// Delivery whose hint this worker gave up on, or whose worker died looking, is found by
 /// the missed-hints sweep. Committed locally only (`synchronous_commit = local`): the
 /// record exists for the very case where commits wait on a stalled synchronous standby,

@@ -80,7 +80,7 @@ pub(crate) struct Seen {
     /// Partitions that stood still with messages waiting for the stall window.
     stalled: Vec<(String, i32)>,
     /// Partitions with messages past the group's committed offset: a dozing worker that
-    /// holds one of them missed a doorbell (worker.rs).
+    /// holds one of them missed a doorbell (runtime.rs).
     pub(crate) waiting: Vec<(String, i32)>,
 }
 

@@ -12,7 +12,7 @@
 //!
 //! Why this is safe:
 //! - The Claim decides, whichever hint leads to it: an express hint claims the Delivery
-//!   exactly as its Announcement would, through the same statement (handoff.rs).
+//!   exactly as its Announcement would, through the same statement (dispatch.rs).
 //! - Offsets are never moved by an express hint. The Kafka copy's offset is stored only
 //!   once the express Claim's statement committed or matched nothing (`Answered`), which is
 //!   what a Kafka hint's own Claim would have guaranteed (lanes.rs).

@@ -43,6 +43,10 @@ pub struct Finalised {
 /// unless it did. Invariant 6: an Attempt row is written for every request that was sent,
 /// fenced or not, in the same statement.
 #[tracing::instrument(level = "debug", skip_all, fields(delivery_id = %claimed.id))]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one SQL statement and its parameters; splitting it would cost a round trip"
+)]
 pub async fn finalise(
     db: impl PgExecutor<'_>,
     claimed: &Claimed,

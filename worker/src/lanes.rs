@@ -136,7 +136,7 @@ pub(crate) struct Lane {
     book: Book,
     /// Paused because too many hints wait (`throttle`).
     backlog: bool,
-    /// Paused because the worker dozes (`doze`, worker.rs).
+    /// Paused because the worker dozes (`doze`, runtime.rs).
     dozing: bool,
     /// What the consumer was last told: paused if either of the above.
     paused: bool,

@@ -1,31 +1,31 @@
 //! The worker: consumes Kafka hints, takes a Claim on the Delivery row, runs the Attempt and
 //! records its outcome behind the Fence; the retry scheduler and the sweeps live here too.
-//! See [`worker`] for the loop, [`attempt`] for the Attempt Runner's invariants, [`claim`] and [`fence`]
+//! See [`runtime`] for the loop, [`attempt`] for the Attempt Runner's invariants, [`claim`] and [`fence`]
 //! for the SQL that decides, [`retry_policy`] for every retry decision.
 
 pub mod attempt;
 pub mod claim;
 mod config;
 mod consumer;
+mod dispatch;
 mod doze;
 mod express;
 pub mod fence;
 pub mod group_watch;
-mod handoff;
 mod lanes;
 pub mod limits;
 pub mod metrics;
 pub mod ordering;
 mod resolution;
 pub mod retry_policy;
-mod scheduler;
+mod retry_publisher;
+pub mod runtime;
 pub mod ssrf;
 pub mod successes;
 pub mod sweeps;
 mod turn;
 mod warm;
-pub mod worker;
 
 pub use config::{WorkerConfig, WorkerError};
 pub use metrics::WorkerMetrics;
-pub use worker::run;
+pub use runtime::run;

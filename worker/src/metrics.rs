@@ -145,6 +145,10 @@ use railhook_common::vocabulary::{
 };
 
 impl WorkerMetrics {
+    #[allow(
+        clippy::too_many_lines,
+        reason = "a declarative table: one entry per metric"
+    )]
     pub fn new() -> Self {
         let r = Registry::new();
         let delivery_buckets: Vec<f64> = LATENCY_BUCKETS

@@ -9,7 +9,7 @@ use crate::fence;
 use crate::limits::{Reason, deferral_wait};
 use crate::ordering::{self};
 use crate::retry_policy::Decision;
-use crate::worker::Shared;
+use crate::runtime::Shared;
 use railhook_common::Word;
 use railhook_common::metrics_http::FinalOutcome;
 

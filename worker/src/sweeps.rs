@@ -1,11 +1,92 @@
-//! The sweeps' statements, and the reads behind the gauges the sweep round refreshes.
+//! The sweeps: their loop (every `sweep_interval`, in a task of its own, never on the
+//! consumer's loop), their statements, and the reads behind the gauges each round refreshes.
 //!
 //! The sweeps are how a Claim that nobody will finish ends: a worker killed mid-Attempt, a
 //! RetryHint lost with its broker, an Outbox row a lost Slot never carried. Both hand rows
 //! back to PENDING with the token cleared, so the stalled owner's late write is refused by
 //! the Fence (fence.rs).
 
+use railhook_common::Word;
+use railhook_common::vocabulary::BreakerState;
 use sqlx::PgPool;
+use tokio::sync::watch;
+
+use crate::config::WorkerConfig;
+use crate::metrics::{BacklogState, Sweep};
+use crate::retry_publisher::unpublished_window;
+use crate::runtime::Shared;
+
+/// Runs the sweeps every `sweep_interval` until dropped.
+pub(crate) async fn run_sweeps(
+    shared: Shared,
+    config: WorkerConfig,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(config.sweep_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        sweep_round(&shared, &config).await;
+    }
+}
+
+/// Counts what one sweep moved under its `sweep` label, or says that it failed.
+fn count_swept(shared: &Shared, sweep: Sweep, result: Result<u64, sqlx::Error>) {
+    match result {
+        Ok(n) => shared
+            .metrics
+            .swept
+            .with_label_values(&[sweep.as_str()])
+            .inc_by(n),
+        Err(e) => tracing::warn!(error = %e, sweep = sweep.as_str(), "sweep failed"),
+    }
+}
+
+#[tracing::instrument(level = "debug", skip_all)]
+pub(crate) async fn sweep_round(shared: &Shared, config: &WorkerConfig) {
+    let processing = sweep_processing(
+        &shared.pool,
+        config.processing_timeout.as_secs_f64(),
+        config.stranded_after.as_secs_f64(),
+        unpublished_window(config).as_secs_f64(),
+    )
+    .await;
+    count_swept(shared, Sweep::Processing, processing);
+    let stranded = sweep_stranded(&shared.pool, config.stranded_after.as_secs_f64()).await;
+    count_swept(shared, Sweep::Stranded, stranded);
+    let missed =
+        sweep_missed_hints(&shared.pool, crate::dispatch::VISIBILITY_WAIT.as_secs_f64()).await;
+    count_swept(shared, Sweep::MissedHint, missed);
+    if let Ok((scheduled, due)) = retry_backlog(&shared.pool).await {
+        let backlog = &shared.metrics.retry_backlog;
+        backlog
+            .with_label_values(&[BacklogState::Scheduled.as_str()])
+            .set(scheduled);
+        backlog
+            .with_label_values(&[BacklogState::Due.as_str()])
+            .set(due);
+    }
+    if let Ok((due, unclaimed)) = oldest_waiting(&shared.pool).await {
+        shared.metrics.oldest_due_retry_age.set(due);
+        shared.metrics.oldest_unclaimed_age.set(unclaimed);
+    }
+    if let Ok(counts) = breaker_counts(&shared.pool).await {
+        for state in BreakerState::ALL {
+            let n = counts
+                .iter()
+                .find(|(s, _)| s == state.as_str())
+                .map_or(0, |(_, n)| *n);
+            shared
+                .metrics
+                .endpoint_breakers
+                .with_label_values(&[state.as_str()])
+                .set(n);
+        }
+    }
+}
 
 /// Sweep 1: PROCESSING for longer than `older_than_secs` goes back to PENDING with its token
 /// cleared. The stalled worker's late `finalise` then lands on nothing (duplicate window 7).
@@ -52,7 +133,7 @@ pub async fn sweep_stranded(pool: &PgPool, older_than_secs: f64) -> Result<u64, 
 }
 
 /// Sweep 3: Deliveries whose hint a worker recorded as ahead of its row more than
-/// `older_than_secs` ago (handoff.rs, `look_again`) and that are still waiting for a first
+/// `older_than_secs` ago (dispatch.rs, `look_again`) and that are still waiting for a first
 /// hint go to the retry path; every such record older than that is then deleted. Runs every
 /// sweep interval, so a hint given up on costs a sweep interval, not the stranded hour.
 pub async fn sweep_missed_hints(pool: &PgPool, older_than_secs: f64) -> Result<u64, sqlx::Error> {

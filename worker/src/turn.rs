@@ -21,7 +21,7 @@ use crate::limits::{Admission, BreakerState, EndpointLimits, Reason, Verdict, ra
 use crate::ordering::{self, Gate};
 use crate::resolution::{Released, Resolved, defer, finalise_with_retry, give_up};
 use crate::retry_policy::{Climb, Decision};
-use crate::worker::Shared;
+use crate::runtime::Shared;
 
 /// Delivers a claimed Delivery, then, while each one resolved and released the next parked
 /// ordered Delivery of its endpoint, claims that one and delivers it too, in the same task

@@ -66,7 +66,7 @@ async fn attempts_run_with_nothing_but_http() {
     let base = server().await;
     let runner = Runner::new(Allowlist::parse("127.0.0.0/8").expect("allow")).expect("runner");
     let old = SigningKey::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("old");
-    let new = SigningKey::parse(&railhook_common::secrets::generate_signing_secret()).expect("new");
+    let new = SigningKey::parse(&railhook_common::keygen::generate_signing_secret()).expect("new");
     let report = runner
         .run(&attempt(
             &format!("{base}/ok"),

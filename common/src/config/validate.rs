@@ -34,6 +34,10 @@ impl Settings {
         })
     }
 
+    #[allow(
+        clippy::too_many_lines,
+        reason = "a declarative list of checks, one per setting"
+    )]
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         self.postgres()?;
         self.replication_postgres()?;

@@ -27,7 +27,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use cookie::{Cookie, SameSite};
 use maud::{DOCTYPE, Markup, html};
 use railhook_common::ids::{OrganizationId, ProjectId};
-use railhook_common::secrets::hash_api_key;
+use railhook_common::keygen::hash_api_key;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 

@@ -22,6 +22,7 @@
 //!   the provider's.
 
 pub mod routes;
+mod store;
 pub mod verify;
 
 /// How long a provider's event id is remembered (72 h: Stripe resends for up to three
@@ -33,7 +34,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use railhook_common::ids::{DeliveryId, EventId, SourceId};
+use railhook_common::ids::SourceId;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -205,13 +206,9 @@ pub async fn receive(
         }
     })?;
     let source_id = SourceId::parse(&source_id).map_err(|_| ApiError::NotFound("source"))?;
-    let source = sqlx::query!(
-        "SELECT project_id, provider, secret FROM sources WHERE id = $1 AND deleted_at IS NULL",
-        source_id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("source"))?;
+    let source = store::find_source(&state.pool, &source_id)
+        .await?
+        .ok_or(ApiError::NotFound("source"))?;
     let provider = Provider::parse(&source.provider).ok_or(ApiError::NotFound("source"))?;
     let secret = state.keyring.open(source_id.as_str(), &source.secret)?;
     if let Err(refusal) = verify_signature(provider, &secret, &headers, &body) {
@@ -239,103 +236,36 @@ pub async fn receive(
     // the body as a string (lossy for non-UTF-8). What is forwarded is `raw_body`.
     let payload = json.unwrap_or_else(|| Value::from(String::from_utf8_lossy(&body).into_owned()));
 
-    let event_id = EventId::generate();
     let (traceparent, tracestate) = crate::extract::trace_of_request(&headers);
-    let mut tx = state.pool.begin().await?;
-    if let Some(provider_id) = &identity.provider_event_id {
-        // Held until the commit: a concurrent resend of the same provider id waits here, then
-        // finds this Event (module docs).
-        sqlx::query!(
-            r#"SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0)) AS "locked!: ()""#,
-            source_id.as_str(),
-            provider_id
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-    }
-    let inserted = sqlx::query_scalar!(
-        r#"INSERT INTO events (id, project_id, event_type, payload, source_id, provider_event_id,
-                               raw_body, forward_headers, traceparent, tracestate)
-           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $10, $11
-           WHERE $6::text IS NULL OR NOT EXISTS (
-               SELECT 1 FROM events
-               WHERE source_id = $5 AND provider_event_id = $6
-                 AND id >= railhook_ulid_floor('evt_', now() - make_interval(hours => $9)))
-           RETURNING id AS "id!""#,
-        event_id.as_str(),
-        source.project_id,
-        identity.event_type,
+    let receipt = store::Receipt {
+        source_id: &source_id,
+        project_id: &source.project_id,
+        identity: &identity,
         payload,
-        source_id.as_str(),
-        identity.provider_event_id,
-        &body[..],
-        Value::Object(forward),
-        DEDUPLICATION_WINDOW_HOURS,
+        body: &body,
+        forward: Value::Object(forward),
         traceparent,
-        tracestate
-    )
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(event_id) = inserted else {
-        tx.rollback().await?;
-        // The lookup's window is an hour wider than the insert's, so the Event the insert
-        // found at the window's edge is still there; the first one answers.
-        let first = sqlx::query_scalar!(
-            r#"SELECT id AS "id!" FROM events
-             WHERE source_id = $1 AND provider_event_id = $2
-               AND id >= railhook_ulid_floor('evt_', now() - make_interval(hours => $3 + 1))
-             ORDER BY id LIMIT 1"#,
-            source_id.as_str(),
-            identity.provider_event_id,
-            DEDUPLICATION_WINDOW_HOURS
-        )
-        .fetch_one(&state.pool)
-        .await?;
-        state
-            .metrics
-            .incoming_received
-            .with_label_values(&[provider.as_str(), "duplicate"])
-            .inc();
-        return Ok((
-            StatusCode::OK,
-            Json(Received {
+        tracestate,
+    };
+    let (event_id, delivery_ids) = match store::store_receipt(&state.pool, receipt).await? {
+        store::Stored::Duplicate { first } => {
+            state
+                .metrics
+                .incoming_received
+                .with_label_values(&[provider.as_str(), "duplicate"])
+                .inc();
+            let received = Received {
                 event_id: first,
                 created: false,
                 deliveries: 0,
-            }),
-        ));
-    };
-    let destinations = sqlx::query_scalar!(
-        "SELECT id FROM endpoints
-         WHERE source_id = $1 AND deleted_at IS NULL AND enabled ORDER BY id",
-        source_id.as_str()
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    let delivery_ids: Vec<String> = destinations
-        .iter()
-        .map(|_| DeliveryId::generate().into_string())
-        .collect();
-    if !destinations.is_empty() {
-        sqlx::query!(
-            r#"WITH d AS (
-                   INSERT INTO deliveries (id, project_id, event_id, endpoint_id, direction)
-                   SELECT x.id, $1, $2, x.endpoint_id, 'incoming'
-                   FROM unnest($3::text[], $4::text[]) AS x(id, endpoint_id)
-                   RETURNING id, endpoint_id
-               )
-               INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason, traceparent)
-               SELECT id, endpoint_id, $1, 'CREATED', $5 FROM d"#,
-            source.project_id,
+            };
+            return Ok((StatusCode::OK, Json(received)));
+        }
+        store::Stored::Created {
             event_id,
-            &delivery_ids,
-            &destinations,
-            traceparent
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await?;
+            delivery_ids,
+        } => (event_id, delivery_ids),
+    };
     state
         .metrics
         .incoming_received

@@ -93,7 +93,7 @@ pub async fn create(
     }
     // A Source verifies v1 (HMAC) only: a sender's whsk_ secret key has no place here.
     if provider == Provider::Standard
-        && (secret.starts_with(railhook_common::secrets::ED25519_SECRET_PREFIX)
+        && (secret.starts_with(railhook_common::keygen::ED25519_SECRET_PREFIX)
             || railhook_common::signing::SigningKey::parse(secret).is_err())
     {
         return Err(ApiError::validation(

@@ -236,7 +236,7 @@ mod tests {
 
     #[test]
     fn standard_webhooks_round_trip_with_our_signer() {
-        let secret = railhook_common::secrets::generate_signing_secret();
+        let secret = railhook_common::keygen::generate_signing_secret();
         let key = railhook_common::signing::SigningKey::parse(&secret).expect("key");
         let body = br#"{"type":"user.created"}"#;
         let t = 1_700_000_000;

@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use railhook_common::ids::{ApiKeyId, OrganizationId, ProjectId};
-use railhook_common::secrets::generate_api_key;
+use railhook_common::keygen::generate_api_key;
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 

@@ -1,7 +1,7 @@
 //! An endpoint's signing secret: reading it, and rotating it with an overlap in which the
 //! old and the new secret both sign (same scheme: HMAC or Ed25519).
 
-use railhook_common::secrets::generate_secret_like;
+use railhook_common::keygen::generate_secret_like;
 
 use axum::Json;
 use axum::extract::{Path, State};

@@ -7,8 +7,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use railhook_common::ids::EndpointId;
+use railhook_common::keygen::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::sealing::Keyring;
-use railhook_common::secrets::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::signing::SigningKey;
 use serde::{Deserialize, Serialize};
 

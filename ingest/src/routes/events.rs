@@ -10,9 +10,9 @@ use railhook_common::{EventType, Word};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::accept::{AcceptedEvent, NewEvent, ingest};
 use crate::auth::{Project, Sender};
 use crate::extract::{ApiJson, ApiQuery, trace_of_request};
-use crate::ingest::{AcceptedEvent, NewEvent, ingest};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;

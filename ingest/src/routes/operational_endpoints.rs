@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use railhook_common::ids::EndpointId;
-use railhook_common::secrets::generate_signing_secret;
+use railhook_common::keygen::generate_signing_secret;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Project;

@@ -1,4 +1,5 @@
-//! Endpoint signing secrets and project API keys.
+//! Key generation: endpoint signing secrets and project API keys (sealing them at rest is
+//! `sealing.rs`).
 //!
 //! Signing secrets follow Standard Webhooks: `whsec_` + base64 of 24 random bytes, so the
 //! official verifier libraries accept them as they are; or, for endpoints signing with

@@ -1,4 +1,4 @@
-//! From a lane's taken hints to running turns, and back at the end: [`start`] runs one
+//! From a lane's taken hints to running turns, and back at the end: [`dispatch`] runs one
 //! Claim statement for a batch (a fresh hint's Claim or a RetryHint's swap) and spawns a
 //! turn with a permit for each won Claim; [`drain`] waits for the running turns on SIGTERM
 //! and hands back the Claims still running at its timeout.
@@ -14,8 +14,8 @@ use uuid::Uuid;
 
 use crate::config::WorkerConfig;
 use crate::lanes::{Ask, Lane};
+use crate::runtime::Shared;
 use crate::turn::turns;
-use crate::worker::Shared;
 use crate::{claim, fence};
 use railhook_common::Word;
 use railhook_common::vocabulary::DeferralReason;
@@ -238,7 +238,7 @@ async fn settle_parked(
 /// Claims (fresh lane) or swaps (retry lane) what a lane took, in one statement, and starts
 /// an Attempt task for each won Claim with one of the permits taken for it. Returns once the
 /// statement committed (or matched nothing): only then are the hints' offsets stored.
-pub(crate) async fn start(
+pub(crate) async fn dispatch(
     shared: &Shared,
     lane: railhook_common::vocabulary::Lane,
     lane_permits: &Arc<Semaphore>,

@@ -1,6 +1,8 @@
-//! The retry scheduler and the sweeps. Each runs in its own task on its own timer, never on
-//! the consumer's loop: a round that waits on Kafka acks or on a slow scan cannot hold the
-//! polling past `max.poll.interval.ms` (review #19 item 2).
+//! The retry publisher: takes due retries (PENDING with `next_retry_at` passed) under a
+//! Claim of its own and publishes a RetryHint for each to the retry topic. It runs in its
+//! own task on its own timer, never on the consumer's loop, as the sweeps do (sweeps.rs): a
+//! round that waits on Kafka acks cannot hold the polling past `max.poll.interval.ms`
+//! (review #19 item 2).
 
 use std::time::Duration;
 
@@ -13,12 +15,9 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::config::WorkerConfig;
-use crate::metrics::{BacklogState, Sweep};
-use crate::worker::Shared;
-use crate::{claim, fence, sweeps};
-use railhook_common::Word;
+use crate::runtime::Shared;
+use crate::{claim, fence};
 use railhook_common::retry_hint::RetryHint;
-use railhook_common::vocabulary::BreakerState;
 
 /// Most due rows one round takes.
 const ROUND: i64 = 500;
@@ -70,23 +69,6 @@ pub(crate) async fn run_scheduler(
                 }
             }
         }
-    }
-}
-
-/// Runs the sweeps every `sweep_interval` until dropped.
-pub(crate) async fn run_sweeps(
-    shared: Shared,
-    config: WorkerConfig,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(config.sweep_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
-        sweeps(&shared, &config).await;
     }
 }
 
@@ -190,60 +172,4 @@ pub(crate) async fn mark_published(shared: &Shared, tokens: &[Uuid]) {
 /// default). Taking one back early costs only a second hint, which the Claim absorbs.
 pub(crate) fn unpublished_window(config: &WorkerConfig) -> Duration {
     config.message_timeout * 2
-}
-
-/// Counts what one sweep moved under its `sweep` label, or says that it failed.
-fn count_swept(shared: &Shared, sweep: Sweep, result: Result<u64, sqlx::Error>) {
-    match result {
-        Ok(n) => shared
-            .metrics
-            .swept
-            .with_label_values(&[sweep.as_str()])
-            .inc_by(n),
-        Err(e) => tracing::warn!(error = %e, sweep = sweep.as_str(), "sweep failed"),
-    }
-}
-
-#[tracing::instrument(level = "debug", skip_all)]
-pub(crate) async fn sweeps(shared: &Shared, config: &WorkerConfig) {
-    let processing = sweeps::sweep_processing(
-        &shared.pool,
-        config.processing_timeout.as_secs_f64(),
-        config.stranded_after.as_secs_f64(),
-        unpublished_window(config).as_secs_f64(),
-    )
-    .await;
-    count_swept(shared, Sweep::Processing, processing);
-    let stranded = sweeps::sweep_stranded(&shared.pool, config.stranded_after.as_secs_f64()).await;
-    count_swept(shared, Sweep::Stranded, stranded);
-    let missed =
-        sweeps::sweep_missed_hints(&shared.pool, crate::handoff::VISIBILITY_WAIT.as_secs_f64())
-            .await;
-    count_swept(shared, Sweep::MissedHint, missed);
-    if let Ok((scheduled, due)) = sweeps::retry_backlog(&shared.pool).await {
-        let backlog = &shared.metrics.retry_backlog;
-        backlog
-            .with_label_values(&[BacklogState::Scheduled.as_str()])
-            .set(scheduled);
-        backlog
-            .with_label_values(&[BacklogState::Due.as_str()])
-            .set(due);
-    }
-    if let Ok((due, unclaimed)) = sweeps::oldest_waiting(&shared.pool).await {
-        shared.metrics.oldest_due_retry_age.set(due);
-        shared.metrics.oldest_unclaimed_age.set(unclaimed);
-    }
-    if let Ok(counts) = sweeps::breaker_counts(&shared.pool).await {
-        for state in BreakerState::ALL {
-            let n = counts
-                .iter()
-                .find(|(s, _)| s == state.as_str())
-                .map_or(0, |(_, n)| *n);
-            shared
-                .metrics
-                .endpoint_breakers
-                .with_label_values(&[state.as_str()])
-                .set(n);
-        }
-    }
 }
