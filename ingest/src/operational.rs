@@ -15,30 +15,22 @@
 
 use serde_json::{Value, json};
 
+use railhook_common::Word;
 /// The operational event types, in the names receivers of other services already parse.
-pub const TYPES: [&str; 8] = [
-    "endpoint.created",
-    "endpoint.updated",
-    "endpoint.deleted",
-    "endpoint.disabled",
-    "endpoint.enabled",
-    "message.attempt.failing",
-    "message.attempt.exhausted",
-    "message.attempt.recovered",
-];
+pub use railhook_common::vocabulary::OperationalEvent;
 
 /// Writes the operational Event `kind` of `project` with `data`, and its Deliveries, in the
 /// caller's transaction; returns how many Deliveries (0 when no operational endpoint asked).
 pub async fn emit(
     db: impl sqlx::PgExecutor<'_>,
     project: &str,
-    kind: &str,
+    kind: OperationalEvent,
     data: Value,
 ) -> Result<i32, sqlx::Error> {
     sqlx::query_scalar!(
         r#"SELECT railhook_emit_operational($1, $2, $3) AS "n!""#,
         project,
-        kind,
+        kind.as_str(),
         data
     )
     .fetch_one(db)
@@ -76,9 +68,9 @@ pub(crate) async fn emit_enabled_change(
         return Ok(());
     }
     let kind = if row.enabled {
-        "endpoint.enabled"
+        OperationalEvent::EndpointEnabled
     } else {
-        "endpoint.disabled"
+        OperationalEvent::EndpointDisabled
     };
     let data = json!({"endpoint_id": row.id, "reason": row.disabled_reason});
     emit(tx, project, kind, data).await.map(|_| ())

@@ -263,7 +263,7 @@ pub(crate) async fn insert(
     operational::emit(
         &mut *tx,
         project.id.as_str(),
-        "endpoint.created",
+        operational::OperationalEvent::EndpointCreated,
         operational::endpoint_data(&row.id, &row.url, &row.description),
     )
     .await?;
@@ -435,7 +435,7 @@ pub async fn update(
     operational::emit(
         &mut *tx,
         project.id.as_str(),
-        "endpoint.updated",
+        operational::OperationalEvent::EndpointUpdated,
         operational::endpoint_data(&row.id, &row.url, &row.description),
     )
     .await?;
@@ -477,7 +477,7 @@ pub async fn delete(
     operational::emit(
         &mut *tx,
         project.id.as_str(),
-        "endpoint.deleted",
+        operational::OperationalEvent::EndpointDeleted,
         serde_json::json!({"endpoint_id": id.as_str()}),
     )
     .await?;

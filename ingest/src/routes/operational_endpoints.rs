@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
-use crate::operational::TYPES;
+use crate::operational::OperationalEvent;
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::endpoint_secret::{self, EndpointSecret};
@@ -24,6 +24,7 @@ use crate::routes::endpoints::parse_id;
 use crate::routes::validate_url;
 use crate::state::AppState;
 use crate::store::endpoints::{self as store, EndpointRow, Kind};
+use railhook_common::Word;
 
 /// The operational ladder: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h (8 Attempts over ~17.5 h).
 /// Shorter than the message ladder: an operator's pager wants to know today.
@@ -78,14 +79,18 @@ fn event_types(raw: Option<Vec<String>>) -> ApiResult<Vec<String>> {
     }
     if let Some(bad) = types
         .iter()
-        .find(|t| *t != "*" && !TYPES.contains(&t.as_str()))
+        .find(|t| *t != "*" && OperationalEvent::parse(t).is_none())
     {
         return Err(ApiError::validation(
             "event_types",
             format!(
                 "'{}' is not an operational event type; use \"*\" or any of {}",
                 bad.escape_debug(),
-                TYPES.join(", ")
+                OperationalEvent::ALL
+                    .iter()
+                    .map(|t| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         ));
     }

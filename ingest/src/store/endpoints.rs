@@ -47,22 +47,10 @@ pub struct EndpointRow {
     pub operational_types: Option<Vec<String>>,
 }
 
+use railhook_common::Word;
 /// Which endpoints a read covers: the API's (`webhook`, Destinations included) or the
-/// operational ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Webhook,
-    Operational,
-}
-
-impl Kind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Kind::Webhook => "webhook",
-            Kind::Operational => "operational",
-        }
-    }
-}
+/// operational ones (common/src/vocabulary.rs).
+pub use railhook_common::vocabulary::EndpointKind as Kind;
 
 /// One live endpoint of the project.
 pub async fn find(
