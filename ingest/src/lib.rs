@@ -1,5 +1,5 @@
 //! Railhook's REST API (SPEC §9): tenants, endpoints, subscriptions, and the Event ingest
-//! transaction ([`ingest`]) where the delivery guarantee begins.
+//! transaction ([`accept`]) where the delivery guarantee begins.
 //!
 //! Entry points: [`router`] builds the whole API for a state (tests mount it on port 0);
 //! [`serve`] runs it on a listener until `shutdown` resolves.
@@ -29,17 +29,21 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::get;
 use railhook_common::http_server;
+use std::sync::Arc;
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 use tracing::Instrument;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::incoming::routes as sources;
 use crate::problem::ApiError;
 use crate::routes::{
-    admin, deliveries, endpoint_secret, endpoint_state, endpoints, event_types, events, failed,
-    health, operational_endpoints, replays, subscriptions,
+    admin, deliveries, endpoints, event_types, events, failed, health, operational_endpoints,
+    replays, subscriptions,
 };
 pub use crate::state::AppState;
 
@@ -48,133 +52,42 @@ const ENVELOPE_BYTES: usize = 64 * 1024;
 /// A request that takes longer than this is answered with 503 rather than held open.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "a declarative table: one line per route"
-)]
+/// The whole API for `state`: each resource's routes (with their OpenAPI operations, see
+/// `routes`), the dashboard, the health and metrics routes and `/openapi.json`, built from
+/// the same routers that serve.
 pub fn router(state: AppState) -> Router {
     let single_limit = state.limits.max_payload_bytes + ENVELOPE_BYTES;
     let batch_limit = state.limits.max_batch_body_bytes();
-    // Changes to keys, endpoints, subscriptions and event types: each successful one clears
-    // the cache of senders (`store::subscriptions::SenderCache`), after it committed.
-    let management = Router::new()
-        .route(
-            "/v1/api-keys/{id}",
-            axum::routing::delete(admin::revoke_api_key),
-        )
-        .route(
-            "/v1/endpoints",
-            post(endpoints::create).get(endpoints::list),
-        )
-        .route(
-            "/v1/endpoints/{id}",
-            get(endpoints::get)
-                .patch(endpoints::update)
-                .delete(endpoints::delete),
-        )
-        .route("/v1/endpoints/{id}/secret", get(endpoint_secret::secret))
-        .route(
-            "/v1/endpoints/{id}/secret/rotate",
-            post(endpoint_secret::rotate_secret),
-        )
-        .route("/v1/endpoints/{id}/health", get(endpoint_state::health))
-        .route("/v1/endpoints/{id}/disable", post(endpoint_state::disable))
-        .route("/v1/endpoints/{id}/enable", post(endpoint_state::enable))
-        .route(
-            "/v1/subscriptions",
-            post(subscriptions::create).get(subscriptions::list),
-        )
-        .route(
-            "/v1/subscriptions/{id}",
-            get(subscriptions::get)
-                .patch(subscriptions::update)
-                .delete(subscriptions::delete),
-        )
-        // The catalogue's schemas travel with the sender, so its changes clear the cache too.
-        .route(
-            "/v1/event-types",
-            post(event_types::create).get(event_types::list),
-        )
-        .route(
-            "/v1/event-types/{name}",
-            get(event_types::get)
-                .patch(event_types::update)
-                .delete(event_types::delete),
-        )
-        .route(
-            "/v1/event-types/{name}/deprecate",
-            post(event_types::deprecate),
-        )
-        .route(
-            "/v1/operational-endpoints",
-            post(operational_endpoints::create).get(operational_endpoints::list),
-        )
-        .route(
-            "/v1/operational-endpoints/{id}",
-            get(operational_endpoints::get)
-                .patch(operational_endpoints::update)
-                .delete(operational_endpoints::delete),
-        )
-        .route(
-            "/v1/operational-endpoints/{id}/secret",
-            get(operational_endpoints::secret),
-        )
-        .route(
-            "/v1/operational-endpoints/{id}/secret/rotate",
-            post(operational_endpoints::rotate_secret),
-        )
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            forget_senders_after_writes,
-        ));
-    let api = Router::new()
-        .route("/v1/organizations", post(admin::create_organization))
-        .route("/v1/projects", post(admin::create_project))
-        .route("/v1/projects/{id}/api-keys", post(admin::create_api_key))
-        .merge(management)
-        .route(
-            "/v1/events",
-            post(events::create)
-                .get(events::list)
-                .layer(DefaultBodyLimit::max(single_limit)),
-        )
-        .route(
-            "/v1/events/batch",
-            post(events::create_batch).layer(DefaultBodyLimit::max(batch_limit)),
-        )
-        .route("/v1/events/{id}", get(events::get))
-        .route("/v1/events/{id}/payload", delete(events::expunge))
-        .route("/v1/deliveries", get(deliveries::list))
-        .route("/v1/deliveries/{id}", get(deliveries::get))
-        .route("/v1/deliveries/{id}/attempts", get(deliveries::attempts))
-        .route("/v1/deliveries/{id}/retry", post(deliveries::retry))
-        .route("/v1/failed-messages", get(failed::list))
-        .route("/v1/failed-messages/retry", post(failed::retry))
-        .route("/v1/replays", post(replays::create).get(replays::list))
-        .route("/v1/replays/{id}", get(replays::get))
-        .route("/v1/replays/{id}/cancel", post(replays::cancel))
-        .route("/v1/sources", post(sources::create).get(sources::list))
-        .route(
-            "/v1/sources/{id}",
-            get(sources::get).delete(sources::delete),
-        )
-        .route(
-            "/v1/sources/{id}/destinations",
-            post(sources::create_destination).get(sources::list_destinations),
-        )
+    let (api, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .merge(admin::router(&state))
+        .merge(endpoints::router(&state))
+        .merge(subscriptions::router(&state))
+        .merge(event_types::router(&state))
+        .merge(operational_endpoints::router(&state))
+        .merge(events::router(single_limit, batch_limit))
+        .merge(deliveries::router())
+        .merge(failed::router())
+        .merge(replays::router())
+        .merge(sources::router())
         .layer(DefaultBodyLimit::max(ENVELOPE_BYTES))
         // A provider's body is taken as it came (no JSON envelope), up to the payload limit.
-        .route(
-            "/in/{source_id}",
-            post(incoming::receive).layer(DefaultBodyLimit::max(state.limits.max_payload_bytes)),
-        );
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(incoming::receive))
+                .layer(DefaultBodyLimit::max(state.limits.max_payload_bytes)),
+        )
+        .split_for_parts();
+    let document = Arc::new(openapi::finish(document));
     Router::new()
         .merge(api)
         .merge(dashboard::router())
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
-        .route("/openapi.json", get(openapi::serve))
+        .route(
+            "/openapi.json",
+            get(move || openapi::serve(document.clone())),
+        )
         .fallback(|| async { ApiError::NotFound("route") })
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(middleware::from_fn(time_limit))
@@ -192,23 +105,6 @@ async fn time_limit(request: Request, next: Next) -> Response {
         Ok(response) => response,
         Err(_) => ApiError::TimedOut.into_response(),
     }
-}
-
-/// Clears the sender cache after a successful write (the write has committed by then).
-async fn forget_senders_after_writes(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let write = !matches!(
-        *request.method(),
-        axum::http::Method::GET | axum::http::Method::HEAD
-    );
-    let response = next.run(request).await;
-    if write && response.status().is_success() {
-        state.senders.invalidate();
-    }
-    response
 }
 
 const REQUEST_ID: &str = "x-request-id";

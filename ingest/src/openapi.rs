@@ -1,14 +1,10 @@
-//! The OpenAPI document served at `/openapi.json`, generated from the handlers' annotations.
+//! The OpenAPI document served at `/openapi.json`: this module gives its title and the
+//! finishing touches; the operations come from the routers that serve them (`routes`,
+//! `utoipa_axum`), so a route cannot be served undocumented or documented unserved.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
-
-use crate::incoming::{self, routes as sources};
-use crate::routes::{
-    admin, deliveries, endpoint_secret, endpoint_state, endpoints, event_types, events, failed,
-    operational_endpoints, replays, subscriptions,
-};
 
 struct BearerSchemes;
 
@@ -69,38 +65,25 @@ impl Modify for ProblemAnswers {
     }
 }
 
+/// The document's frame; `crate::router` adds every operation from the routers.
 #[derive(OpenApi)]
-#[openapi(
-    info(title = "Railhook", description = "Webhook delivery: accept Events, deliver them signed to every subscribed endpoint."),
-    paths(
-        admin::create_organization, admin::create_project, admin::create_api_key,
-        admin::revoke_api_key,
-        endpoints::create, endpoints::list, endpoints::get, endpoints::update, endpoints::delete,
-        endpoint_secret::secret, endpoint_secret::rotate_secret, endpoint_state::health,
-        endpoint_state::disable, endpoint_state::enable,
-        subscriptions::create, subscriptions::list, subscriptions::get, subscriptions::update,
-        subscriptions::delete,
-        event_types::create, event_types::list, event_types::get, event_types::update,
-        event_types::deprecate, event_types::delete,
-        operational_endpoints::create, operational_endpoints::list, operational_endpoints::get, operational_endpoints::update,
-        operational_endpoints::delete, operational_endpoints::secret, operational_endpoints::rotate_secret,
-        events::create, events::create_batch, events::get, events::list, events::expunge,
-        deliveries::list, deliveries::get, deliveries::attempts, deliveries::retry,
-        failed::list, failed::retry,
-        replays::create, replays::list, replays::get, replays::cancel,
-        sources::create, sources::list, sources::get, sources::delete,
-        sources::create_destination, sources::list_destinations, incoming::receive,
-    ),
-    modifiers(&BearerSchemes, &ProblemAnswers)
-)]
-struct ApiDoc;
+#[openapi(info(
+    title = "Railhook",
+    description = "Webhook delivery: accept Events, deliver them signed to every subscribed endpoint."
+))]
+pub struct ApiDoc;
 
-pub fn document() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
+/// The routers' document with the bearer schemes and every error answer as problem+json
+/// (the modifiers run after the operations are in, which `#[openapi(modifiers)]` would not).
+pub fn finish(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    BearerSchemes.modify(&mut document);
+    ProblemAnswers.modify(&mut document);
+    document
 }
 
-/// `GET /openapi.json`. Served from here rather than from `routes`, which the document
-/// lists: the routes never depend on their own description.
-pub async fn serve() -> axum::Json<utoipa::openapi::OpenApi> {
-    axum::Json(document())
+/// `GET /openapi.json`.
+pub async fn serve(
+    document: std::sync::Arc<utoipa::openapi::OpenApi>,
+) -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json((*document).clone())
 }

@@ -11,6 +11,9 @@ use railhook_common::ids::SourceId;
 use serde::{Deserialize, Serialize};
 
 use super::Provider;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -230,4 +233,12 @@ pub async fn list_destinations(
 ) -> ApiResult<Json<Vec<Endpoint>>> {
     let source = find(&state, &project, &id).await?;
     Ok(Json(endpoints::of_source(&state, &source.id).await?))
+}
+
+/// `/v1/sources`: its routes with their OpenAPI operations.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(get, delete))
+        .routes(routes!(create_destination, list_destinations))
 }

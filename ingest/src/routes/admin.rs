@@ -9,6 +9,9 @@ use railhook_common::keygen::generate_api_key;
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Admin;
 use crate::extract::ApiJson;
 use crate::problem::{ApiError, ApiResult};
@@ -210,4 +213,15 @@ pub async fn revoke_api_key(
         return Err(ApiError::NotFound("api key"));
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The operator's routes (admin token): organizations, projects and their keys. Revoking a
+/// key clears the sender cache, so a revoked key stops sending at once.
+pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
+    let revoke = OpenApiRouter::new().routes(routes!(revoke_api_key));
+    OpenApiRouter::new()
+        .routes(routes!(create_organization))
+        .routes(routes!(create_project))
+        .routes(routes!(create_api_key))
+        .merge(crate::routes::clears_senders(revoke, state))
 }

@@ -7,6 +7,9 @@ use railhook_common::DeliveryStatus;
 use railhook_common::ids::DeliveryId;
 use serde::{Deserialize, Serialize};
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::extract::ApiQuery;
 use crate::pagination::{Listing, PageRequest};
@@ -196,4 +199,13 @@ pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResu
         ));
     }
     find(state, project, &current.id).await
+}
+
+/// `/v1/deliveries`: its routes with their OpenAPI operations.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(get))
+        .routes(routes!(attempts))
+        .routes(routes!(retry))
 }

@@ -8,6 +8,9 @@ use axum::extract::{Path, State};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::endpoints::parse_id;
@@ -126,4 +129,11 @@ pub(crate) async fn rotate(
         previous_key,
         previous_key_expires_at: row.previous_secret_expires_at,
     }))
+}
+
+/// `/v1/endpoints/{id}/secret`: read and rotate (part of [`super::endpoints::router`]).
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(secret))
+        .routes(routes!(rotate_secret))
 }

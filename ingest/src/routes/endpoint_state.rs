@@ -6,6 +6,9 @@ use axum::extract::{Path, State};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::endpoints::{Endpoint, EndpointRow, parse_id};
@@ -199,4 +202,12 @@ pub async fn set_enabled(
     // The dashboard comes here without the API's router layer.
     state.senders.invalidate();
     Ok(Json(row.view(&state.keyring)))
+}
+
+/// `/v1/endpoints/{id}/health`, `/disable` and `/enable` (part of [`super::endpoints::router`]).
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(health))
+        .routes(routes!(disable))
+        .routes(routes!(enable))
 }

@@ -12,6 +12,9 @@ use railhook_common::sealing::Keyring;
 use railhook_common::signing::SigningKey;
 use serde::{Deserialize, Serialize};
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::operational;
@@ -483,4 +486,15 @@ pub async fn delete(
     .await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `/v1/endpoints`: its routes with their OpenAPI operations. A write changes what senders
+/// fan out to, so it clears the sender cache (`routes::clears_senders`).
+pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
+    let routes = OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(get, update, delete))
+        .merge(crate::routes::endpoint_secret::router())
+        .merge(crate::routes::endpoint_state::router());
+    crate::routes::clears_senders(routes, state)
 }

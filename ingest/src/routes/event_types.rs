@@ -10,6 +10,9 @@ use railhook_common::EventType;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -309,4 +312,14 @@ pub async fn delete(
         return Err(ApiError::NotFound("event type"));
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `/v1/event-types`: its routes with their OpenAPI operations. The catalogue's schemas
+/// travel with the sender, so its writes clear the sender cache too.
+pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
+    let routes = OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(get, update, delete))
+        .routes(routes!(deprecate));
+    crate::routes::clears_senders(routes, state)
 }

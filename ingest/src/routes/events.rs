@@ -10,6 +10,9 @@ use railhook_common::{EventType, Word};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::accept::{AcceptedEvent, NewEvent, ingest};
 use crate::auth::{Project, Sender};
 use crate::extract::{ApiJson, ApiQuery, trace_of_request};
@@ -530,6 +533,23 @@ pub async fn list(
     .fetch_all(&state.pool)
     .await?;
     Ok(Json(page.finish(rows, |e: &EventSummary| &e.id)))
+}
+
+/// `/v1/events`: its routes with their OpenAPI operations, each body limit on the routes
+/// that take one (a single Event's payload plus its envelope; a batch's own limit).
+pub fn router(single_limit: usize, batch_limit: usize) -> OpenApiRouter<AppState> {
+    use axum::extract::DefaultBodyLimit;
+    let single = OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .layer(DefaultBodyLimit::max(single_limit));
+    let batch = OpenApiRouter::new()
+        .routes(routes!(create_batch))
+        .layer(DefaultBodyLimit::max(batch_limit));
+    OpenApiRouter::new()
+        .routes(routes!(get))
+        .routes(routes!(expunge))
+        .merge(single)
+        .merge(batch)
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@ use railhook_common::ids::EndpointId;
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -249,4 +252,11 @@ pub async fn reset_failed(
     .bind(only)
     .fetch_one(db)
     .await
+}
+
+/// `/v1/failed-messages`: its routes with their OpenAPI operations.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(retry))
 }

@@ -1,4 +1,10 @@
 //! HTTP handlers, one module per resource, and the validators they share.
+//!
+//! Each resource owns its routes: `router()` lists them with `utoipa_axum::routes!`, which
+//! takes each handler's path and method from its `#[utoipa::path]`, so a route is written
+//! once and documented where it is served. A resource whose writes change what a sender fans
+//! out to (keys, endpoints, subscriptions, event types, operational endpoints) says so by
+//! wrapping its router in [`clears_senders`].
 
 pub mod admin;
 pub mod deliveries;
@@ -15,10 +21,44 @@ pub mod subscriptions;
 
 use std::collections::BTreeMap;
 
+use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use serde::{Deserialize, Deserializer};
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::problem::ApiError;
+use crate::state::AppState;
+
+/// Declares that `routes`' successful writes change what senders fan out to: each clears
+/// the cache of senders (`store::subscriptions::SenderCache`) after it committed.
+pub fn clears_senders(
+    routes: OpenApiRouter<AppState>,
+    state: &AppState,
+) -> OpenApiRouter<AppState> {
+    routes.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        forget_senders_after_writes,
+    ))
+}
+
+/// Clears the sender cache after a successful write (the write has committed by then).
+async fn forget_senders_after_writes(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let write = !matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    let response = next.run(request).await;
+    if write && response.status().is_success() {
+        state.senders.invalidate();
+    }
+    response
+}
 
 /// A display name: trimmed, 1–200 characters.
 pub fn validate_name<'a>(field: &'static str, raw: &'a str) -> Result<&'a str, ApiError> {

@@ -14,6 +14,9 @@ use railhook_common::ids::EndpointId;
 use railhook_common::keygen::generate_signing_secret;
 use serde::{Deserialize, Serialize};
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::operational::OperationalEvent;
@@ -303,4 +306,15 @@ pub async fn rotate_secret(
     Path(id): Path<String>,
 ) -> ApiResult<Json<EndpointSecret>> {
     endpoint_secret::rotate(&state, &project, &id, "operational").await
+}
+
+/// `/v1/operational-endpoints`: its routes with their OpenAPI operations; writes clear the
+/// sender cache (the ingest plans operational Deliveries from it).
+pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
+    let routes = OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(get, update, delete))
+        .routes(routes!(secret))
+        .routes(routes!(rotate_secret));
+    crate::routes::clears_senders(routes, state)
 }

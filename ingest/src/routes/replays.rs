@@ -11,6 +11,9 @@ use railhook_common::event_type::EventType;
 use railhook_common::ids::{EndpointId, EventId, ReplayId};
 use serde::{Deserialize, Serialize};
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -404,6 +407,14 @@ pub async fn cancel(
     .ok_or(ApiError::InvalidState(
         "only a RUNNING replay can be cancelled",
     ))
+}
+
+/// `/v1/replays`: its routes with their OpenAPI operations.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(get))
+        .routes(routes!(cancel))
 }
 
 #[cfg(test)]

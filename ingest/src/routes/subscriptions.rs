@@ -8,6 +8,9 @@ use railhook_common::EventTypePattern;
 use railhook_common::ids::{EndpointId, SubscriptionId};
 use serde::{Deserialize, Serialize};
 
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -214,4 +217,13 @@ pub async fn delete(
         return Err(ApiError::NotFound("subscription"));
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `/v1/subscriptions`: its routes with their OpenAPI operations; writes clear the sender
+/// cache (`routes::clears_senders`).
+pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
+    let routes = OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(get, update, delete));
+    crate::routes::clears_senders(routes, state)
 }
