@@ -14,6 +14,7 @@ use super::Provider;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::store::{self, SourceRow};
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -30,13 +31,6 @@ pub struct Source {
     /// Where the provider must send its webhooks (relative to the API's public address).
     pub ingest_path: String,
     pub created_at: DateTime<Utc>,
-}
-
-struct SourceRow {
-    id: String,
-    provider: String,
-    name: String,
-    created_at: DateTime<Utc>,
 }
 
 impl From<SourceRow> for Source {
@@ -105,19 +99,10 @@ pub async fn create(
         ));
     }
     let id = SourceId::generate();
-    let row = sqlx::query_as!(
-        SourceRow,
-        r#"INSERT INTO sources (id, project_id, provider, name, secret)
-           VALUES ($1, $2, $3, $4, $5)
-           RETURNING id, provider, name, created_at"#,
-        id.as_str(),
-        project.id.as_str(),
-        provider.as_str(),
-        body.name,
-        state.keyring.seal(id.as_str(), secret)
-    )
-    .fetch_one(&state.pool)
-    .await?;
+    let sealed = state.keyring.seal(id.as_str(), secret);
+    let (project_id, provider) = (project.id.as_str(), provider.as_str());
+    let row =
+        store::insert_source(&state.pool, &id, project_id, provider, &body.name, &sealed).await?;
     Ok((StatusCode::CREATED, Json(row.into())))
 }
 
@@ -135,33 +120,17 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<Source>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    let rows = sqlx::query_as!(
-        SourceRow,
-        r#"SELECT id, provider, name, created_at FROM sources
-           WHERE project_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR id < $2)
-           ORDER BY id DESC LIMIT $3"#,
-        project.id.as_str(),
-        page.after,
-        page.fetch()
-    )
-    .fetch_all(&state.pool)
-    .await?;
+    let after = page.after.as_deref();
+    let rows = store::list_sources(&state.pool, project.id.as_str(), after, page.fetch()).await?;
     let rows = rows.into_iter().map(Source::from).collect();
     Ok(Json(page.finish(rows, |s: &Source| &s.id)))
 }
 
 async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<SourceRow> {
     let id = parse_id(raw)?;
-    sqlx::query_as!(
-        SourceRow,
-        r#"SELECT id, provider, name, created_at FROM sources
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("source"))
+    store::project_source(&state.pool, &id, project.id.as_str())
+        .await?
+        .ok_or(ApiError::NotFound("source"))
 }
 
 #[utoipa::path(get, path = "/v1/sources/{id}", tag = "incoming",
@@ -188,21 +157,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let source = find(&state, &project, &id).await?;
-    let mut tx = state.pool.begin().await?;
-    sqlx::query!(
-        "UPDATE sources SET deleted_at = now(), updated_at = now() WHERE id = $1",
-        source.id
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "UPDATE endpoints SET deleted_at = now(), updated_at = now()
-         WHERE source_id = $1 AND deleted_at IS NULL",
-        source.id
-    )
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    store::delete_source(&state.pool, &source.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -2,6 +2,7 @@
 //! Deliveries and Outbox rows in one transaction (the module doc of `incoming` says why a
 //! resend waits on the advisory lock and then finds the first Event).
 
+use chrono::{DateTime, Utc};
 use railhook_common::ids::{DeliveryId, EventId, SourceId};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -144,4 +145,92 @@ pub(super) async fn store_receipt(pool: &PgPool, r: Receipt<'_>) -> Result<Store
         event_id,
         delivery_ids,
     })
+}
+
+/// A Source as the API shows it.
+pub(crate) struct SourceRow {
+    pub id: String,
+    pub provider: String,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+pub(crate) async fn insert_source(
+    pool: &PgPool,
+    id: &SourceId,
+    project_id: &str,
+    provider: &str,
+    name: &str,
+    sealed_secret: &str,
+) -> Result<SourceRow, sqlx::Error> {
+    sqlx::query_as!(
+        SourceRow,
+        r#"INSERT INTO sources (id, project_id, provider, name, secret)
+           VALUES ($1, $2, $3, $4, $5)
+           RETURNING id, provider, name, created_at"#,
+        id.as_str(),
+        project_id,
+        provider,
+        name,
+        sealed_secret
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// A page of the project's live Sources, newest first, after `after`.
+pub(crate) async fn list_sources(
+    pool: &PgPool,
+    project_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<SourceRow>, sqlx::Error> {
+    sqlx::query_as!(
+        SourceRow,
+        r#"SELECT id, provider, name, created_at FROM sources
+           WHERE project_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR id < $2)
+           ORDER BY id DESC LIMIT $3"#,
+        project_id,
+        after,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The project's live Source `id`.
+pub(crate) async fn project_source(
+    pool: &PgPool,
+    id: &SourceId,
+    project_id: &str,
+) -> Result<Option<SourceRow>, sqlx::Error> {
+    sqlx::query_as!(
+        SourceRow,
+        r#"SELECT id, provider, name, created_at FROM sources
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
+        id.as_str(),
+        project_id
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Deletes the Source and its Destinations in one transaction; stored Events and
+/// Deliveries stay readable.
+pub(crate) async fn delete_source(pool: &PgPool, id: &str) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        "UPDATE sources SET deleted_at = now(), updated_at = now() WHERE id = $1",
+        id
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "UPDATE endpoints SET deleted_at = now(), updated_at = now()
+         WHERE source_id = $1 AND deleted_at IS NULL",
+        id
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
 }

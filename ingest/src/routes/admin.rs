@@ -17,6 +17,7 @@ use crate::extract::ApiJson;
 use crate::problem::{ApiError, ApiResult};
 use crate::routes::validate_name;
 use crate::state::AppState;
+use crate::store::tenants as store;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -52,19 +53,12 @@ pub async fn create_organization(
         ));
     }
     let id = OrganizationId::generate();
-    let row = sqlx::query!(
-        "INSERT INTO organizations (id, name, monthly_quota) VALUES ($1, $2, $3) RETURNING created_at",
-        id.as_str(),
-        name,
-        body.monthly_quota
-    )
-    .fetch_one(&state.pool)
-    .await?;
+    let created_at = store::insert_organization(&state.pool, &id, name, body.monthly_quota).await?;
     let org = Organization {
         id: id.into_string(),
         name: name.to_owned(),
         monthly_quota: body.monthly_quota,
-        created_at: row.created_at,
+        created_at,
     };
     Ok((StatusCode::CREATED, Json(org)))
 }
@@ -99,20 +93,12 @@ pub struct CreatedProject {
 async fn issue_key(conn: &mut PgConnection, project_id: &str) -> ApiResult<IssuedApiKey> {
     let key = generate_api_key();
     let id = ApiKeyId::generate();
-    let row = sqlx::query!(
-        "INSERT INTO api_keys (id, project_id, prefix, key_hash) VALUES ($1, $2, $3, $4) RETURNING created_at",
-        id.as_str(),
-        project_id,
-        key.prefix,
-        key.hash
-    )
-    .fetch_one(conn)
-    .await?;
+    let created_at = store::insert_api_key(conn, &id, project_id, &key).await?;
     Ok(IssuedApiKey {
         id: id.into_string(),
         prefix: key.prefix,
         api_key: key.plaintext,
-        created_at: row.created_at,
+        created_at,
     })
 }
 
@@ -130,27 +116,14 @@ pub async fn create_project(
     let org = OrganizationId::parse(&body.organization_id)
         .map_err(|e| ApiError::validation("organization_id", e.to_string()))?;
     let mut tx = state.pool.begin().await?;
-    let exists = sqlx::query_scalar!(
-        "SELECT 1 AS one FROM organizations WHERE id = $1",
-        org.as_str()
-    )
-    .fetch_optional(&mut *tx)
-    .await?;
-    if exists.is_none() {
+    if !store::organization_exists(&mut tx, &org).await? {
         return Err(ApiError::validation(
             "organization_id",
             "no such organization",
         ));
     }
     let id = ProjectId::generate();
-    let row = sqlx::query!(
-        "INSERT INTO projects (id, organization_id, name) VALUES ($1, $2, $3) RETURNING created_at",
-        id.as_str(),
-        org.as_str(),
-        name
-    )
-    .fetch_one(&mut *tx)
-    .await?;
+    let created_at = store::insert_project(&mut tx, &id, &org, name).await?;
     let key = issue_key(&mut tx, id.as_str()).await?;
     tx.commit().await?;
     Ok((
@@ -159,7 +132,7 @@ pub async fn create_project(
             id: id.into_string(),
             organization_id: org.into_string(),
             name: name.to_owned(),
-            created_at: row.created_at,
+            created_at,
             api_key: key.api_key,
             api_key_id: key.id,
         }),
@@ -178,13 +151,7 @@ pub async fn create_api_key(
 ) -> ApiResult<(StatusCode, Json<IssuedApiKey>)> {
     let project = ProjectId::parse(&id).map_err(|_| ApiError::NotFound("project"))?;
     let mut tx = state.pool.begin().await?;
-    let exists = sqlx::query_scalar!(
-        "SELECT 1 AS one FROM projects WHERE id = $1",
-        project.as_str()
-    )
-    .fetch_optional(&mut *tx)
-    .await?;
-    if exists.is_none() {
+    if !store::project_exists(&mut tx, &project).await? {
         return Err(ApiError::NotFound("project"));
     }
     let key = issue_key(&mut tx, project.as_str()).await?;
@@ -203,13 +170,7 @@ pub async fn revoke_api_key(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let key = ApiKeyId::parse(&id).map_err(|_| ApiError::NotFound("api key"))?;
-    let revoked = sqlx::query!(
-        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1",
-        key.as_str()
-    )
-    .execute(&state.pool)
-    .await?;
-    if revoked.rows_affected() == 0 {
+    if !store::revoke_api_key(&state.pool, &key).await? {
         return Err(ApiError::NotFound("api key"));
     }
     Ok(StatusCode::NO_CONTENT)

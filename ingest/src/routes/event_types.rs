@@ -19,6 +19,7 @@ use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::schemas;
 use crate::state::AppState;
+use crate::store::event_types::{self as store, EventTypeRow};
 
 const MAX_DESCRIPTION: usize = 1_000;
 /// A schema is a contract, not a payload: 64 KiB is plenty and bounds compile time.
@@ -41,18 +42,8 @@ pub struct EventTypeBody {
     pub updated_at: DateTime<Utc>,
 }
 
-struct Row {
-    name: String,
-    description: String,
-    schema: Option<Value>,
-    schema_version: i32,
-    deprecated_at: Option<DateTime<Utc>>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
-
-impl From<Row> for EventTypeBody {
-    fn from(r: Row) -> Self {
+impl From<EventTypeRow> for EventTypeBody {
+    fn from(r: EventTypeRow) -> Self {
         Self {
             name: r.name,
             description: r.description,
@@ -132,19 +123,13 @@ pub async fn create(
     if let Some(s) = &body.schema {
         check_schema(s)?;
     }
-    let row = sqlx::query_as!(
-        Row,
-        r#"INSERT INTO event_types (project_id, name, description, schema)
-           VALUES ($1, $2, $3, $4)
-           ON CONFLICT (project_id, name) DO NOTHING
-           RETURNING name, description, schema, schema_version, deprecated_at,
-                     created_at, updated_at"#,
+    let row = store::create(
+        &state.pool,
         project.id.as_str(),
-        name,
-        body.description,
-        body.schema
+        &name,
+        &body.description,
+        body.schema.as_ref(),
     )
-    .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::AlreadyExists("event type"))?;
     Ok((StatusCode::CREATED, Json(row.into())))
@@ -166,19 +151,13 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<EventTypeBody>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    let rows = sqlx::query_as!(
-        Row,
-        r#"SELECT name, description, schema, schema_version, deprecated_at, created_at, updated_at
-           FROM event_types
-           WHERE project_id = $1 AND ($2 OR deprecated_at IS NULL)
-             AND ($3::text IS NULL OR name > $3)
-           ORDER BY name LIMIT $4"#,
+    let rows = store::list(
+        &state.pool,
         project.id.as_str(),
         q.include_deprecated.unwrap_or(true),
-        page.after,
-        page.fetch()
+        page.after.as_deref(),
+        page.fetch(),
     )
-    .fetch_all(&state.pool)
     .await?;
     let rows: Vec<EventTypeBody> = rows.into_iter().map(Into::into).collect();
     Ok(Json(page.finish(rows, |t: &EventTypeBody| &t.name)))
@@ -194,16 +173,9 @@ pub async fn get(
     Path(name): Path<String>,
 ) -> ApiResult<Json<EventTypeBody>> {
     let name = path_name(&name)?;
-    let row = sqlx::query_as!(
-        Row,
-        r#"SELECT name, description, schema, schema_version, deprecated_at, created_at, updated_at
-           FROM event_types WHERE project_id = $1 AND name = $2"#,
-        project.id.as_str(),
-        name
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("event type"))?;
+    let row = store::find(&state.pool, project.id.as_str(), &name)
+        .await?
+        .ok_or(ApiError::NotFound("event type"))?;
     Ok(Json(row.into()))
 }
 
@@ -241,28 +213,11 @@ pub async fn update(
     if let Some(Some(s)) = &body.schema {
         check_schema(s)?;
     }
-    // A schema change (set or removed) bumps the version and draws a new schema_id, so no
-    // replica's cached validator can stand for the new schema.
-    let row = sqlx::query_as!(
-        Row,
-        r#"UPDATE event_types
-           SET description = coalesce($3, description),
-               schema = CASE WHEN $4 THEN $5 ELSE schema END,
-               schema_version = schema_version + CASE WHEN $4 THEN 1 ELSE 0 END,
-               schema_id = CASE WHEN $4 THEN nextval('event_type_schema_ids') ELSE schema_id END,
-               updated_at = now()
-           WHERE project_id = $1 AND name = $2
-           RETURNING name, description, schema, schema_version, deprecated_at,
-                     created_at, updated_at"#,
-        project.id.as_str(),
-        name,
-        body.description,
-        body.schema.is_some(),
-        body.schema.flatten()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("event type"))?;
+    let schema = body.schema.as_ref().map(Option::as_ref);
+    let description = body.description.as_deref();
+    let row = store::update(&state.pool, project.id.as_str(), &name, description, schema)
+        .await?
+        .ok_or(ApiError::NotFound("event type"))?;
     Ok(Json(row.into()))
 }
 
@@ -276,19 +231,9 @@ pub async fn deprecate(
     Path(name): Path<String>,
 ) -> ApiResult<Json<EventTypeBody>> {
     let name = path_name(&name)?;
-    let row = sqlx::query_as!(
-        Row,
-        r#"UPDATE event_types
-           SET deprecated_at = coalesce(deprecated_at, now()), updated_at = now()
-           WHERE project_id = $1 AND name = $2
-           RETURNING name, description, schema, schema_version, deprecated_at,
-                     created_at, updated_at"#,
-        project.id.as_str(),
-        name
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("event type"))?;
+    let row = store::deprecate(&state.pool, project.id.as_str(), &name)
+        .await?
+        .ok_or(ApiError::NotFound("event type"))?;
     Ok(Json(row.into()))
 }
 
@@ -301,14 +246,7 @@ pub async fn delete(
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     let name = path_name(&name)?;
-    let deleted = sqlx::query!(
-        "DELETE FROM event_types WHERE project_id = $1 AND name = $2",
-        project.id.as_str(),
-        name
-    )
-    .execute(&state.pool)
-    .await?;
-    if deleted.rows_affected() == 0 {
+    if !store::delete(&state.pool, project.id.as_str(), &name).await? {
         return Err(ApiError::NotFound("event type"));
     }
     Ok(StatusCode::NO_CONTENT)

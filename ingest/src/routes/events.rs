@@ -19,6 +19,7 @@ use crate::extract::{ApiJson, ApiQuery, trace_of_request};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
+use crate::store::events as store;
 
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -364,23 +365,17 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Event>> {
     let id = EventId::parse(&id).map_err(|_| ApiError::NotFound("event"))?;
-    let row = sqlx::query!(
-        r#"SELECT id, event_type, payload::text AS "payload!", idempotency_key, created_at,
-                  expunged_at, traceparent
-           FROM events WHERE id = $1 AND project_id = $2"#,
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("event"))?;
-    let deliveries = sqlx::query_as!(
-        DeliverySummary,
-        "SELECT id, endpoint_id, status FROM deliveries WHERE event_id = $1 ORDER BY id",
-        id.as_str()
-    )
-    .fetch_all(&state.pool)
-    .await?;
+    let (row, deliveries) = store::find(&state.pool, id.as_str(), project.id.as_str())
+        .await?
+        .ok_or(ApiError::NotFound("event"))?;
+    let deliveries = deliveries
+        .into_iter()
+        .map(|d| DeliverySummary {
+            id: d.id,
+            endpoint_id: d.endpoint_id,
+            status: d.status,
+        })
+        .collect();
     let payload = match row.expunged_at {
         Some(_) => None,
         None => Some(RawValue::from_string(row.payload).map_err(|_| {
@@ -429,48 +424,12 @@ pub async fn expunge(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Expunged>> {
     let id = EventId::parse(&id).map_err(|_| ApiError::NotFound("event"))?;
-    let mut tx = state.pool.begin().await?;
-    let expunged_at = sqlx::query_scalar!(
-        r#"UPDATE events
-           SET payload = 'null'::jsonb, raw_body = NULL, forward_headers = NULL,
-               expunged_at = coalesce(expunged_at, now())
-           WHERE id = $1 AND project_id = $2
-           RETURNING expunged_at AS "expunged_at!""#,
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(ApiError::NotFound("event"))?;
-    // An ordered successor parked behind one of these wakes at its gap timeout and finds
-    // it resolved (FAILED); clearing the token fences out an Attempt in flight.
-    let deliveries_failed = sqlx::query_scalar!(
-        r#"WITH failed AS (
-               UPDATE deliveries
-               SET status = 'FAILED', failure_reason = 'payload_expunged', claim_token = NULL,
-                   next_retry_at = NULL, hinted_at = NULL, parked_at = NULL,
-                   updated_at = now(), version = version + 1
-               WHERE event_id = $1 AND status IN ('PENDING', 'PROCESSING')
-               RETURNING 1
-           )
-           SELECT count(*) AS "n!" FROM failed"#,
-        id.as_str()
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    // What receivers answered may quote the payload (an echo, a 4xx naming a field): the
-    // excerpts of every Attempt of this Event go with it (review #34 item 6). An Attempt in
-    // flight now is fenced out above, and its row is written without an excerpt
-    // (worker/src/fence.rs, `finalise`).
-    sqlx::query!(
-        "UPDATE attempts a SET response_excerpt = NULL
-         FROM deliveries d
-         WHERE d.event_id = $1 AND a.delivery_id = d.id AND a.response_excerpt IS NOT NULL",
-        id.as_str()
-    )
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    let store::Expunge {
+        expunged_at,
+        deliveries_failed,
+    } = store::expunge(&state.pool, id.as_str(), project.id.as_str())
+        .await?
+        .ok_or(ApiError::NotFound("event"))?;
     state.metrics.payloads_expunged.inc();
     state
         .metrics
@@ -514,24 +473,29 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<EventSummary>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    let rows = sqlx::query_as!(
-        EventSummary,
-        r#"SELECT id, event_type, idempotency_key, created_at FROM events
-           WHERE project_id = $1 AND NOT operational
-             AND ($2::text IS NULL OR event_type = $2)
-             AND ($3::timestamptz IS NULL OR created_at >= $3)
-             AND ($4::timestamptz IS NULL OR created_at < $4)
-             AND ($5::text IS NULL OR id < $5)
-           ORDER BY id DESC LIMIT $6"#,
+    let filter = store::ListFilter {
+        event_type: q.event_type.as_deref(),
+        created_after: q.created_after,
+        created_before: q.created_before,
+    };
+    let after = page.after.as_deref();
+    let rows = store::list(
+        &state.pool,
         project.id.as_str(),
-        q.event_type,
-        q.created_after,
-        q.created_before,
-        page.after,
-        page.fetch()
+        &filter,
+        after,
+        page.fetch(),
     )
-    .fetch_all(&state.pool)
     .await?;
+    let rows: Vec<EventSummary> = rows
+        .into_iter()
+        .map(|r| EventSummary {
+            id: r.id,
+            event_type: r.event_type,
+            idempotency_key: r.idempotency_key,
+            created_at: r.created_at,
+        })
+        .collect();
     Ok(Json(page.finish(rows, |e: &EventSummary| &e.id)))
 }
 

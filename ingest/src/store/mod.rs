@@ -3,5 +3,8 @@
 
 pub mod deliveries;
 pub mod endpoints;
+pub mod event_types;
+pub mod events;
 pub mod replays;
 pub mod subscriptions;
+pub mod tenants;
