@@ -682,7 +682,9 @@ async fn the_worker_pool_plans_its_outcome_write_once_over_a_month_of_partitions
     ] {
         let pool = railhook_common::db::connect_planned(&settings, planning).expect("pool");
         for _ in 0..8 {
-            let done = fence::finalise(&pool, &stale, &unsent, &Decision::Succeeded, &STREAK)
+            // A retry: `finalise`'s own statement (a success goes to the group statement).
+            let retry = Decision::RetryAfter(Duration::from_secs(60));
+            let done = fence::finalise(&pool, &stale, &unsent, &retry, &STREAK)
                 .await
                 .expect("finalise");
             assert!(!done.wrote, "a stale token writes nothing");
@@ -787,7 +789,8 @@ async fn a_group_of_successes_writes_what_finalise_writes_one_by_one() {
     assert_eq!(alone, [true, true, false]);
     failing().await;
     let group: Vec<_> = claimed.drain(3..).map(|c| (c, report.clone())).collect();
-    let wrote = railhook_worker::successes::write_successes(&app.pool, &STREAK, &group)
+    let outcomes = group.iter().map(|(c, r)| (c, r));
+    let wrote = railhook_worker::successes::write_successes(&app.pool, &STREAK, outcomes)
         .await
         .expect("group");
     assert_eq!(wrote, [ids[3].clone(), ids[4].clone()]);

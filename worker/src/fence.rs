@@ -55,7 +55,16 @@ pub async fn finalise(
     streak: &StreakPolicy,
 ) -> Result<Finalised, sqlx::Error> {
     let (status, wait, reason, disable) = match decision {
-        Decision::Succeeded => (DeliveryStatus::Succeeded, None, None, false),
+        // A success is written by the one statement that spells it (successes.rs), for one
+        // outcome here as for a group there; it never disables an endpoint.
+        Decision::Succeeded => {
+            let one = [(claimed, report)];
+            let wrote = crate::successes::write_successes(db, streak, one).await?;
+            return Ok(Finalised {
+                wrote: !wrote.is_empty(),
+                disabled: false,
+            });
+        }
         Decision::RetryAfter(d) => (DeliveryStatus::Pending, Some(d.as_secs_f64()), None, false),
         Decision::Failed {
             reason,
@@ -69,8 +78,8 @@ pub async fn finalise(
     };
     let finished_at =
         report.started_at + chrono::Duration::from_std(report.duration).unwrap_or_default();
-    // The statement's parameters, each named once (the flags derive from them: an Attempt
-    // was sent when $4 = 1, it delivered when $3 = 'SUCCEEDED'):
+    // The statement's parameters, each named once (an Attempt was sent when $4 = 1; $3 is
+    // never SUCCEEDED here):
     //   $1 delivery id, $2 claim token (the Fence), $3 new status, $4 Attempts spent (0 or 1),
     //   $5 retry wait in seconds (NULL: none), $6 failure reason, $7 endpoint id,
     //   $8 the endpoint answered 410 and is disabled, $9..$15 the Attempt row (started,
@@ -81,9 +90,8 @@ pub async fn finalise(
     // streak and the disable that only a written 410 or a streak past the policy may cause;
     // and the Attempt row, marked fenced when the update matched nothing.
     //
-    // The endpoint row is written only when something changes: on a failure, or on the
-    // first success after failures. A healthy endpoint's Attempts never touch it, so
-    // workers delivering to one busy endpoint do not queue on its row lock.
+    // The endpoint row is written only when an Attempt was sent (a failure adds to the
+    // streak) or a 410 disables it; a success's reset is the success statement's.
     let row = sqlx::query!(
         r#"WITH upd AS (
                UPDATE deliveries
@@ -98,16 +106,15 @@ pub async fn finalise(
                SELECT e.id,
                       e.enabled AS was_enabled,
                       $8::bool AS gone,
-                      NOT ($3 = 'SUCCEEDED') AND e.enabled
+                      e.enabled
                           AND coalesce(e.failing_since, now()) <= now() - make_interval(secs => $16)
                           AND e.consecutive_failures + 1 >= $17 AS worn_out
                FROM endpoints e
                WHERE e.id = $7 AND ($4 = 1) AND EXISTS (SELECT 1 FROM upd)
-                 AND ($8 OR NOT ($3 = 'SUCCEEDED') OR e.consecutive_failures > 0)
            ), health AS (
                UPDATE endpoints e
-               SET consecutive_failures = CASE WHEN ($3 = 'SUCCEEDED') THEN 0 ELSE e.consecutive_failures + 1 END,
-                   failing_since = CASE WHEN ($3 = 'SUCCEEDED') THEN NULL ELSE coalesce(e.failing_since, now()) END,
+               SET consecutive_failures = e.consecutive_failures + 1,
+                   failing_since = coalesce(e.failing_since, now()),
                    enabled = e.enabled AND NOT (s.gone OR s.worn_out),
                    disabled_at = CASE WHEN e.enabled AND (s.gone OR s.worn_out) THEN now()
                                       ELSE e.disabled_at END,
@@ -131,9 +138,7 @@ pub async fn finalise(
                JOIN endpoints ep ON ep.id = $7 AND ep.kind = 'webhook'
                CROSS JOIN LATERAL (VALUES
                    ('message.attempt.exhausted', $3 = 'FAILED' AND ($4 = 1)),
-                   ('message.attempt.failing',
-                    $3 = 'PENDING' AND ($4 = 1) AND NOT ($3 = 'SUCCEEDED') AND u.attempt_count = $18),
-                   ('message.attempt.recovered', ($3 = 'SUCCEEDED') AND u.attempt_count > $18),
+                   ('message.attempt.failing', $3 = 'PENDING' AND ($4 = 1) AND u.attempt_count = $18),
                    ('endpoint.disabled', EXISTS (SELECT 1 FROM health h WHERE h.disabled))
                ) AS t0(kind, fire)
                CROSS JOIN LATERAL (SELECT t0.kind, CASE

@@ -177,7 +177,8 @@ async fn write_group(
     if group.len() == 1 {
         return write_each(pool, streak, group).await;
     }
-    match write_successes(pool, streak, group.iter().map(|j| &j.outcome)).await {
+    let outcomes = group.iter().map(|j| (&j.outcome.0, &j.outcome.1));
+    match write_successes(pool, streak, outcomes).await {
         Ok(wrote) => {
             for job in group {
                 let _ = job.reply.send(Ok(wrote.contains(&job.outcome.0.id)));
@@ -201,14 +202,13 @@ async fn write_each(pool: &PgPool, streak: &StreakPolicy, jobs: Vec<Job>) {
     }
 }
 
-/// The group statement: what `fence::finalise` writes for a success, for N of them in one
-/// statement (each a claimed Delivery whose request delivered). Returns the ids whose update
-/// the Fence let through; the others' Attempts are written `fenced`. Public for the test
-/// that holds it to `fence::finalise` row for row.
+/// The success write, the one statement that spells it: for N claimed Deliveries whose
+/// requests delivered (a group here, one from `fence::finalise`). Returns the ids whose
+/// update the Fence let through; the others' Attempts are written `fenced`.
 pub async fn write_successes<'a>(
     db: impl sqlx::PgExecutor<'_>,
     streak: &StreakPolicy,
-    outcomes: impl IntoIterator<Item = &'a (Claimed, Report)>,
+    outcomes: impl IntoIterator<Item = (&'a Claimed, &'a Report)>,
 ) -> sqlx::Result<Vec<String>> {
     let (mut ids, mut tokens, mut endpoints) = (Vec::new(), Vec::new(), Vec::new());
     let (mut started, mut finished, mut codes, mut millis, mut errors, mut excerpts) = (
@@ -233,10 +233,10 @@ pub async fn write_successes<'a>(
     // The range lets the executor leave out the partitions no id of the group is in
     // (claim.rs, `id_range`).
     let (lowest, highest) = crate::claim::id_range(&ids);
-    // The same writes as `fence::finalise` makes for a success, row by row: the fenced
-    // update; the failure streak reset on endpoints that had one; `message.attempt.recovered`
-    // for a Delivery that had been reported failing; every Attempt row, fenced where its
-    // update matched nothing.
+    // The fenced update; the failure streak reset on endpoints that had one (a healthy
+    // endpoint's row is never touched, so workers delivering to one busy endpoint do not
+    // queue on its row lock); `message.attempt.recovered` for a Delivery that had been
+    // reported failing; every Attempt row, fenced where its update matched nothing.
     let rows = sqlx::query_scalar!(
         r#"WITH w AS (
                SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[],
