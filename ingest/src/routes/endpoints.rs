@@ -239,30 +239,24 @@ pub(crate) async fn insert(
         &serde_json::to_value(&body.headers).unwrap_or_default(),
     );
     let mut tx = state.pool.begin().await?;
-    let row = sqlx::query_as!(
-        EndpointRow,
-        r#"INSERT INTO endpoints (id, project_id, url, description, secret, enabled, timeout_ms,
-                                  rate_limit_per_second, max_concurrency, headers, retry_delays,
-                                  max_attempts, rate_limit_burst, source_id)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-           RETURNING *"#,
-        id.as_str(),
-        project.id.as_str(),
-        url,
-        body.description,
-        state.keyring.seal(id.as_str(), &secret),
-        body.enabled.unwrap_or(true),
+    let sealed_secret = state.keyring.seal(id.as_str(), &secret);
+    let new = store::NewEndpoint {
+        id: id.as_str(),
+        project_id: project.id.as_str(),
+        url: &url,
+        description: &body.description,
+        sealed_secret: &sealed_secret,
+        enabled: body.enabled.unwrap_or(true),
         timeout_ms,
-        body.rate_limit_per_second,
-        body.max_concurrency,
-        headers,
-        delays,
-        body.max_attempts,
-        body.rate_limit_burst,
-        source_id
-    )
-    .fetch_one(&mut *tx)
-    .await?;
+        rate_limit_per_second: body.rate_limit_per_second,
+        rate_limit_burst: body.rate_limit_burst,
+        max_concurrency: body.max_concurrency,
+        sealed_headers: headers,
+        retry_delays: delays,
+        max_attempts: body.max_attempts,
+        source_id,
+    };
+    let row = store::insert(&mut *tx, new).await?;
     operational::emit(
         &mut *tx,
         project.id.as_str(),
@@ -397,44 +391,21 @@ pub async fn update(
     let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    let row = sqlx::query_as!(
-        EndpointRow,
-        r#"UPDATE endpoints SET
-               url = coalesce($3, url),
-               description = coalesce($4, description),
-               enabled = coalesce($5, enabled),
-               disabled_reason = CASE WHEN $5 IS TRUE THEN NULL ELSE disabled_reason END,
-               timeout_ms = coalesce($6, timeout_ms),
-               rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
-               max_concurrency = CASE WHEN $9 THEN $10 ELSE max_concurrency END,
-               headers = coalesce($11, headers),
-               retry_delays = CASE WHEN $12 THEN $13 ELSE retry_delays END,
-               max_attempts = CASE WHEN $14 THEN $15 ELSE max_attempts END,
-               rate_limit_burst = CASE WHEN $16 THEN $17 ELSE rate_limit_burst END,
-               updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
-           RETURNING *"#,
-        id.as_str(),
-        project.id.as_str(),
-        url,
-        body.description,
-        body.enabled,
-        body.timeout_ms,
-        body.rate_limit_per_second.is_some(),
-        body.rate_limit_per_second.flatten(),
-        body.max_concurrency.is_some(),
-        body.max_concurrency.flatten(),
-        headers,
-        delays.is_some(),
-        delays.flatten(),
-        body.max_attempts.is_some(),
-        body.max_attempts.flatten(),
-        body.rate_limit_burst.is_some(),
-        body.rate_limit_burst.flatten()
-    )
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
+    let change = store::EndpointChange {
+        url: url.as_deref(),
+        description: body.description.as_deref(),
+        enabled: body.enabled,
+        timeout_ms: body.timeout_ms,
+        rate_limit_per_second: body.rate_limit_per_second,
+        rate_limit_burst: body.rate_limit_burst,
+        max_concurrency: body.max_concurrency,
+        sealed_headers: headers,
+        retry_delays: delays,
+        max_attempts: body.max_attempts,
+    };
+    let row = store::update(&mut *tx, id.as_str(), project.id.as_str(), change)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
     operational::emit(
         &mut *tx,
         project.id.as_str(),
@@ -459,24 +430,9 @@ pub async fn delete(
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
     let mut tx = state.pool.begin().await?;
-    let deleted = sqlx::query!(
-        "UPDATE endpoints SET deleted_at = now(), enabled = false, updated_at = now()
-         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'",
-        id.as_str(),
-        project.id.as_str()
-    )
-    .execute(&mut *tx)
-    .await?;
-    if deleted.rows_affected() == 0 {
+    if !store::delete(&mut tx, id.as_str(), project.id.as_str()).await? {
         return Err(ApiError::NotFound("endpoint"));
     }
-    sqlx::query!(
-        "UPDATE subscriptions SET deleted_at = now(), updated_at = now()
-         WHERE endpoint_id = $1 AND deleted_at IS NULL",
-        id.as_str()
-    )
-    .execute(&mut *tx)
-    .await?;
     operational::emit(
         &mut *tx,
         project.id.as_str(),

@@ -127,3 +127,143 @@ pub async fn of_source(
     .fetch_all(db)
     .await
 }
+
+/// A webhook endpoint (or a Source's Destination) to create; secrets and header values
+/// arrive sealed.
+pub struct NewEndpoint<'a> {
+    pub id: &'a str,
+    pub project_id: &'a str,
+    pub url: &'a str,
+    pub description: &'a str,
+    pub sealed_secret: &'a str,
+    pub enabled: bool,
+    pub timeout_ms: i32,
+    pub rate_limit_per_second: Option<i32>,
+    pub rate_limit_burst: Option<i32>,
+    pub max_concurrency: Option<i32>,
+    pub sealed_headers: serde_json::Value,
+    /// The stored form of the endpoint's own retry waits (common/src/retry.rs).
+    pub retry_delays: Option<String>,
+    pub max_attempts: Option<i32>,
+    pub source_id: Option<&'a str>,
+}
+
+pub async fn insert(
+    db: impl PgExecutor<'_>,
+    e: NewEndpoint<'_>,
+) -> Result<EndpointRow, sqlx::Error> {
+    sqlx::query_as!(
+        EndpointRow,
+        r#"INSERT INTO endpoints (id, project_id, url, description, secret, enabled, timeout_ms,
+                                  rate_limit_per_second, max_concurrency, headers, retry_delays,
+                                  max_attempts, rate_limit_burst, source_id)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+           RETURNING *"#,
+        e.id,
+        e.project_id,
+        e.url,
+        e.description,
+        e.sealed_secret,
+        e.enabled,
+        e.timeout_ms,
+        e.rate_limit_per_second,
+        e.max_concurrency,
+        e.sealed_headers,
+        e.retry_delays,
+        e.max_attempts,
+        e.rate_limit_burst,
+        e.source_id
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// What a PATCH changes: `None` leaves a field; for the optional limits and the ladder,
+/// `Some(None)` clears it.
+pub struct EndpointChange<'a> {
+    pub url: Option<&'a str>,
+    pub description: Option<&'a str>,
+    pub enabled: Option<bool>,
+    pub timeout_ms: Option<i32>,
+    pub rate_limit_per_second: Option<Option<i32>>,
+    pub rate_limit_burst: Option<Option<i32>>,
+    pub max_concurrency: Option<Option<i32>>,
+    pub sealed_headers: Option<serde_json::Value>,
+    pub retry_delays: Option<Option<String>>,
+    pub max_attempts: Option<Option<i32>>,
+}
+
+/// Applies `c` to the project's live webhook endpoint `id` (enabling it clears its disabled
+/// reason); `None`: no such endpoint.
+pub async fn update(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    project_id: &str,
+    c: EndpointChange<'_>,
+) -> Result<Option<EndpointRow>, sqlx::Error> {
+    sqlx::query_as!(
+        EndpointRow,
+        r#"UPDATE endpoints SET
+               url = coalesce($3, url),
+               description = coalesce($4, description),
+               enabled = coalesce($5, enabled),
+               disabled_reason = CASE WHEN $5 IS TRUE THEN NULL ELSE disabled_reason END,
+               timeout_ms = coalesce($6, timeout_ms),
+               rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
+               max_concurrency = CASE WHEN $9 THEN $10 ELSE max_concurrency END,
+               headers = coalesce($11, headers),
+               retry_delays = CASE WHEN $12 THEN $13 ELSE retry_delays END,
+               max_attempts = CASE WHEN $14 THEN $15 ELSE max_attempts END,
+               rate_limit_burst = CASE WHEN $16 THEN $17 ELSE rate_limit_burst END,
+               updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
+           RETURNING *"#,
+        id,
+        project_id,
+        c.url,
+        c.description,
+        c.enabled,
+        c.timeout_ms,
+        c.rate_limit_per_second.is_some(),
+        c.rate_limit_per_second.flatten(),
+        c.max_concurrency.is_some(),
+        c.max_concurrency.flatten(),
+        c.sealed_headers,
+        c.retry_delays.is_some(),
+        c.retry_delays.flatten(),
+        c.max_attempts.is_some(),
+        c.max_attempts.flatten(),
+        c.rate_limit_burst.is_some(),
+        c.rate_limit_burst.flatten()
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Deletes the project's live webhook endpoint `id` and its subscriptions, keeping the row
+/// (its Deliveries and Attempts stay readable); false when there was none.
+pub async fn delete(
+    tx: &mut sqlx::PgConnection,
+    id: &str,
+    project_id: &str,
+) -> Result<bool, sqlx::Error> {
+    let deleted = sqlx::query!(
+        "UPDATE endpoints SET deleted_at = now(), enabled = false, updated_at = now()
+         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'",
+        id,
+        project_id
+    )
+    .execute(&mut *tx)
+    .await?;
+    if deleted.rows_affected() == 0 {
+        return Ok(false);
+    }
+    sqlx::query!(
+        "UPDATE subscriptions SET deleted_at = now(), updated_at = now()
+         WHERE endpoint_id = $1 AND deleted_at IS NULL",
+        id
+    )
+    .execute(&mut *tx)
+    .await?;
+    Ok(true)
+}
