@@ -15,6 +15,7 @@ use crate::auth::Project;
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::endpoints::parse_id;
 use crate::state::AppState;
+use crate::store::endpoints::{self as store, Kind};
 
 /// The signing secret, and during a rotation's overlap the previous one, which still signs.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -33,7 +34,7 @@ pub async fn secret(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<EndpointSecret>> {
-    read(&state, &project, &id, "webhook").await
+    read(&state, &project, &id, Kind::Webhook).await
 }
 
 /// The secret of an endpoint of `kind` (`webhook`, or `operational` for
@@ -42,21 +43,12 @@ pub(crate) async fn read(
     state: &AppState,
     project: &Project,
     id: &str,
-    kind: &str,
+    kind: Kind,
 ) -> ApiResult<Json<EndpointSecret>> {
     let id = parse_id(id)?;
-    let row = sqlx::query!(
-        r#"SELECT secret,
-                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret END AS previous_secret,
-                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END AS previous_expires
-           FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = $3"#,
-        id.as_str(),
-        project.id.as_str(),
-        kind
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
+    let row = store::secrets(&state.pool, id.as_str(), project.id.as_str(), kind)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
     let (key, previous_key) =
         state
             .keyring
@@ -64,7 +56,7 @@ pub(crate) async fn read(
     Ok(Json(EndpointSecret {
         key,
         previous_key,
-        previous_key_expires_at: row.previous_expires,
+        previous_key_expires_at: row.previous_expires_at,
     }))
 }
 
@@ -79,7 +71,7 @@ pub async fn rotate_secret(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<EndpointSecret>> {
-    rotate(&state, &project, &id, "webhook").await
+    rotate(&state, &project, &id, Kind::Webhook).await
 }
 
 /// Rotates the secret of an endpoint of `kind` (see [`read`]).
@@ -87,39 +79,20 @@ pub(crate) async fn rotate(
     state: &AppState,
     project: &Project,
     id: &str,
-    kind: &str,
+    kind: Kind,
 ) -> ApiResult<Json<EndpointSecret>> {
     let id = parse_id(id)?;
     let overlap = state.limits.secret_rotation_overlap.as_secs_f64();
     // A rotation keeps the endpoint's scheme.
-    let current = sqlx::query_scalar!(
-        "SELECT secret FROM endpoints
-         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = $3",
-        id.as_str(),
-        project.id.as_str(),
-        kind
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
-    let row = sqlx::query!(
-        r#"UPDATE endpoints
-           SET previous_secret = secret,
-               previous_secret_expires_at = now() + make_interval(secs => $3),
-               secret = $4, updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
-           RETURNING secret, previous_secret, previous_secret_expires_at"#,
-        id.as_str(),
-        project.id.as_str(),
-        overlap,
-        state.keyring.seal(
-            id.as_str(),
-            &generate_secret_like(&state.keyring.open(id.as_str(), &current)?)
-        )
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
+    let current = store::current_secret(&state.pool, id.as_str(), project.id.as_str(), kind)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
+    let fresh = generate_secret_like(&state.keyring.open(id.as_str(), &current)?);
+    let sealed = state.keyring.seal(id.as_str(), &fresh);
+    let (id_text, project_id) = (id.as_str(), project.id.as_str());
+    let row = store::rotate_secret(&state.pool, id_text, project_id, overlap, &sealed)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
     let (key, previous_key) =
         state
             .keyring
@@ -127,7 +100,7 @@ pub(crate) async fn rotate(
     Ok(Json(EndpointSecret {
         key,
         previous_key,
-        previous_key_expires_at: row.previous_secret_expires_at,
+        previous_key_expires_at: row.previous_expires_at,
     }))
 }
 

@@ -11,8 +11,9 @@ use utoipa_axum::routes;
 
 use crate::auth::Project;
 use crate::problem::{ApiError, ApiResult, Problem};
-use crate::routes::endpoints::{Endpoint, EndpointRow, parse_id};
+use crate::routes::endpoints::{Endpoint, parse_id};
 use crate::state::AppState;
+use crate::store::endpoints as store;
 use railhook_common::ids::EndpointId;
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -71,22 +72,9 @@ pub async fn health(
     Path(id): Path<String>,
 ) -> ApiResult<Json<EndpointHealth>> {
     let id = parse_id(&id)?;
-    let row = sqlx::query!(
-        r#"SELECT e.enabled, e.disabled_reason, e.breaker_state, e.breaker_changed_at,
-                  e.consecutive_failures, e.failing_since, e.disabled_at,
-                  count(a.id) AS "attempts!",
-                  count(a.id) FILTER (WHERE a.outcome = 'SUCCEEDED') AS "succeeded!"
-           FROM endpoints e
-           LEFT JOIN deliveries d ON d.endpoint_id = e.id
-           LEFT JOIN attempts a ON a.delivery_id = d.id AND a.started_at > now() - interval '24 hours'
-           WHERE e.id = $1 AND e.project_id = $2 AND e.deleted_at IS NULL AND e.kind = 'webhook'
-           GROUP BY e.id"#,
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
+    let row = store::health(&state.pool, id.as_str(), project.id.as_str())
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
     let (health_state, disable_at) =
         streak_state(row.enabled, row.failing_since, &state.streak, Utc::now());
     Ok(Json(EndpointHealth {
@@ -178,24 +166,10 @@ pub async fn set_enabled(
     let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    let row = sqlx::query_as!(
-        EndpointRow,
-        r#"UPDATE endpoints
-           SET enabled = $3, disabled_reason = $4,
-               disabled_at = CASE WHEN $3 THEN NULL ELSE coalesce(disabled_at, now()) END,
-               consecutive_failures = CASE WHEN $3 THEN 0 ELSE consecutive_failures END,
-               failing_since = CASE WHEN $3 THEN NULL ELSE failing_since END,
-               updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
-           RETURNING *"#,
-        id.as_str(),
-        project.id.as_str(),
-        enabled,
-        reason
-    )
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(ApiError::NotFound("endpoint"))?;
+    let (id, project_id) = (id.as_str(), project.id.as_str());
+    let row = store::set_enabled(&mut *tx, id, project_id, enabled, reason.as_deref())
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
     crate::operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row)
         .await?;
     tx.commit().await?;

@@ -135,24 +135,19 @@ pub async fn create(
     let types = event_types(body.event_types)?;
     let secret = generate_signing_secret();
     let id = EndpointId::generate();
-    let row = sqlx::query_as!(
-        EndpointRow,
-        r#"INSERT INTO endpoints (id, project_id, url, description, secret, timeout_ms,
-                                  retry_delays, max_attempts, kind, operational_types)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'operational', $9)
-           RETURNING *"#,
-        id.as_str(),
-        project.id.as_str(),
-        url,
-        description,
-        state.keyring.seal(id.as_str(), &secret),
-        TIMEOUT_MS.min(state.limits.endpoint_timeout_max_ms),
-        LADDER,
-        MAX_ATTEMPTS,
-        &types
-    )
-    .fetch_one(&state.pool)
-    .await?;
+    let sealed_secret = state.keyring.seal(id.as_str(), &secret);
+    let new = store::NewOperational {
+        id: id.as_str(),
+        project_id: project.id.as_str(),
+        url: &url,
+        description: &description,
+        sealed_secret: &sealed_secret,
+        timeout_ms: TIMEOUT_MS.min(state.limits.endpoint_timeout_max_ms),
+        retry_delays: LADDER,
+        max_attempts: MAX_ATTEMPTS,
+        types: &types,
+    };
+    let row = store::insert_operational(&state.pool, new).await?;
     Ok((
         StatusCode::CREATED,
         Json(CreatedOperationalEndpoint {
@@ -235,29 +230,15 @@ pub async fn update(
     let url = body.url.as_deref().map(validate_url).transpose()?;
     let description = description(body.description)?;
     let types = body.event_types.map(|t| event_types(Some(t))).transpose()?;
-    let row = sqlx::query_as!(
-        EndpointRow,
-        r#"UPDATE endpoints SET
-               url = coalesce($3, url),
-               description = coalesce($4, description),
-               operational_types = coalesce($5, operational_types),
-               enabled = coalesce($6, enabled),
-               disabled_reason = CASE WHEN $6 IS TRUE THEN NULL ELSE disabled_reason END,
-               consecutive_failures = CASE WHEN $6 IS TRUE THEN 0 ELSE consecutive_failures END,
-               failing_since = CASE WHEN $6 IS TRUE THEN NULL ELSE failing_since END,
-               updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND kind = 'operational' AND deleted_at IS NULL
-           RETURNING *"#,
-        id.as_str(),
-        project.id.as_str(),
-        url,
-        description,
-        types.as_deref(),
-        body.enabled
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("operational endpoint"))?;
+    let change = store::OperationalChange {
+        url: url.as_deref(),
+        description: description.as_deref(),
+        types: types.as_deref(),
+        enabled: body.enabled,
+    };
+    let row = store::update_operational(&state.pool, id.as_str(), project.id.as_str(), change)
+        .await?
+        .ok_or(ApiError::NotFound("operational endpoint"))?;
     Ok(Json(row.into()))
 }
 
@@ -270,15 +251,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
-    let deleted = sqlx::query!(
-        "UPDATE endpoints SET deleted_at = now(), enabled = false, updated_at = now()
-         WHERE id = $1 AND project_id = $2 AND kind = 'operational' AND deleted_at IS NULL",
-        id.as_str(),
-        project.id.as_str()
-    )
-    .execute(&state.pool)
-    .await?;
-    if deleted.rows_affected() == 0 {
+    if !store::delete_operational(&state.pool, id.as_str(), project.id.as_str()).await? {
         return Err(ApiError::NotFound("operational endpoint"));
     }
     Ok(StatusCode::NO_CONTENT)
@@ -293,7 +266,7 @@ pub async fn secret(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<EndpointSecret>> {
-    endpoint_secret::read(&state, &project, &id, "operational").await
+    endpoint_secret::read(&state, &project, &id, Kind::Operational).await
 }
 
 #[utoipa::path(post, path = "/v1/operational-endpoints/{id}/secret/rotate",
@@ -305,7 +278,7 @@ pub async fn rotate_secret(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<EndpointSecret>> {
-    endpoint_secret::rotate(&state, &project, &id, "operational").await
+    endpoint_secret::rotate(&state, &project, &id, Kind::Operational).await
 }
 
 /// `/v1/operational-endpoints`: its routes with their OpenAPI operations; writes clear the

@@ -267,3 +267,242 @@ pub async fn delete(
     .await?;
     Ok(true)
 }
+
+/// An endpoint's signing secrets as stored (sealed): the current one, and the previous one
+/// while its rotation overlap lasts.
+pub struct SealedSecrets {
+    pub secret: String,
+    pub previous_secret: Option<String>,
+    pub previous_expires_at: Option<DateTime<Utc>>,
+}
+
+/// The secrets of the project's live endpoint `id` of `kind`.
+pub async fn secrets(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    project_id: &str,
+    kind: Kind,
+) -> Result<Option<SealedSecrets>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"SELECT secret,
+                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret END AS previous_secret,
+                  CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END AS previous_expires
+           FROM endpoints WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = $3"#,
+        id,
+        project_id,
+        kind.as_str()
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| SealedSecrets {
+        secret: r.secret,
+        previous_secret: r.previous_secret,
+        previous_expires_at: r.previous_expires,
+    }))
+}
+
+/// The current (sealed) secret of the project's live endpoint `id` of `kind`.
+pub async fn current_secret(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    project_id: &str,
+    kind: Kind,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT secret FROM endpoints
+         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = $3",
+        id,
+        project_id,
+        kind.as_str()
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Rotation: `sealed_new` signs from now on and the current secret keeps signing beside it
+/// for `overlap_secs`.
+pub async fn rotate_secret(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    project_id: &str,
+    overlap_secs: f64,
+    sealed_new: &str,
+) -> Result<Option<SealedSecrets>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"UPDATE endpoints
+           SET previous_secret = secret,
+               previous_secret_expires_at = now() + make_interval(secs => $3),
+               secret = $4, updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
+           RETURNING secret, previous_secret, previous_secret_expires_at"#,
+        id,
+        project_id,
+        overlap_secs,
+        sealed_new
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| SealedSecrets {
+        secret: r.secret,
+        previous_secret: r.previous_secret,
+        previous_expires_at: r.previous_secret_expires_at,
+    }))
+}
+
+/// A webhook endpoint's state and its last 24 hours of Attempts.
+pub struct HealthRow {
+    pub enabled: bool,
+    pub disabled_reason: Option<String>,
+    pub breaker_state: String,
+    pub breaker_changed_at: Option<DateTime<Utc>>,
+    pub consecutive_failures: i32,
+    pub failing_since: Option<DateTime<Utc>>,
+    pub disabled_at: Option<DateTime<Utc>>,
+    pub attempts: i64,
+    pub succeeded: i64,
+}
+
+pub async fn health(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    project_id: &str,
+) -> Result<Option<HealthRow>, sqlx::Error> {
+    sqlx::query_as!(
+        HealthRow,
+        r#"SELECT e.enabled, e.disabled_reason, e.breaker_state, e.breaker_changed_at,
+                  e.consecutive_failures, e.failing_since, e.disabled_at,
+                  count(a.id) AS "attempts!",
+                  count(a.id) FILTER (WHERE a.outcome = 'SUCCEEDED') AS "succeeded!"
+           FROM endpoints e
+           LEFT JOIN deliveries d ON d.endpoint_id = e.id
+           LEFT JOIN attempts a ON a.delivery_id = d.id AND a.started_at > now() - interval '24 hours'
+           WHERE e.id = $1 AND e.project_id = $2 AND e.deleted_at IS NULL AND e.kind = 'webhook'
+           GROUP BY e.id"#,
+        id,
+        project_id
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Enables or disables the project's live endpoint `id` (enabling clears its failure
+/// streak; disabling keeps the first `disabled_at`).
+pub async fn set_enabled(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    project_id: &str,
+    enabled: bool,
+    reason: Option<&str>,
+) -> Result<Option<EndpointRow>, sqlx::Error> {
+    sqlx::query_as!(
+        EndpointRow,
+        r#"UPDATE endpoints
+           SET enabled = $3, disabled_reason = $4,
+               disabled_at = CASE WHEN $3 THEN NULL ELSE coalesce(disabled_at, now()) END,
+               consecutive_failures = CASE WHEN $3 THEN 0 ELSE consecutive_failures END,
+               failing_since = CASE WHEN $3 THEN NULL ELSE failing_since END,
+               updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
+           RETURNING *"#,
+        id,
+        project_id,
+        enabled,
+        reason
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// An operational endpoint to create (its ladder and timeout are the operational ones,
+/// `routes/operational_endpoints.rs`).
+pub struct NewOperational<'a> {
+    pub id: &'a str,
+    pub project_id: &'a str,
+    pub url: &'a str,
+    pub description: &'a str,
+    pub sealed_secret: &'a str,
+    pub timeout_ms: i32,
+    pub retry_delays: &'a str,
+    pub max_attempts: i32,
+    pub types: &'a [String],
+}
+
+pub async fn insert_operational(
+    db: impl PgExecutor<'_>,
+    e: NewOperational<'_>,
+) -> Result<EndpointRow, sqlx::Error> {
+    sqlx::query_as!(
+        EndpointRow,
+        r#"INSERT INTO endpoints (id, project_id, url, description, secret, timeout_ms,
+                                  retry_delays, max_attempts, kind, operational_types)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'operational', $9)
+           RETURNING *"#,
+        e.id,
+        e.project_id,
+        e.url,
+        e.description,
+        e.sealed_secret,
+        e.timeout_ms,
+        e.retry_delays,
+        e.max_attempts,
+        e.types
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// What a PATCH of an operational endpoint changes (`None` leaves a field; enabling clears
+/// its failure streak).
+pub struct OperationalChange<'a> {
+    pub url: Option<&'a str>,
+    pub description: Option<&'a str>,
+    pub types: Option<&'a [String]>,
+    pub enabled: Option<bool>,
+}
+
+pub async fn update_operational(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    project_id: &str,
+    c: OperationalChange<'_>,
+) -> Result<Option<EndpointRow>, sqlx::Error> {
+    sqlx::query_as!(
+        EndpointRow,
+        r#"UPDATE endpoints SET
+               url = coalesce($3, url),
+               description = coalesce($4, description),
+               operational_types = coalesce($5, operational_types),
+               enabled = coalesce($6, enabled),
+               disabled_reason = CASE WHEN $6 IS TRUE THEN NULL ELSE disabled_reason END,
+               consecutive_failures = CASE WHEN $6 IS TRUE THEN 0 ELSE consecutive_failures END,
+               failing_since = CASE WHEN $6 IS TRUE THEN NULL ELSE failing_since END,
+               updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND kind = 'operational' AND deleted_at IS NULL
+           RETURNING *"#,
+        id,
+        project_id,
+        c.url,
+        c.description,
+        c.types,
+        c.enabled
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Whether the project had a live operational endpoint `id` to delete.
+pub async fn delete_operational(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    project_id: &str,
+) -> Result<bool, sqlx::Error> {
+    let deleted = sqlx::query!(
+        "UPDATE endpoints SET deleted_at = now(), enabled = false, updated_at = now()
+         WHERE id = $1 AND project_id = $2 AND kind = 'operational' AND deleted_at IS NULL",
+        id,
+        project_id
+    )
+    .execute(db)
+    .await?;
+    Ok(deleted.rows_affected() > 0)
+}
