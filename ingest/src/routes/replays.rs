@@ -67,31 +67,8 @@ pub struct ReplayPreview {
     pub events_total: i64,
 }
 
-/// The `replays` row, column for column: every statement reads or returns `*`, so no
-/// column list is written out (a column added to the table is a compile error here).
-struct ReplayRow {
-    id: String,
-    #[allow(dead_code)] // scoped by the statements' WHERE; not shown
-    project_id: String,
-    status: String,
-    event_ids: Option<Vec<String>>,
-    from_time: Option<DateTime<Utc>>,
-    to_time: Option<DateTime<Utc>>,
-    event_types: Option<Vec<String>>,
-    endpoint_id: Option<String>,
-    events_total: i64,
-    events_done: i64,
-    deliveries_created: i64,
-    #[allow(dead_code)] // the engine's, read by crate::replay
-    cursor: Option<String>,
-    created_at: DateTime<Utc>,
-    #[allow(dead_code)]
-    updated_at: DateTime<Utc>,
-    finished_at: Option<DateTime<Utc>>,
-}
-
-impl From<ReplayRow> for Replay {
-    fn from(r: ReplayRow) -> Self {
+impl From<replays::ReplayRow> for Replay {
+    fn from(r: replays::ReplayRow) -> Self {
         Self {
             id: r.id,
             status: r.status,
@@ -230,14 +207,7 @@ pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiR
     let dry_run = body.dry_run;
     let sel = validate(body)?;
     if let Some(endpoint) = &sel.endpoint_id {
-        let exists = sqlx::query_scalar!(
-            r#"SELECT EXISTS (SELECT 1 FROM endpoints
-                              WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL) AS "exists!""#,
-            endpoint,
-            project.id.as_str()
-        )
-        .fetch_one(&state.pool)
-        .await?;
+        let exists = replays::endpoint_exists(&state.pool, endpoint, project.id.as_str()).await?;
         if !exists {
             return Err(ApiError::validation("endpoint_id", "no such endpoint"));
         }
@@ -287,41 +257,23 @@ pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiR
         }));
     }
     let replay_id = ReplayId::generate();
-    let replay = sqlx::query_as!(
-        ReplayRow,
-        "INSERT INTO replays (id, project_id, event_ids, from_time, to_time, event_types,
-                              endpoint_id, events_total, status, finished_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::bigint,
-                 CASE WHEN $8::bigint = 0 THEN 'COMPLETED' ELSE 'RUNNING' END,
-                 CASE WHEN $8::bigint = 0 THEN now() END)
-         RETURNING *",
-        replay_id.as_str(),
-        project.id.as_str(),
-        sel.event_ids.as_deref(),
-        sel.from,
-        sel.to,
-        sel.event_types.as_deref(),
-        sel.endpoint_id,
-        total
-    )
-    .fetch_one(&state.pool)
-    .await?
-    .into();
+    let new = replays::NewReplay {
+        id: replay_id.as_str(),
+        project_id: project.id.as_str(),
+        event_ids: sel.event_ids.as_deref(),
+        from: sel.from,
+        to: sel.to,
+        event_types: sel.event_types.as_deref(),
+        endpoint_id: sel.endpoint_id.as_deref(),
+        events_total: total,
+    };
+    let replay = replays::insert(&state.pool, new).await?.into();
     Ok(Started::Replay(replay))
 }
 
 pub async fn recent(state: &AppState, project: &Project, limit: i64) -> ApiResult<Vec<Replay>> {
-    Ok(sqlx::query_as!(
-        ReplayRow,
-        "SELECT * FROM replays WHERE project_id = $1 ORDER BY id DESC LIMIT $2",
-        project.id.as_str(),
-        limit
-    )
-    .fetch_all(&state.pool)
-    .await?
-    .into_iter()
-    .map(Replay::from)
-    .collect())
+    let rows = replays::recent(&state.pool, project.id.as_str(), limit).await?;
+    Ok(rows.into_iter().map(Replay::from).collect())
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -339,35 +291,18 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<Replay>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    let rows: Vec<Replay> = sqlx::query_as!(
-        ReplayRow,
-        "SELECT * FROM replays
-         WHERE project_id = $1 AND ($2::text IS NULL OR id < $2)
-         ORDER BY id DESC LIMIT $3",
-        project.id.as_str(),
-        page.after,
-        page.fetch()
-    )
-    .fetch_all(&state.pool)
-    .await?
-    .into_iter()
-    .map(Replay::from)
-    .collect();
+    let after = page.after.as_deref();
+    let rows = replays::page(&state.pool, project.id.as_str(), after, page.fetch()).await?;
+    let rows: Vec<Replay> = rows.into_iter().map(Replay::from).collect();
     Ok(Json(page.finish(rows, |r: &Replay| &r.id)))
 }
 
 pub async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<Replay> {
     let id = ReplayId::parse(raw).map_err(|_| ApiError::NotFound("replay"))?;
-    sqlx::query_as!(
-        ReplayRow,
-        "SELECT * FROM replays WHERE id = $1 AND project_id = $2",
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .map(Replay::from)
-    .ok_or(ApiError::NotFound("replay"))
+    replays::find(&state.pool, id.as_str(), project.id.as_str())
+        .await?
+        .map(Replay::from)
+        .ok_or(ApiError::NotFound("replay"))
 }
 
 #[utoipa::path(get, path = "/v1/replays/{id}", tag = "replays", params(("id" = String, Path)),
@@ -392,21 +327,13 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Replay>> {
     let current = find(&state, &project, &id).await?;
-    sqlx::query_as!(
-        ReplayRow,
-        "UPDATE replays SET status = 'CANCELLED', finished_at = now(), updated_at = now()
-         WHERE id = $1 AND project_id = $2 AND status = 'RUNNING'
-         RETURNING *",
-        current.id,
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .map(Replay::from)
-    .map(Json)
-    .ok_or(ApiError::InvalidState(
-        "only a RUNNING replay can be cancelled",
-    ))
+    replays::cancel(&state.pool, &current.id, project.id.as_str())
+        .await?
+        .map(Replay::from)
+        .map(Json)
+        .ok_or(ApiError::InvalidState(
+            "only a RUNNING replay can be cancelled",
+        ))
 }
 
 /// `/v1/replays`: its routes with their OpenAPI operations.

@@ -3,10 +3,9 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use chrono::{DateTime, Utc};
 use railhook_common::EventTypePattern;
 use railhook_common::ids::{EndpointId, SubscriptionId};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -16,20 +15,11 @@ use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
+use crate::store::subscriptions as store;
 
 const MAX_PATTERNS: usize = 100;
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Subscription {
-    pub id: String,
-    pub endpoint_id: String,
-    /// Patterns such as `order.paid`, `order.*` (one segment) or `*` (everything).
-    pub event_types: Vec<String>,
-    /// Deliver in Sequence Number order (outgoing only).
-    pub ordered: bool,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
+pub use crate::store::subscriptions::Subscription;
 
 fn parse_id(raw: &str) -> ApiResult<SubscriptionId> {
     SubscriptionId::parse(raw).map_err(|_| ApiError::NotFound("subscription"))
@@ -76,23 +66,15 @@ pub async fn create(
         .map_err(|e| ApiError::validation("endpoint_id", e.to_string()))?;
     let patterns = parse_patterns(&body.event_types)?;
     let id = SubscriptionId::generate();
-    // The endpoint must be this project's, and not a Destination of an incoming Source
-    // (those receive only their Source's webhooks): the INSERT … SELECT finds nothing
-    // otherwise.
-    let row = sqlx::query_as!(
-        Subscription,
-        r#"INSERT INTO subscriptions (id, project_id, endpoint_id, event_types, ordered)
-           SELECT $1, $2, e.id, $4, $5 FROM endpoints e
-           WHERE e.id = $3 AND e.project_id = $2 AND e.deleted_at IS NULL AND e.kind = 'webhook'
-             AND e.source_id IS NULL
-           RETURNING id, endpoint_id, event_types, ordered, created_at, updated_at"#,
+    let (project_id, endpoint_id) = (project.id.as_str(), endpoint.as_str());
+    let row = store::insert(
+        &state.pool,
         id.as_str(),
-        project.id.as_str(),
-        endpoint.as_str(),
+        project_id,
+        endpoint_id,
         &patterns,
-        body.ordered
+        body.ordered,
     )
-    .fetch_optional(&state.pool)
     .await?
     .ok_or_else(|| ApiError::validation("endpoint_id", "no such endpoint"))?;
     Ok((StatusCode::CREATED, Json(row)))
@@ -113,20 +95,14 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<Subscription>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    let rows = sqlx::query_as!(
-        Subscription,
-        r#"SELECT id, endpoint_id, event_types, ordered, created_at, updated_at
-           FROM subscriptions
-           WHERE project_id = $1 AND deleted_at IS NULL
-             AND ($2::text IS NULL OR endpoint_id = $2)
-             AND ($3::text IS NULL OR id < $3)
-           ORDER BY id DESC LIMIT $4"#,
+    let (endpoint_id, after) = (q.endpoint_id.as_deref(), page.after.as_deref());
+    let rows = store::page(
+        &state.pool,
         project.id.as_str(),
-        q.endpoint_id,
-        page.after,
-        page.fetch()
+        endpoint_id,
+        after,
+        page.fetch(),
     )
-    .fetch_all(&state.pool)
     .await?;
     Ok(Json(page.finish(rows, |s: &Subscription| &s.id)))
 }
@@ -141,16 +117,9 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Subscription>> {
     let id = parse_id(&id)?;
-    let row = sqlx::query_as!(
-        Subscription,
-        r#"SELECT id, endpoint_id, event_types, ordered, created_at, updated_at
-           FROM subscriptions WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
-        id.as_str(),
-        project.id.as_str()
-    )
-    .fetch_optional(&state.pool)
-    .await?
-    .ok_or(ApiError::NotFound("subscription"))?;
+    let row = store::find(&state.pool, id.as_str(), project.id.as_str())
+        .await?
+        .ok_or(ApiError::NotFound("subscription"))?;
     Ok(Json(row))
 }
 
@@ -178,19 +147,14 @@ pub async fn update(
         .as_deref()
         .map(parse_patterns)
         .transpose()?;
-    let row = sqlx::query_as!(
-        Subscription,
-        r#"UPDATE subscriptions
-           SET event_types = coalesce($3, event_types), ordered = coalesce($4, ordered),
-               updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
-           RETURNING id, endpoint_id, event_types, ordered, created_at, updated_at"#,
-        id.as_str(),
-        project.id.as_str(),
+    let (id, project_id) = (id.as_str(), project.id.as_str());
+    let row = store::update(
+        &state.pool,
+        id,
+        project_id,
         patterns.as_deref(),
-        body.ordered
+        body.ordered,
     )
-    .fetch_optional(&state.pool)
     .await?
     .ok_or(ApiError::NotFound("subscription"))?;
     Ok(Json(row))
@@ -205,15 +169,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
-    let deleted = sqlx::query!(
-        "UPDATE subscriptions SET deleted_at = now(), updated_at = now()
-         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
-        id.as_str(),
-        project.id.as_str()
-    )
-    .execute(&state.pool)
-    .await?;
-    if deleted.rows_affected() == 0 {
+    if !store::delete(&state.pool, id.as_str(), project.id.as_str()).await? {
         return Err(ApiError::NotFound("subscription"));
     }
     Ok(StatusCode::NO_CONTENT)

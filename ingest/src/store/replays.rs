@@ -78,3 +78,146 @@ pub async fn batch(
     .fetch_all(conn)
     .await
 }
+
+/// The `replays` row, column for column: every statement reads or returns `*`, so no
+/// column list is written out (a column added to the table is a compile error here).
+pub struct ReplayRow {
+    pub id: String,
+    #[allow(dead_code)] // scoped by the statements' WHERE; not shown
+    pub project_id: String,
+    pub status: String,
+    pub event_ids: Option<Vec<String>>,
+    pub from_time: Option<DateTime<Utc>>,
+    pub to_time: Option<DateTime<Utc>>,
+    pub event_types: Option<Vec<String>>,
+    pub endpoint_id: Option<String>,
+    pub events_total: i64,
+    pub events_done: i64,
+    pub deliveries_created: i64,
+    #[allow(dead_code)] // the engine's, read by crate::replay
+    pub cursor: Option<String>,
+    pub created_at: DateTime<Utc>,
+    #[allow(dead_code)]
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// What a Replay covers and how many Events it will replay.
+pub struct NewReplay<'a> {
+    pub id: &'a str,
+    pub project_id: &'a str,
+    pub event_ids: Option<&'a [String]>,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    pub event_types: Option<&'a [String]>,
+    pub endpoint_id: Option<&'a str>,
+    pub events_total: i64,
+}
+
+/// Whether the project has a live endpoint `id` (any kind).
+pub async fn endpoint_exists(
+    pool: &PgPool,
+    id: &str,
+    project_id: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM endpoints
+                              WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL) AS "exists!""#,
+        id,
+        project_id
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// A new Replay, RUNNING (COMPLETED at once when it covers no Event).
+pub async fn insert(pool: &PgPool, r: NewReplay<'_>) -> Result<ReplayRow, sqlx::Error> {
+    sqlx::query_as!(
+        ReplayRow,
+        "INSERT INTO replays (id, project_id, event_ids, from_time, to_time, event_types,
+                              endpoint_id, events_total, status, finished_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::bigint,
+                 CASE WHEN $8::bigint = 0 THEN 'COMPLETED' ELSE 'RUNNING' END,
+                 CASE WHEN $8::bigint = 0 THEN now() END)
+         RETURNING *",
+        r.id,
+        r.project_id,
+        r.event_ids,
+        r.from,
+        r.to,
+        r.event_types,
+        r.endpoint_id,
+        r.events_total
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// The project's latest Replays.
+pub async fn recent(
+    pool: &PgPool,
+    project_id: &str,
+    limit: i64,
+) -> Result<Vec<ReplayRow>, sqlx::Error> {
+    sqlx::query_as!(
+        ReplayRow,
+        "SELECT * FROM replays WHERE project_id = $1 ORDER BY id DESC LIMIT $2",
+        project_id,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// A page of the project's Replays, newest first, after `after`.
+pub async fn page(
+    pool: &PgPool,
+    project_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ReplayRow>, sqlx::Error> {
+    sqlx::query_as!(
+        ReplayRow,
+        "SELECT * FROM replays
+         WHERE project_id = $1 AND ($2::text IS NULL OR id < $2)
+         ORDER BY id DESC LIMIT $3",
+        project_id,
+        after,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+pub async fn find(
+    pool: &PgPool,
+    id: &str,
+    project_id: &str,
+) -> Result<Option<ReplayRow>, sqlx::Error> {
+    sqlx::query_as!(
+        ReplayRow,
+        "SELECT * FROM replays WHERE id = $1 AND project_id = $2",
+        id,
+        project_id
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Cancels the project's Replay `id` if it is RUNNING; `None` otherwise.
+pub async fn cancel(
+    pool: &PgPool,
+    id: &str,
+    project_id: &str,
+) -> Result<Option<ReplayRow>, sqlx::Error> {
+    sqlx::query_as!(
+        ReplayRow,
+        "UPDATE replays SET status = 'CANCELLED', finished_at = now(), updated_at = now()
+         WHERE id = $1 AND project_id = $2 AND status = 'RUNNING'
+         RETURNING *",
+        id,
+        project_id
+    )
+    .fetch_optional(pool)
+    .await
+}

@@ -146,3 +146,122 @@ pub async fn sender(pool: &PgPool, key_hash: &[u8]) -> Result<Option<SenderRow>,
         ),
     }))
 }
+
+/// A subscription as stored and as the API shows it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Subscription {
+    pub id: String,
+    pub endpoint_id: String,
+    /// Patterns such as `order.paid`, `order.*` (one segment) or `*` (everything).
+    pub event_types: Vec<String>,
+    /// Deliver in Sequence Number order (outgoing only).
+    pub ordered: bool,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A new subscription of the project's endpoint `endpoint_id` to `patterns`. The endpoint
+/// must be the project's live webhook endpoint and not a Source's Destination (those
+/// receive only their Source's webhooks): `None` otherwise.
+pub async fn insert(
+    pool: &PgPool,
+    id: &str,
+    project_id: &str,
+    endpoint_id: &str,
+    patterns: &[String],
+    ordered: bool,
+) -> Result<Option<Subscription>, sqlx::Error> {
+    sqlx::query_as!(
+        Subscription,
+        r#"INSERT INTO subscriptions (id, project_id, endpoint_id, event_types, ordered)
+           SELECT $1, $2, e.id, $4, $5 FROM endpoints e
+           WHERE e.id = $3 AND e.project_id = $2 AND e.deleted_at IS NULL AND e.kind = 'webhook'
+             AND e.source_id IS NULL
+           RETURNING id, endpoint_id, event_types, ordered, created_at, updated_at"#,
+        id,
+        project_id,
+        endpoint_id,
+        patterns,
+        ordered
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// A page of the project's live subscriptions (of one endpoint, if given), newest first.
+pub async fn page(
+    pool: &PgPool,
+    project_id: &str,
+    endpoint_id: Option<&str>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Subscription>, sqlx::Error> {
+    sqlx::query_as!(
+        Subscription,
+        r#"SELECT id, endpoint_id, event_types, ordered, created_at, updated_at
+           FROM subscriptions
+           WHERE project_id = $1 AND deleted_at IS NULL
+             AND ($2::text IS NULL OR endpoint_id = $2)
+             AND ($3::text IS NULL OR id < $3)
+           ORDER BY id DESC LIMIT $4"#,
+        project_id,
+        endpoint_id,
+        after,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+pub async fn find(
+    pool: &PgPool,
+    id: &str,
+    project_id: &str,
+) -> Result<Option<Subscription>, sqlx::Error> {
+    sqlx::query_as!(
+        Subscription,
+        r#"SELECT id, endpoint_id, event_types, ordered, created_at, updated_at
+           FROM subscriptions WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
+        id,
+        project_id
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Changes the patterns and the ordering flag where given.
+pub async fn update(
+    pool: &PgPool,
+    id: &str,
+    project_id: &str,
+    patterns: Option<&[String]>,
+    ordered: Option<bool>,
+) -> Result<Option<Subscription>, sqlx::Error> {
+    sqlx::query_as!(
+        Subscription,
+        r#"UPDATE subscriptions
+           SET event_types = coalesce($3, event_types), ordered = coalesce($4, ordered),
+               updated_at = now()
+           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
+           RETURNING id, endpoint_id, event_types, ordered, created_at, updated_at"#,
+        id,
+        project_id,
+        patterns,
+        ordered
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Whether the project had a live subscription `id` to delete.
+pub async fn delete(pool: &PgPool, id: &str, project_id: &str) -> Result<bool, sqlx::Error> {
+    let deleted = sqlx::query!(
+        "UPDATE subscriptions SET deleted_at = now(), updated_at = now()
+         WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
+        id,
+        project_id
+    )
+    .execute(pool)
+    .await?;
+    Ok(deleted.rows_affected() > 0)
+}
