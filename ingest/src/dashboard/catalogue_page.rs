@@ -2,32 +2,15 @@
 //! which version), and whether it is deprecated. Read-only; changes go through the API.
 
 use axum::extract::State;
-use chrono::{DateTime, Utc};
 use maud::html;
 
 use super::pages::when;
 use super::{PageResult, Session, layout};
 use crate::state::AppState;
-
-struct TypeRow {
-    name: String,
-    description: String,
-    has_schema: bool,
-    schema_version: i32,
-    deprecated_at: Option<DateTime<Utc>>,
-    updated_at: DateTime<Utc>,
-}
+use crate::store::event_types;
 
 pub async fn event_types(State(state): State<AppState>, session: Session) -> PageResult {
-    let rows = sqlx::query_as!(
-        TypeRow,
-        r#"SELECT name, description, schema IS NOT NULL AS "has_schema!", schema_version,
-                  deprecated_at, updated_at
-           FROM event_types WHERE project_id = $1 ORDER BY name LIMIT 1000"#,
-        session.project.id.as_str()
-    )
-    .fetch_all(&state.pool)
-    .await?;
+    let rows = event_types::catalogue(&state.pool, session.project.id.as_str()).await?;
     let body = html! {
         p.muted { "Types your project sends. A type with a schema has its payloads checked at "
                   "the door (422 " code { "schema_violation" } "). Manage them with "

@@ -34,6 +34,7 @@ use subtle::ConstantTimeEq;
 use crate::auth::Project;
 use crate::problem::ApiError;
 use crate::state::AppState;
+use crate::store::sessions;
 
 /// The session cookie's name. Served over HTTPS (`dashboard_cookie_secure`, the default) the
 /// cookies carry the `__Host-` prefix (review #34 item 15): a browser then keeps them only
@@ -164,19 +165,10 @@ impl FromRequestParts<AppState> for Session {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
         let to_login = || Redirect::to("/dashboard/login").into_response();
         let token = session_token(state, &parts.headers).ok_or_else(to_login)?;
-        let row = sqlx::query!(
-            r#"SELECT s.csrf_token, p.id AS project_id, p.organization_id, o.monthly_quota
-               FROM dashboard_sessions s
-               JOIN api_keys k ON k.id = s.api_key_id AND k.revoked_at IS NULL
-               JOIN projects p ON p.id = s.project_id
-               JOIN organizations o ON o.id = p.organization_id
-               WHERE s.token_hash = $1 AND s.expires_at > now()"#,
-            &hash_api_key(&token)
-        )
-        .fetch_optional(&state.pool)
-        .await
-        .map_err(|e| PageError(e.into()).into_response())?
-        .ok_or_else(to_login)?;
+        let row = sessions::find(&state.pool, &hash_api_key(&token))
+            .await
+            .map_err(|e| PageError(e.into()).into_response())?
+            .ok_or_else(to_login)?;
         Ok(Session {
             project: Project {
                 id: ProjectId::from_trusted(row.project_id),
@@ -374,13 +366,8 @@ async fn login(
             Some("The sign-in form expired or did not come from this site; try again."),
         ));
     }
-    let key = sqlx::query!(
-        "SELECT id, project_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
-        &hash_api_key(form.api_key.trim())
-    )
-    .fetch_optional(&state.pool)
-    .await?;
-    let Some(key) = key else {
+    let key = sessions::key(&state.pool, &hash_api_key(form.api_key.trim())).await?;
+    let Some((key_id, project_id)) = key else {
         return Ok(login_response(
             &state,
             StatusCode::UNAUTHORIZED,
@@ -390,21 +377,17 @@ async fn login(
     let token = random_token();
     let csrf = random_token();
     let ttl = state.dashboard.session_ttl;
-    sqlx::query!(
-        "INSERT INTO dashboard_sessions (token_hash, api_key_id, project_id, csrf_token, expires_at)
-         VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))",
-        &hash_api_key(&token),
-        key.id,
-        key.project_id,
-        csrf,
-        ttl.as_secs_f64()
+    let token_hash = hash_api_key(&token);
+    let ttl_secs = ttl.as_secs_f64();
+    sessions::open(
+        &state.pool,
+        &token_hash,
+        &key_id,
+        &project_id,
+        &csrf,
+        ttl_secs,
     )
-    .execute(&state.pool)
     .await?;
-    // Old sessions go whenever someone signs in; nothing else needs them.
-    sqlx::query!("DELETE FROM dashboard_sessions WHERE expires_at < now()")
-        .execute(&state.pool)
-        .await?;
     let cookie = dashboard_cookie(
         &state,
         COOKIE,
@@ -422,12 +405,7 @@ async fn logout(
 ) -> PageResult {
     session.check(&form.csrf)?;
     if let Some(token) = session_token(&state, &headers) {
-        sqlx::query!(
-            "DELETE FROM dashboard_sessions WHERE token_hash = $1",
-            &hash_api_key(&token)
-        )
-        .execute(&state.pool)
-        .await?;
+        sessions::close(&state.pool, &hash_api_key(&token)).await?;
     }
     let cookie = dashboard_cookie(&state, COOKIE, String::new(), cookie::time::Duration::ZERO);
     Ok(with_cookie(Redirect::to("/dashboard/login"), &cookie))

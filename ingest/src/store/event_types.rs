@@ -141,3 +141,26 @@ pub async fn delete(pool: &PgPool, project_id: &str, name: &str) -> Result<bool,
     .await?;
     Ok(deleted.rows_affected() > 0)
 }
+
+/// One line of the dashboard's catalogue page.
+pub struct CatalogueRow {
+    pub name: String,
+    pub description: String,
+    pub has_schema: bool,
+    pub schema_version: i32,
+    pub deprecated_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The project's catalogue by name, up to 1,000 types (the page's whole view).
+pub async fn catalogue(pool: &PgPool, project_id: &str) -> Result<Vec<CatalogueRow>, sqlx::Error> {
+    sqlx::query_as!(
+        CatalogueRow,
+        r#"SELECT name, description, schema IS NOT NULL AS "has_schema!", schema_version,
+                  deprecated_at, updated_at
+           FROM event_types WHERE project_id = $1 ORDER BY name LIMIT 1000"#,
+        project_id
+    )
+    .fetch_all(pool)
+    .await
+}

@@ -6,5 +6,6 @@ pub mod endpoints;
 pub mod event_types;
 pub mod events;
 pub mod replays;
+pub mod sessions;
 pub mod subscriptions;
 pub mod tenants;
