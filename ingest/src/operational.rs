@@ -13,25 +13,90 @@
 //! for Deliveries to them; an operational endpoint that fails just retries on its own
 //! ladder and, past it, ends in Failed Messages like any Delivery.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use railhook_common::Word;
 /// The operational event types, in the names receivers of other services already parse.
 pub use railhook_common::vocabulary::OperationalEvent;
 
-/// Writes the operational Event `kind` of `project` with `data`, and its Deliveries, in the
-/// caller's transaction; returns how many Deliveries (0 when no operational endpoint asked).
+/// An operational webhook the API emits, with its payload: a type and its data are one
+/// value, so a type cannot go out with another type's data. (The Attempt-outcome types,
+/// `message.attempt.*`, are built inside the worker's outcome statement, fence.rs.)
+#[derive(Debug)]
+pub enum Notice<'a> {
+    EndpointCreated(EndpointChanged),
+    EndpointUpdated(EndpointChanged),
+    EndpointDeleted(EndpointRef<'a>),
+    EndpointEnabled(EndpointState<'a>),
+    EndpointDisabled(EndpointState<'a>),
+}
+
+/// The data of `endpoint.created` and `endpoint.updated`: the URL as [`redacted_url`]
+/// leaves it.
+#[derive(Debug, serde::Serialize)]
+pub struct EndpointChanged {
+    pub endpoint_id: String,
+    pub url: String,
+    pub description: String,
+}
+
+impl EndpointChanged {
+    pub fn new(id: &str, url: &str, description: &str) -> Self {
+        Self {
+            endpoint_id: id.to_owned(),
+            url: redacted_url(url),
+            description: description.to_owned(),
+        }
+    }
+}
+
+/// The data of `endpoint.deleted`.
+#[derive(Debug, serde::Serialize)]
+pub struct EndpointRef<'a> {
+    pub endpoint_id: &'a str,
+}
+
+/// The data of `endpoint.enabled` and `endpoint.disabled`.
+#[derive(Debug, serde::Serialize)]
+pub struct EndpointState<'a> {
+    pub endpoint_id: &'a str,
+    pub reason: Option<&'a str>,
+}
+
+impl Notice<'_> {
+    pub fn kind(&self) -> OperationalEvent {
+        match self {
+            Notice::EndpointCreated(_) => OperationalEvent::EndpointCreated,
+            Notice::EndpointUpdated(_) => OperationalEvent::EndpointUpdated,
+            Notice::EndpointDeleted(_) => OperationalEvent::EndpointDeleted,
+            Notice::EndpointEnabled(_) => OperationalEvent::EndpointEnabled,
+            Notice::EndpointDisabled(_) => OperationalEvent::EndpointDisabled,
+        }
+    }
+
+    /// The `data` receivers see.
+    pub fn data(&self) -> Value {
+        let data = match self {
+            Notice::EndpointCreated(d) | Notice::EndpointUpdated(d) => serde_json::to_value(d),
+            Notice::EndpointDeleted(d) => serde_json::to_value(d),
+            Notice::EndpointEnabled(d) | Notice::EndpointDisabled(d) => serde_json::to_value(d),
+        };
+        data.unwrap_or(Value::Null)
+    }
+}
+
+/// Writes the operational Event `notice` of `project`, and its Deliveries, in the caller's
+/// transaction; returns how many Deliveries (0 when no operational endpoint asked).
 pub async fn emit(
     db: impl sqlx::PgExecutor<'_>,
     project: &str,
-    kind: OperationalEvent,
-    data: Value,
+    notice: Notice<'_>,
 ) -> Result<i32, sqlx::Error> {
     sqlx::query_scalar!(
         r#"SELECT railhook_emit_operational($1, $2, $3) AS "n!""#,
         project,
-        kind.as_str(),
-        data
+        notice.kind().as_str(),
+        notice.data()
     )
     .fetch_one(db)
     .await
@@ -67,18 +132,16 @@ pub(crate) async fn emit_enabled_change(
     if row.enabled == was_enabled {
         return Ok(());
     }
-    let kind = if row.enabled {
-        OperationalEvent::EndpointEnabled
-    } else {
-        OperationalEvent::EndpointDisabled
+    let state = EndpointState {
+        endpoint_id: &row.id,
+        reason: row.disabled_reason.as_deref(),
     };
-    let data = json!({"endpoint_id": row.id, "reason": row.disabled_reason});
-    emit(tx, project, kind, data).await.map(|_| ())
-}
-
-/// The `data` of `endpoint.created` and `endpoint.updated`.
-pub fn endpoint_data(id: &str, url: &str, description: &str) -> Value {
-    json!({"endpoint_id": id, "url": redacted_url(url), "description": description})
+    let notice = if row.enabled {
+        Notice::EndpointEnabled(state)
+    } else {
+        Notice::EndpointDisabled(state)
+    };
+    emit(tx, project, notice).await.map(|_| ())
 }
 
 /// An endpoint URL as an operational webhook may carry it (review #34 item 4): the scheme,

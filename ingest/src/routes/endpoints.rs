@@ -17,7 +17,7 @@ use utoipa_axum::routes;
 
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
-use crate::operational;
+use crate::operational::{self, EndpointChanged, EndpointRef, Notice};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::{double_option, validate_headers, validate_url};
@@ -260,8 +260,7 @@ pub(crate) async fn insert(
     operational::emit(
         &mut *tx,
         project.id.as_str(),
-        operational::OperationalEvent::EndpointCreated,
-        operational::endpoint_data(&row.id, &row.url, &row.description),
+        Notice::EndpointCreated(EndpointChanged::new(&row.id, &row.url, &row.description)),
     )
     .await?;
     tx.commit().await?;
@@ -409,8 +408,7 @@ pub async fn update(
     operational::emit(
         &mut *tx,
         project.id.as_str(),
-        operational::OperationalEvent::EndpointUpdated,
-        operational::endpoint_data(&row.id, &row.url, &row.description),
+        Notice::EndpointUpdated(EndpointChanged::new(&row.id, &row.url, &row.description)),
     )
     .await?;
     operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row).await?;
@@ -436,8 +434,9 @@ pub async fn delete(
     operational::emit(
         &mut *tx,
         project.id.as_str(),
-        operational::OperationalEvent::EndpointDeleted,
-        serde_json::json!({"endpoint_id": id.as_str()}),
+        Notice::EndpointDeleted(EndpointRef {
+            endpoint_id: id.as_str(),
+        }),
     )
     .await?;
     tx.commit().await?;
