@@ -355,7 +355,7 @@ pub async fn failed(
 ) -> PageResult {
     let filter = q.filter()?;
     let page = PageRequest::parse(Some(PAGE), given(&q.cursor))?;
-    let rows = list_failed(&state, &session.project, &filter, &page).await?;
+    let rows = list_failed(&state.pool, session.project.id.as_str(), &filter, &page).await?;
     let listing = page.finish(rows, |m| &m.id);
     let choices = endpoint_choices(&state, &session).await?;
     let next = listing.next_cursor.as_deref().map(|c| {
@@ -422,7 +422,7 @@ pub async fn retry_failed(
 ) -> PageResult {
     session.check(&form.csrf)?;
     let filter = form.filter.filter()?;
-    let n = retry_matching(&state, &session.project, &filter).await?;
+    let n = retry_matching(&state.pool, session.project.id.as_str(), &filter).await?;
     let mut pairs = form.filter.pairs();
     let n = n.to_string();
     pairs.push(("retried", Some(&n)));

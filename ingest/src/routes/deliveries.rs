@@ -190,9 +190,14 @@ pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResu
         ));
     }
     let filter = crate::routes::failed::FailedFilter::default();
-    let reset =
-        crate::routes::failed::reset_failed(&state.pool, project, &filter, Some(&current.id), None)
-            .await?;
+    let reset = crate::routes::failed::reset_failed(
+        &state.pool,
+        project.id.as_str(),
+        &filter,
+        Some(&current.id),
+        None,
+    )
+    .await?;
     if reset == 0 {
         return Err(ApiError::InvalidState(
             "only a FAILED delivery can be retried",

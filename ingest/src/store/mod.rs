@@ -5,6 +5,7 @@ pub mod deliveries;
 pub mod endpoints;
 pub mod event_types;
 pub mod events;
+pub mod failed;
 pub mod replays;
 pub mod sessions;
 pub mod subscriptions;
