@@ -280,6 +280,14 @@ pub enum ConfigError {
     },
 }
 
+/// `base` with the configured waits (checked at start by `validate`) and Attempt count.
+fn configured(base: crate::retry::Ladder, delays: &str, max_attempts: u32) -> crate::retry::Ladder {
+    base.with_override(&crate::retry::LadderOverride {
+        delays: crate::retry::RetryDelays::parse(delays).ok(),
+        max_attempts: Some(max_attempts),
+    })
+}
+
 fn invalid(field: &'static str, problem: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field,
@@ -354,22 +362,20 @@ impl Settings {
 
     /// The outgoing ladder as configured (hard cap 96 h).
     pub fn outgoing_ladder(&self) -> crate::retry::Ladder {
-        let mut l = crate::retry::Ladder::outgoing();
-        if let Ok(d) = crate::retry::RetryDelays::parse(&self.retry_outgoing_delays) {
-            l.delays = d.waits().to_vec();
-        }
-        l.max_attempts = self.retry_outgoing_max_attempts;
-        l
+        configured(
+            crate::retry::Ladder::outgoing(),
+            &self.retry_outgoing_delays,
+            self.retry_outgoing_max_attempts,
+        )
     }
 
     /// The incoming ladder as configured (hard cap 24 h).
     pub fn incoming_ladder(&self) -> crate::retry::Ladder {
-        let mut l = crate::retry::Ladder::incoming();
-        if let Ok(d) = crate::retry::RetryDelays::parse(&self.retry_incoming_delays) {
-            l.delays = d.waits().to_vec();
-        }
-        l.max_attempts = self.retry_incoming_max_attempts;
-        l
+        configured(
+            crate::retry::Ladder::incoming(),
+            &self.retry_incoming_delays,
+            self.retry_incoming_max_attempts,
+        )
     }
 }
 

@@ -76,21 +76,32 @@ pub fn histogram(
     )
 }
 
-/// A counter family with one `label`, its values the words of `L` (every one declared at
-/// start, so a series reads 0 rather than missing).
+/// Registers `family` and declares each of `values` for its one label at start, so a series
+/// reads 0 rather than missing.
+fn declared<T: prometheus::core::MetricVecBuilder + 'static>(
+    registry: &Registry,
+    family: prometheus::core::MetricVec<T>,
+    values: impl IntoIterator<Item = &'static str>,
+) -> prometheus::core::MetricVec<T> {
+    let family = register(registry, family);
+    for value in values {
+        family.with_label_values(&[value]);
+    }
+    family
+}
+
+fn words<L: Word>() -> impl Iterator<Item = &'static str> {
+    L::ALL.iter().map(|v| v.as_str())
+}
+
+/// A counter family with one `label`, its values the words of `L`.
 pub fn counters<L: Word>(
     registry: &Registry,
     name: &str,
     help: &str,
     label: &str,
 ) -> prometheus::IntCounterVec {
-    counters_of(
-        registry,
-        name,
-        help,
-        label,
-        L::ALL.iter().map(|v| v.as_str()),
-    )
+    counters_of(registry, name, help, label, words::<L>())
 }
 
 /// A counter family with one `label` whose values are given (a type's own label words
@@ -103,17 +114,11 @@ pub fn counters_of(
     values: impl IntoIterator<Item = &'static str>,
 ) -> prometheus::IntCounterVec {
     let opts = prometheus::Opts::new(name, help);
-    let family = register(
-        registry,
-        prometheus::IntCounterVec::new(opts, &[label]).expect("valid metric"),
-    );
-    for value in values {
-        family.with_label_values(&[value]);
-    }
-    family
+    let family = prometheus::IntCounterVec::new(opts, &[label]).expect("valid metric");
+    declared(registry, family, values)
 }
 
-/// A gauge family with one `label`, its values the words of `L` (see [`counters`]).
+/// A gauge family with one `label`, its values the words of `L`.
 pub fn gauges<L: Word>(
     registry: &Registry,
     name: &str,
@@ -121,17 +126,11 @@ pub fn gauges<L: Word>(
     label: &str,
 ) -> prometheus::IntGaugeVec {
     let opts = prometheus::Opts::new(name, help);
-    let family = register(
-        registry,
-        prometheus::IntGaugeVec::new(opts, &[label]).expect("valid metric"),
-    );
-    for value in L::ALL {
-        family.with_label_values(&[value.as_str()]);
-    }
-    family
+    let family = prometheus::IntGaugeVec::new(opts, &[label]).expect("valid metric");
+    declared(registry, family, words::<L>())
 }
 
-/// A histogram family with one `label`, its values the words of `L` (see [`counters`]).
+/// A histogram family with one `label`, its values the words of `L`.
 pub fn histograms<L: Word>(
     registry: &Registry,
     name: &str,
@@ -140,14 +139,8 @@ pub fn histograms<L: Word>(
     buckets: &[f64],
 ) -> prometheus::HistogramVec {
     let opts = prometheus::HistogramOpts::new(name, help).buckets(buckets.to_vec());
-    let family = register(
-        registry,
-        prometheus::HistogramVec::new(opts, &[label]).expect("valid metric"),
-    );
-    for value in L::ALL {
-        family.with_label_values(&[value.as_str()]);
-    }
-    family
+    let family = prometheus::HistogramVec::new(opts, &[label]).expect("valid metric");
+    declared(registry, family, words::<L>())
 }
 
 pub const BUILD_INFO: &str = "railhook_build_info";
@@ -168,18 +161,13 @@ pub fn deliveries_final(
     registry: &Registry,
     outcomes: &[FinalOutcome],
 ) -> prometheus::IntCounterVec {
-    let opts = prometheus::Opts::new(
+    counters_of(
+        registry,
         DELIVERIES_FINAL_TOTAL,
         "Deliveries that reached a final state, by outcome (succeeded, failed, expunged).",
-    );
-    let family = register(
-        registry,
-        prometheus::IntCounterVec::new(opts, &["outcome"]).expect("valid metric"),
-    );
-    for outcome in outcomes {
-        family.with_label_values(&[outcome.as_str()]);
-    }
-    family
+        "outcome",
+        outcomes.iter().map(|o| o.as_str()),
+    )
 }
 
 /// What every `/metrics` page carries whatever the role: `railhook_build_info` (1, labelled

@@ -4,7 +4,7 @@
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
-use railhook_common::metrics_http::FinalOutcome;
+use railhook_common::metrics_http::{FinalOutcome, counter, register};
 
 pub const HTTP_REQUESTS_TOTAL: &str = "railhook_http_requests_total";
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "railhook_http_request_duration_seconds";
@@ -59,20 +59,9 @@ pub struct IngestMetrics {
     pub incoming_rejected: IntCounterVec,
 }
 
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).expect("valid metric");
-    registry
-        .register(Box::new(c.clone()))
-        .expect("unique metric");
-    c
-}
-
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(c.clone()))
-        .expect("unique metric");
-    c
+    let family = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    register(registry, family)
 }
 
 impl IngestMetrics {

@@ -71,12 +71,11 @@ fn latency(registry: &Registry, name: &str, help: &str) -> Histogram {
 impl RelayMetrics {
     pub fn new() -> Self {
         let r = Registry::new();
-        let gauge =
-            |name: &str, help: &str| reg(&r, IntGauge::new(name, help).expect("valid metric"));
+        let gauge = |name: &str, help: &str| railhook_common::metrics_http::gauge(&r, name, help);
         let fgauge =
             |name: &str, help: &str| reg(&r, Gauge::new(name, help).expect("valid metric"));
         let counter =
-            |name: &str, help: &str| reg(&r, IntCounter::new(name, help).expect("valid metric"));
+            |name: &str, help: &str| railhook_common::metrics_http::counter(&r, name, help);
         let m = Self {
             slot_lag_bytes: gauge(
                 SLOT_LAG_BYTES,

@@ -176,7 +176,7 @@ pub(crate) async fn defer(shared: &Shared, claimed: &Claimed, reason: Reason, as
         reason,
         asked,
         claimed.deferral_count,
-        shared.deferral_max,
+        shared.policy.deferral_max,
         rand::random::<f64>(),
     );
     match fence::defer(&shared.pool, claimed, wait).await {

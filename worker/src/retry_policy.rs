@@ -60,8 +60,9 @@ pub struct Climb {
 pub struct RetryPolicy {
     pub outgoing: Ladder,
     pub incoming: Ladder,
-    /// The longest a 429 or 503 pauses an endpoint (`RAILHOOK_DEFERRAL_MAX`).
-    pub pause_max: Duration,
+    /// The longest a 429 or 503 pauses an endpoint, and the longest any Deferral waits
+    /// (`RAILHOOK_DEFERRAL_MAX_SECONDS`; `resolution::defer` reads it here too).
+    pub deferral_max: Duration,
     /// The shortest wait after a timeout or a 429.
     pub overload_floor: Duration,
 }
@@ -123,11 +124,11 @@ impl RetryPolicy {
             Outcome::Retry { retry_after } if report.status == Some(429) => {
                 let pause = retry_after
                     .unwrap_or(Duration::from_secs(1))
-                    .min(self.pause_max);
+                    .min(self.deferral_max);
                 (Verdict::Neutral, Some(pause))
             }
             Outcome::Retry { retry_after } => {
-                (Verdict::Fail, retry_after.map(|d| d.min(self.pause_max)))
+                (Verdict::Fail, retry_after.map(|d| d.min(self.deferral_max)))
             }
             Outcome::Failed { .. } => (Verdict::Neutral, None),
         }
@@ -197,7 +198,7 @@ mod tests {
         RetryPolicy {
             outgoing: Ladder::outgoing(),
             incoming: Ladder::incoming(),
-            pause_max: Duration::from_secs(600),
+            deferral_max: Duration::from_secs(600),
             overload_floor: Duration::from_secs(5),
         }
     }

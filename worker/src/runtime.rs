@@ -72,7 +72,6 @@ pub(crate) struct Shared {
     pub(crate) policy: crate::retry_policy::RetryPolicy,
     pub(crate) limits: Limits,
     pub(crate) gap_timeout: Duration,
-    pub(crate) deferral_max: Duration,
     pub(crate) streak: fence::StreakPolicy,
     /// How long an Attempt's outcome is retried while Postgres is away (the stranded
     /// window: past it the Delivery is someone else's to resend anyway).
@@ -241,12 +240,11 @@ fn shared(
         policy: crate::retry_policy::RetryPolicy {
             outgoing: config.outgoing.clone(),
             incoming: config.incoming.clone(),
-            pause_max: config.deferral_max,
+            deferral_max: config.deferral_max,
             overload_floor: config.overload_floor,
         },
         limits: Limits::new(config.redis.clone(), config.breaker.clone())?,
         gap_timeout: config.ordering_gap_timeout,
-        deferral_max: config.deferral_max,
         streak: config.streak,
         finalise_for: config.stranded_after,
         endpoint_timeout_max: config.endpoint_timeout_max,

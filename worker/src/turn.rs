@@ -183,8 +183,10 @@ async fn deliver(shared: &Shared, mut claimed: Claimed, target: claim::Target) -
 /// What a claimed Delivery will send, and the endpoint's terms for it.
 struct Ready {
     attempt: Attempt,
-    ladder: Ladder,
     limits: EndpointLimits,
+    /// The endpoint's own ladder as stored: read by [`conclude`] only, after a request.
+    retry_delays: Option<String>,
+    max_attempts: Option<i32>,
     /// When the Event committed: the start of the delivery latency.
     event_created_at: chrono::DateTime<chrono::Utc>,
 }
@@ -224,7 +226,8 @@ async fn prepare(
     attempt.tracestate = target.tracestate.clone();
     let positive = |v: Option<i32>| v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0);
     Ok(Ready {
-        ladder: endpoint_ladder(shared, claimed, &target),
+        retry_delays: target.retry_delays.take(),
+        max_attempts: target.max_attempts,
         limits: EndpointLimits {
             rate_per_second: positive(target.rate_limit_per_second),
             burst: positive(target.rate_limit_burst),
@@ -335,7 +338,8 @@ async fn conclude(
             .unwrap_or_default(),
         jitter: rand::random::<f64>(),
     };
-    let decision = shared.policy.decide(report, &ready.ladder, climb);
+    let ladder = endpoint_ladder(shared, claimed, ready);
+    let decision = shared.policy.decide(report, &ladder, climb);
     let metrics = &shared.metrics;
     match finalise_with_retry(shared, claimed, report, &decision).await {
         Some(Resolved {
@@ -378,8 +382,8 @@ async fn conclude(
 /// The direction's ladder with the endpoint's own (retry_policy.rs). A stored override that
 /// does not parse was written around the API: it is reported, and the direction's ladder
 /// is used whole.
-fn endpoint_ladder(shared: &Shared, claimed: &Claimed, target: &claim::Target) -> Ladder {
-    let own = LadderOverride::from_stored(target.retry_delays.as_deref(), target.max_attempts)
+fn endpoint_ladder(shared: &Shared, claimed: &Claimed, ready: &Ready) -> Ladder {
+    let own = LadderOverride::from_stored(ready.retry_delays.as_deref(), ready.max_attempts)
         .unwrap_or_else(|e| {
             tracing::error!(endpoint = %claimed.endpoint_id, error = %e,
                 "the endpoint's stored retry ladder is invalid; the default ladder applies");

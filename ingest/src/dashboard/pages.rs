@@ -13,11 +13,11 @@ use super::{CsrfForm, PageError, PageResult, Session, layout, layout_with};
 use crate::pagination::PageRequest;
 use crate::problem::ApiError;
 use crate::routes::deliveries;
-use crate::routes::failed::{FailedFilter, list_failed, retry_matching};
 use crate::routes::replays::{self, NewReplay, Started};
 use crate::state::AppState;
 use crate::store::deliveries::{self as delivery_store, DeliveryFilter};
 use crate::store::endpoints;
+use crate::store::failed::{FailedFilter, list_failed, retry_matching};
 use railhook_common::DeliveryStatus;
 use railhook_common::headers::{self, Extra};
 

@@ -189,8 +189,8 @@ pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResu
             "the Event's payload was expunged or retired; its deliveries cannot be sent again",
         ));
     }
-    let filter = crate::routes::failed::FailedFilter::default();
-    let reset = crate::routes::failed::reset_failed(
+    let filter = crate::store::failed::FailedFilter::default();
+    let reset = crate::store::failed::reset_failed(
         &state.pool,
         project.id.as_str(),
         &filter,

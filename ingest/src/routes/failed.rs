@@ -14,9 +14,7 @@ use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiResult, Problem};
 use crate::state::AppState;
-pub use crate::store::failed::{
-    FailedFilter, FailedMessage, list_failed, reset_failed, retry_matching,
-};
+use crate::store::failed::{FailedFilter, FailedMessage, list_failed, retry_matching};
 
 /// The filter's fields again rather than `#[serde(flatten)]`: a flattened query string
 /// reaches the inner struct as strings only, and `status_code=400` would not parse.
