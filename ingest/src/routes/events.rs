@@ -99,7 +99,8 @@ pub const MAX_PAYLOAD_DEPTH: usize = 128;
 /// `\u0000` escape, a number outside `numeric`'s range ([`check_number`]) — and nesting
 /// deeper than [`MAX_PAYLOAD_DEPTH`]. Each of these would otherwise fail inside the ingest
 /// statement: a 500 for the sender, and under group commit a failed group written again
-/// request by request (review #34 item 11).
+/// request by request (review #34 item 11). The error is a predicate; the caller names the
+/// document (`payload`, an event type's `schema`).
 pub(crate) fn check_storable(raw: &str) -> Result<(), &'static str> {
     let bytes = raw.as_bytes();
     let (mut depth, mut in_string, mut i) = (0usize, false, 0usize);
@@ -107,7 +108,7 @@ pub(crate) fn check_storable(raw: &str) -> Result<(), &'static str> {
         match (in_string, bytes[i]) {
             (true, b'\\') => {
                 if bytes.get(i + 1) == Some(&b'u') && bytes.get(i + 2..i + 6) == Some(b"0000") {
-                    return Err("payload must not contain the \\u0000 character");
+                    return Err("must not contain the \\u0000 character");
                 }
                 i += 1; // skip the escaped character
             }
@@ -115,7 +116,7 @@ pub(crate) fn check_storable(raw: &str) -> Result<(), &'static str> {
             (false, b'{' | b'[') => {
                 depth += 1;
                 if depth > MAX_PAYLOAD_DEPTH {
-                    return Err("payload nests deeper than 128 levels");
+                    return Err("nests deeper than 128 levels");
                 }
             }
             (false, b'}' | b']') => depth = depth.saturating_sub(1),
@@ -145,7 +146,7 @@ const NUMERIC_MAX_EXPONENT: i64 = 1_000_000_000;
 
 /// One JSON number token (already valid JSON): whether `numeric` can hold it.
 fn check_number(token: &str) -> Result<(), &'static str> {
-    const OUT_OF_RANGE: &str = "payload holds a number outside the range Postgres can store \
+    const OUT_OF_RANGE: &str = "holds a number outside the range Postgres can store \
                                 (at most 131,072 digits before the point and 16,383 after)";
     let unsigned = token.strip_prefix('-').unwrap_or(token);
     let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
@@ -207,7 +208,8 @@ fn validate_event(
             "payload must be a JSON object",
         ));
     }
-    check_storable(raw).map_err(|why| ApiError::validation(format!("{field}payload"), why))?;
+    check_storable(raw)
+        .map_err(|why| ApiError::validation(format!("{field}payload"), format!("payload {why}")))?;
     Ok(NewEvent {
         event_type,
         payload,
