@@ -93,6 +93,9 @@ prefixed_id!(
     /// A project API key (the id, never the key itself).
     ApiKeyId, "key_", "api key");
 prefixed_id!(
+    /// One customer of the sending team: its Events reach only its own endpoints.
+    ApplicationId, "app_", "application");
+prefixed_id!(
     /// An HTTP endpoint that receives webhooks.
     EndpointId, "ep_", "endpoint");
 prefixed_id!(

@@ -64,6 +64,41 @@ pub struct NewEvent {
     /// (`railhook_common::trace_context`).
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// Who the Event is for: an application's id (resolved from an id or uid), or `None`
+    /// for the project's own endpoints, and the channels it is sent on.
+    pub audience: Audience,
+    /// The sender's own id for the Event (the Svix-compatible `eventId`): stored and shown,
+    /// not a key.
+    pub event_uid: Option<String>,
+}
+
+/// Which endpoints an Event may reach besides those its type selects (docs/APPLICATIONS.md):
+/// the endpoints of its own scope only — its application's, or with none the project's own —
+/// and, of those, only endpoints that list no channels or share one with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Audience {
+    pub application_id: Option<String>,
+    /// 1–10 channels, validated (`routes::channels`); `None`: sent on no channel.
+    pub channels: Option<Vec<String>>,
+}
+
+impl Audience {
+    /// Whether the endpoint of `sub` is in this audience. The invariant that keeps one
+    /// customer's Events away from another's endpoints is the first comparison: a scope is
+    /// equal or it is not, and a project Event (`None`) never reaches an application's
+    /// endpoint, nor the reverse.
+    pub(crate) fn admits(&self, sub: &Candidate) -> bool {
+        if sub.application_id != self.application_id {
+            return false;
+        }
+        match sub.channels.as_deref() {
+            Some(listed) if !listed.is_empty() => self
+                .channels
+                .as_deref()
+                .is_some_and(|mine| mine.iter().any(|c| listed.contains(c))),
+            _ => true,
+        }
+    }
 }
 
 /// A Delivery as reported back to the sender.
@@ -80,6 +115,11 @@ pub struct AcceptedEvent {
     #[serde(rename = "type")]
     pub event_type: String,
     pub idempotency_key: Option<String>,
+    /// The application the Event is for; absent: the project's own endpoints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub application_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channels: Option<Vec<String>>,
     pub created_at: DateTime<Utc>,
     pub deliveries: Vec<DeliveryRef>,
     #[serde(skip)]
@@ -92,6 +132,7 @@ struct Existing {
     event_type: String,
     created_at: DateTime<Utc>,
     same_payload: bool,
+    application_id: Option<String>,
 }
 
 /// The Deliveries to create, as parallel columns for one `unnest` insert.
@@ -193,13 +234,18 @@ pub async fn ingest(
 /// A found Event answers the request only if it *is* this request; a key reused with another
 /// type or payload is a client bug, refused with 409 rather than silently ignored.
 fn replayed(found: &Existing, request: &NewEvent) -> Result<AcceptedEvent, ApiError> {
-    if !found.same_payload || found.event_type != request.event_type.as_str() {
+    if !found.same_payload
+        || found.event_type != request.event_type.as_str()
+        || found.application_id != request.audience.application_id
+    {
         return Err(ApiError::IdempotencyConflict);
     }
     Ok(AcceptedEvent {
         id: found.id.clone(),
         event_type: found.event_type.clone(),
         idempotency_key: request.idempotency_key.clone(),
+        application_id: request.audience.application_id.clone(),
+        channels: request.audience.channels.clone(),
         created_at: found.created_at,
         deliveries: Vec::new(),
         created: false,
@@ -231,7 +277,7 @@ async fn find_existing(
     }
     let rows = sqlx::query!(
         r#"SELECT x.pos AS "pos!", e.id, e.event_type, e.created_at,
-                  e.payload = x.payload::jsonb AS "same_payload!"
+                  e.payload = x.payload::jsonb AS "same_payload!", e.application_id
            FROM unnest($2::int4[], $3::text[], $4::text[]) AS x(pos, key, payload)
            JOIN events e ON e.project_id = $1 AND e.idempotency_key = x.key
            -- An hour wider than the insert's window, so an Event the insert saw at the
@@ -254,24 +300,28 @@ async fn find_existing(
                 event_type: r.event_type,
                 created_at: r.created_at,
                 same_payload: r.same_payload,
+                application_id: r.application_id,
             };
             (r.pos as usize, found)
         })
         .collect())
 }
 
-/// One Delivery per (Event, endpoint): an endpoint with two matching subscriptions still gets
-/// the Event once (ordered if either subscription asks for order).
+/// One Delivery per (Event, endpoint) of the Event's audience: an endpoint with two matching
+/// subscriptions still gets the Event once (ordered if either subscription asks for order).
+/// This is the one place an Event's scope and channels are decided, so the Deliveries stored
+/// with an Event can never disagree with them.
 pub(crate) fn plan_deliveries(
     event: &EventId,
     event_type: &EventType,
+    audience: &Audience,
     subs: &[Candidate],
     plan: &mut DeliveryPlan,
 ) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for sub in subs
         .iter()
-        .filter(|s| s.patterns.iter().any(|p| p.matches(event_type)))
+        .filter(|s| audience.admits(s) && s.patterns.iter().any(|p| p.matches(event_type)))
     {
         if let Some(&at) = seen.get(sub.endpoint_id.as_str()) {
             plan.ordered[at] |= sub.ordered;
@@ -303,7 +353,7 @@ impl Draft {
         let mut spans = Vec::with_capacity(events.len());
         for (event, id) in events.iter().zip(&ids) {
             let first = plan.ids.len();
-            plan_deliveries(id, &event.event_type, subs, &mut plan);
+            plan_deliveries(id, &event.event_type, &event.audience, subs, &mut plan);
             spans.push(first..plan.ids.len());
         }
         Self { ids, plan, spans }
@@ -414,6 +464,8 @@ fn created(
         id: id.as_str().to_owned(),
         event_type: event.event_type.as_str().to_owned(),
         idempotency_key: event.idempotency_key.clone(),
+        application_id: event.audience.application_id.clone(),
+        channels: event.audience.channels.clone(),
         created_at,
         deliveries,
         created: true,
@@ -433,6 +485,15 @@ fn rows(events: &[NewEvent], draft: &Draft) -> Rows {
         keys: events.iter().map(|e| e.idempotency_key.clone()).collect(),
         traceparents: events.iter().map(|e| e.traceparent.clone()).collect(),
         tracestates: events.iter().map(|e| e.tracestate.clone()).collect(),
+        applications: events
+            .iter()
+            .map(|e| e.audience.application_id.clone())
+            .collect(),
+        channels: events
+            .iter()
+            .map(|e| e.audience.channels.as_ref().map(|c| c.join(",")))
+            .collect(),
+        event_uids: events.iter().map(|e| e.event_uid.clone()).collect(),
         plan: draft.plan.clone(),
     }
 }
@@ -527,4 +588,56 @@ async fn fill_replayed_deliveries(
         e.deliveries = by_event.remove(&e.id).unwrap_or_default();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use railhook_common::EventTypePattern;
+
+    fn sub(endpoint: &str, application: Option<&str>, channels: Option<&[&str]>) -> Candidate {
+        Candidate {
+            subscription_id: format!("sub_{endpoint}"),
+            endpoint_id: endpoint.to_owned(),
+            patterns: vec![EventTypePattern::from_trusted("*".to_owned())],
+            ordered: false,
+            application_id: application.map(str::to_owned),
+            channels: channels.map(|c| c.iter().map(|s| (*s).to_owned()).collect()),
+        }
+    }
+
+    fn audience(application: Option<&str>, channels: Option<&[&str]>) -> Audience {
+        Audience {
+            application_id: application.map(str::to_owned),
+            channels: channels.map(|c| c.iter().map(|s| (*s).to_owned()).collect()),
+        }
+    }
+
+    #[test]
+    fn an_event_reaches_its_own_scope_and_shared_channels_only() {
+        let subs = [
+            sub("project", None, None),
+            sub("project_eu", None, Some(&["eu"])),
+            sub("a", Some("app_a"), None),
+            sub("a_empty_list", Some("app_a"), Some(&[])),
+            sub("a_eu", Some("app_a"), Some(&["eu"])),
+            sub("b", Some("app_b"), None),
+        ];
+        let cases: [(Audience, &[&str]); 5] = [
+            (audience(None, None), &["project"]),
+            (audience(None, Some(&["eu"])), &["project", "project_eu"]),
+            (audience(Some("app_a"), None), &["a", "a_empty_list"]),
+            (
+                audience(Some("app_a"), Some(&["us", "eu"])),
+                &["a", "a_empty_list", "a_eu"],
+            ),
+            (audience(Some("app_b"), Some(&["eu"])), &["b"]),
+        ];
+        for (who, expected) in cases {
+            let mut plan = DeliveryPlan::default();
+            let event_type = EventType::parse("order.paid").expect("type");
+            plan_deliveries(&EventId::generate(), &event_type, &who, &subs, &mut plan);
+            assert_eq!(plan.endpoint_ids, expected, "{who:?}");
+        }
+    }
 }

@@ -71,6 +71,10 @@ pub(crate) struct Rows {
     pub keys: Vec<Option<String>>,
     pub traceparents: Vec<Option<String>>,
     pub tracestates: Vec<Option<String>>,
+    pub applications: Vec<Option<String>>,
+    /// Each Event's channels joined by commas (a channel holds none), as the function takes.
+    pub channels: Vec<Option<String>>,
+    pub event_uids: Vec<Option<String>>,
     pub plan: DeliveryPlan,
 }
 
@@ -82,12 +86,15 @@ impl Rows {
         self.keys.extend_from_slice(&other.keys);
         self.traceparents.extend_from_slice(&other.traceparents);
         self.tracestates.extend_from_slice(&other.tracestates);
+        self.applications.extend_from_slice(&other.applications);
+        self.channels.extend_from_slice(&other.channels);
+        self.event_uids.extend_from_slice(&other.event_uids);
         self.plan.append(&other.plan);
     }
 }
 
 /// The one ingest statement (migrations/…_ingest_function.sql, with the trace context:
-/// …_trace_context.sql): it takes the keys' locks and then inserts the Events whose key
+/// …_trace_context.sql, and the audience: …_applications.sql): it takes the keys' locks and then inserts the Events whose key
 /// holds no Event of the window, their Deliveries and one Outbox row each, in one round
 /// trip. A single statement is atomic on its own, so it needs no BEGIN/COMMIT.
 pub(crate) async fn insert_rows(
@@ -98,7 +105,8 @@ pub(crate) async fn insert_rows(
     let plan = &rows.plan;
     let found = sqlx::query!(
         r#"SELECT id AS "id!", created_at AS "created_at!"
-           FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"#,
+           FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+                                $14, $15, $16)"#,
         project,
         &rows.ids,
         &rows.types,
@@ -111,7 +119,10 @@ pub(crate) async fn insert_rows(
         &plan.ordered,
         IDEMPOTENCY_WINDOW_HOURS,
         &rows.traceparents as &[Option<String>],
-        &rows.tracestates as &[Option<String>]
+        &rows.tracestates as &[Option<String>],
+        &rows.applications as &[Option<String>],
+        &rows.channels as &[Option<String>],
+        &rows.event_uids as &[Option<String>]
     )
     .fetch_all(db)
     .await?;

@@ -42,8 +42,8 @@ use utoipa_axum::routes;
 use crate::incoming::routes as sources;
 use crate::problem::ApiError;
 use crate::routes::{
-    admin, deliveries, endpoints, event_types, events, failed, health, operational_endpoints,
-    replays, subscriptions,
+    admin, applications, deliveries, endpoints, event_types, events, failed, health,
+    operational_endpoints, replays, subscriptions,
 };
 pub use crate::state::AppState;
 
@@ -60,6 +60,7 @@ pub fn router(state: AppState) -> Router {
     let batch_limit = state.limits.max_batch_body_bytes();
     let (api, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(admin::router(&state))
+        .merge(applications::router(&state))
         .merge(endpoints::router(&state))
         .merge(subscriptions::router(&state))
         .merge(event_types::router(&state))

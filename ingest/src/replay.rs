@@ -27,7 +27,7 @@ use railhook_common::event_type::EventType;
 use railhook_common::ids::{DeliveryId, EventId};
 use sqlx::{PgConnection, PgPool};
 
-use crate::accept::{DeliveryPlan, candidates, plan_deliveries};
+use crate::accept::{Audience, DeliveryPlan, candidates, plan_deliveries};
 use crate::store::replays::{self, ReplayedEvent, Selection};
 
 /// Events per batch transaction.
@@ -153,7 +153,12 @@ async fn plan(
             // Stored types were valid when accepted; one that no longer parses is skipped.
             if let Ok(event_type) = EventType::parse(&event.event_type) {
                 let id = EventId::from_trusted(event.id.clone());
-                plan_deliveries(&id, &event_type, &subs, &mut outgoing);
+                // The Event's own audience, as at ingest: a replay never widens it.
+                let audience = Audience {
+                    application_id: event.application_id.clone(),
+                    channels: event.channels.clone(),
+                };
+                plan_deliveries(&id, &event_type, &audience, &subs, &mut outgoing);
             }
             continue;
         };

@@ -8,6 +8,7 @@
 mod support;
 
 mod api;
+mod applications;
 mod auth_isolation;
 mod claim_fence;
 mod connectivity;

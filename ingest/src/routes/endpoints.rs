@@ -20,6 +20,9 @@ use crate::extract::{ApiJson, ApiQuery};
 use crate::operational::{self, EndpointChanged, EndpointRef, Notice};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
+use crate::routes::applications::{
+    check_channels, check_metadata, check_uid, resolve as resolve_application,
+};
 use crate::routes::{double_option, validate_headers, validate_url};
 use crate::state::AppState;
 pub(crate) use crate::store::endpoints::EndpointRow;
@@ -54,6 +57,13 @@ pub struct Endpoint {
     pub signing: &'static str,
     /// For `ed25519`: `whpk_…`, the public key receivers verify v1a signatures with.
     pub public_key: Option<String>,
+    /// The application it belongs to (for life); absent: a project endpoint, which receives
+    /// the Events sent without an application.
+    pub application_id: Option<String>,
+    /// It receives only Events sent on one of these channels; absent: every channel.
+    pub channels: Option<Vec<String>>,
+    pub uid: Option<String>,
+    pub metadata: BTreeMap<String, String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -94,6 +104,10 @@ impl EndpointRow {
                 .map(|d| d.seconds()),
             max_attempts: r.max_attempts,
             source_id: r.source_id,
+            application_id: r.application_id,
+            channels: r.channels.filter(|c| !c.is_empty()),
+            uid: r.uid,
+            metadata: serde_json::from_value(r.metadata).unwrap_or_default(),
             created_at: r.created_at,
             updated_at: r.updated_at,
         }
@@ -176,6 +190,18 @@ pub struct CreateEndpoint {
     /// `hmac-sha256` (default: Standard Webhooks v1) or `ed25519` (v1a: receivers verify
     /// with the public key alone).
     pub signing: Option<String>,
+    /// Your own HMAC secret (`whsec_` + base64 of 24–64 bytes), e.g. a receiver's secret kept
+    /// while moving from another service; absent: Railhook generates one.
+    pub secret: Option<String>,
+    /// The application (id or uid) this endpoint belongs to, for life; absent: a project
+    /// endpoint.
+    pub application: Option<String>,
+    /// Receive only Events sent on one of these channels (1–10); absent: every channel.
+    pub channels: Option<Vec<String>>,
+    /// Your own name for it (1–256 of `[A-Za-z0-9_.-]`), unique in its application.
+    pub uid: Option<String>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A new endpoint and its signing secret (also readable later via `/secret`).
@@ -222,15 +248,41 @@ pub(crate) async fn insert(
         .map(retry_delays)
         .transpose()?;
     check_max_attempts(body.max_attempts)?;
-    let secret = match body.signing.as_deref() {
-        None | Some("hmac-sha256") => generate_signing_secret(),
-        Some("ed25519") => generate_ed25519_secret(),
-        Some(_) => {
+    let secret = match (body.signing.as_deref(), body.secret.as_deref()) {
+        (None | Some("hmac-sha256"), Some(given)) => check_given_secret(given)?,
+        (None | Some("hmac-sha256"), None) => generate_signing_secret(),
+        (Some("ed25519"), None) => generate_ed25519_secret(),
+        (Some("ed25519"), Some(_)) => {
+            return Err(ApiError::validation(
+                "secret",
+                "secret can be given only for hmac-sha256 signing",
+            ));
+        }
+        (Some(_), _) => {
             return Err(ApiError::validation(
                 "signing",
                 "signing must be hmac-sha256 or ed25519",
             ));
         }
+    };
+    let channels = body
+        .channels
+        .as_deref()
+        .map(|c| check_channels("channels", c))
+        .transpose()?;
+    if let Some(uid) = &body.uid {
+        check_uid("uid", uid, EndpointId::PREFIX)?;
+    }
+    let metadata = check_metadata(&body.metadata)?;
+    let application = match &body.application {
+        Some(_) if source_id.is_some() => {
+            return Err(ApiError::validation(
+                "application",
+                "a Source's Destination cannot belong to an application",
+            ));
+        }
+        Some(a) => Some(resolve_application(state, project.id.as_str(), a).await?.id),
+        None => None,
     };
     let id = EndpointId::generate();
     // Header values are where receivers' credentials go: sealed like the signing secret.
@@ -255,8 +307,12 @@ pub(crate) async fn insert(
         retry_delays: delays,
         max_attempts: body.max_attempts,
         source_id,
+        application_id: application.as_deref(),
+        channels: channels.as_deref(),
+        uid: body.uid.as_deref(),
+        metadata,
     };
-    let row = store::insert(&mut *tx, new).await?;
+    let row = store::insert(&mut *tx, new).await.map_err(uid_conflict)?;
     operational::emit(
         &mut *tx,
         project.id.as_str(),
@@ -270,6 +326,29 @@ pub(crate) async fn insert(
     })
 }
 
+/// A secret the caller chose: `whsec_` (optional, as Standard Webhooks libraries accept)
+/// and base64 of 24–64 bytes. Stored with the prefix.
+pub(crate) fn check_given_secret(given: &str) -> ApiResult<String> {
+    use base64::Engine;
+    let raw = given.strip_prefix("whsec_").unwrap_or(given);
+    match base64::engine::general_purpose::STANDARD.decode(raw) {
+        Ok(bytes) if (24..=64).contains(&bytes.len()) => Ok(format!("whsec_{raw}")),
+        _ => Err(ApiError::validation(
+            "secret",
+            "secret must be whsec_ followed by base64 of 24 to 64 bytes",
+        )),
+    }
+}
+
+/// A uid already used in the endpoint's scope is 409, not a 500.
+pub(crate) fn uid_conflict(e: sqlx::Error) -> ApiError {
+    if crate::store::applications::uid_taken(&e) {
+        ApiError::AlreadyExists("an endpoint with this uid")
+    } else {
+        e.into()
+    }
+}
+
 /// A Source's live Destinations, oldest first.
 pub(crate) async fn of_source(state: &AppState, source_id: &str) -> ApiResult<Vec<Endpoint>> {
     let rows = store::of_source(&state.pool, source_id).await?;
@@ -280,6 +359,8 @@ pub(crate) async fn of_source(state: &AppState, source_id: &str) -> ApiResult<Ve
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub cursor: Option<String>,
+    /// Only this application's endpoints (its id or uid).
+    pub application: Option<String>,
 }
 
 #[utoipa::path(get, path = "/v1/endpoints", tag = "endpoints", params(ListQuery),
@@ -290,10 +371,19 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<Endpoint>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    let application = match &q.application {
+        Some(a) => Some(
+            resolve_application(&state, project.id.as_str(), a)
+                .await?
+                .id,
+        ),
+        None => None,
+    };
     let rows = store::page(
         &state.pool,
         project.id.as_str(),
         Kind::Webhook,
+        application.as_deref(),
         page.after.as_deref(),
         page.fetch(),
     )
@@ -344,6 +434,14 @@ pub struct UpdateEndpoint {
     #[serde(default, deserialize_with = "double_option")]
     #[schema(value_type = Option<i32>)]
     pub max_attempts: Option<Option<i32>>,
+    /// `null` or `[]`: every channel again.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<Vec<String>>)]
+    pub channels: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<String>)]
+    pub uid: Option<Option<String>>,
+    pub metadata: Option<BTreeMap<String, String>>,
 }
 
 #[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints",
@@ -385,6 +483,15 @@ pub async fn update(
         .map(|d| d.as_deref().map(retry_delays).transpose())
         .transpose()?;
     check_max_attempts(body.max_attempts.flatten())?;
+    let channels = match &body.channels {
+        Some(Some(c)) if !c.is_empty() => Some(Some(check_channels("channels", c)?)),
+        Some(_) => Some(None),
+        None => None,
+    };
+    if let Some(Some(uid)) = &body.uid {
+        check_uid("uid", uid, EndpointId::PREFIX)?;
+    }
+    let metadata = body.metadata.as_ref().map(check_metadata).transpose()?;
     // The change and its operational webhooks commit together (crate::operational).
     let mut tx = state.pool.begin().await?;
     let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
@@ -401,9 +508,13 @@ pub async fn update(
         sealed_headers: headers,
         retry_delays: delays,
         max_attempts: body.max_attempts,
+        channels,
+        uid: body.uid.clone(),
+        metadata,
     };
     let row = store::update(&mut *tx, id.as_str(), project.id.as_str(), change)
-        .await?
+        .await
+        .map_err(uid_conflict)?
         .ok_or(ApiError::NotFound("endpoint"))?;
     operational::emit(
         &mut *tx,

@@ -13,11 +13,12 @@ use serde_json::value::RawValue;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::accept::{AcceptedEvent, NewEvent, ingest};
+use crate::accept::{AcceptedEvent, Audience, NewEvent, ingest};
 use crate::auth::{Project, Sender};
 use crate::extract::{ApiJson, ApiQuery, trace_of_request};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
+use crate::routes::applications::{check_channels, resolve_for_ingest};
 use crate::state::AppState;
 use crate::store::events as store;
 
@@ -33,6 +34,12 @@ pub struct CreateEvent {
     /// A JSON object, at most `max_payload_bytes` (1 MiB by default) as sent.
     #[schema(value_type = Object)]
     pub payload: Box<RawValue>,
+    /// The application (id or uid) the Event is for: it reaches only that application's
+    /// endpoints. Absent: the project's own endpoints.
+    pub application: Option<String>,
+    /// Sent on these channels (1–10): endpoints that list channels receive it only if they
+    /// share one.
+    pub channels: Option<Vec<String>>,
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -43,6 +50,32 @@ pub struct BatchItem {
     #[schema(value_type = Object)]
     pub payload: Box<RawValue>,
     pub idempotency_key: Option<String>,
+    pub application: Option<String>,
+    pub channels: Option<Vec<String>>,
+}
+
+/// An Event's audience from the request (`field` prefixes the names in errors): the
+/// application resolved from its id or uid, and its channels checked.
+pub(crate) async fn audience(
+    state: &AppState,
+    project_id: &str,
+    field: &str,
+    application: Option<&str>,
+    channels: Option<&[String]>,
+) -> ApiResult<Audience> {
+    let channels = channels
+        .map(|c| check_channels(&format!("{field}channels"), c))
+        .transpose()?;
+    let application_id = match application {
+        Some(a) => {
+            Some(resolve_for_ingest(state, project_id, &format!("{field}application"), a).await?)
+        }
+        None => None,
+    };
+    Ok(Audience {
+        application_id,
+        channels,
+    })
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -216,6 +249,8 @@ fn validate_event(
         idempotency_key,
         traceparent: None,
         tracestate: None,
+        audience: crate::accept::Audience::default(),
+        event_uid: None,
     })
 }
 
@@ -242,6 +277,14 @@ pub async fn create(
         key,
         state.limits.max_payload_bytes,
     )?;
+    event.audience = audience(
+        &state,
+        sender.project.id.as_str(),
+        "",
+        body.application.as_deref(),
+        body.channels.as_deref(),
+    )
+    .await?;
     (event.traceparent, event.tracestate) = {
         let (tp, ts) = trace_of_request(&headers);
         (Some(tp), ts)
@@ -308,6 +351,14 @@ pub async fn create_batch(
         }
         let max_payload = state.limits.max_payload_bytes;
         let mut event = validate_event(&field, &item.event_type, item.payload, key, max_payload)?;
+        event.audience = audience(
+            &state,
+            sender.project.id.as_str(),
+            &field,
+            item.application.as_deref(),
+            item.channels.as_deref(),
+        )
+        .await?;
         event.traceparent = Some(traceparent.clone());
         event.tracestate.clone_from(&tracestate);
         events.push(event);
@@ -349,6 +400,8 @@ pub struct Event {
     #[schema(value_type = Option<Object>)]
     pub payload: Option<Box<RawValue>>,
     pub idempotency_key: Option<String>,
+    pub application_id: Option<String>,
+    pub channels: Option<Vec<String>>,
     pub created_at: DateTime<Utc>,
     /// When the payload was expunged (`DELETE /v1/events/{id}/payload`), if it was.
     pub expunged_at: Option<DateTime<Utc>>,
@@ -389,6 +442,8 @@ pub async fn get(
         event_type: row.event_type,
         payload,
         idempotency_key: row.idempotency_key,
+        application_id: row.application_id,
+        channels: row.channels,
         created_at: row.created_at,
         expunged_at: row.expunged_at,
         trace_id: row
@@ -456,6 +511,10 @@ pub struct ListQuery {
     pub created_before: Option<DateTime<Utc>>,
     pub limit: Option<i64>,
     pub cursor: Option<String>,
+    /// Only this application's Events (its id or uid).
+    pub application: Option<String>,
+    /// Only Events sent on this channel.
+    pub channel: Option<String>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -464,6 +523,8 @@ pub struct EventSummary {
     #[serde(rename = "type")]
     pub event_type: String,
     pub idempotency_key: Option<String>,
+    pub application_id: Option<String>,
+    pub channels: Option<Vec<String>>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -475,10 +536,20 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<EventSummary>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    let application = match &q.application {
+        Some(a) => Some(
+            crate::routes::applications::resolve(&state, project.id.as_str(), a)
+                .await?
+                .id,
+        ),
+        None => None,
+    };
     let filter = store::ListFilter {
         event_type: q.event_type.as_deref(),
         created_after: q.created_after,
         created_before: q.created_before,
+        application_id: application.as_deref(),
+        channel: q.channel.as_deref(),
     };
     let after = page.after.as_deref();
     let rows = store::list(
@@ -495,6 +566,8 @@ pub async fn list(
             id: r.id,
             event_type: r.event_type,
             idempotency_key: r.idempotency_key,
+            application_id: r.application_id,
+            channels: r.channels,
             created_at: r.created_at,
         })
         .collect();

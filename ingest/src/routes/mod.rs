@@ -7,6 +7,7 @@
 //! wrapping its router in [`clears_senders`].
 
 pub mod admin;
+pub mod applications;
 pub mod deliveries;
 pub mod endpoint_secret;
 pub mod endpoint_state;

@@ -176,6 +176,7 @@ pub async fn list(
         &state.pool,
         project.id.as_str(),
         Kind::Operational,
+        None,
         page.after.as_deref(),
         page.fetch(),
     )

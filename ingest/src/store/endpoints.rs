@@ -45,6 +45,14 @@ pub struct EndpointRow {
     /// `webhook` (the API's endpoints and Destinations) or `operational`.
     pub kind: String,
     pub operational_types: Option<Vec<String>>,
+    /// The application the endpoint belongs to, for life; `None`: a project endpoint.
+    pub application_id: Option<String>,
+    /// Channels it listens on; `None` or empty: every channel (docs/APPLICATIONS.md).
+    pub channels: Option<Vec<String>>,
+    /// The sender's own name for it, unique in its scope.
+    pub uid: Option<String>,
+    /// A JSON object of strings, the sender's.
+    pub metadata: serde_json::Value,
 }
 
 use railhook_common::Word;
@@ -71,11 +79,33 @@ pub async fn find(
     .await
 }
 
-/// A page of the project's live endpoints, newest first, after the cursor `after`.
+/// One live webhook endpoint of an application, by its id or its uid.
+pub async fn find_in_application(
+    db: impl PgExecutor<'_>,
+    project_id: &str,
+    application_id: &str,
+    id_or_uid: &str,
+) -> Result<Option<EndpointRow>, sqlx::Error> {
+    sqlx::query_as!(
+        EndpointRow,
+        r#"SELECT * FROM endpoints
+           WHERE project_id = $1 AND application_id = $2 AND deleted_at IS NULL
+             AND kind = 'webhook' AND (id = $3 OR uid = $3)"#,
+        project_id,
+        application_id,
+        id_or_uid
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// A page of the project's live endpoints (of one application, if given), after the cursor
+/// `after`: newest first, or oldest first with `ascending` (the cursor then reads forwards).
 pub async fn page(
     db: impl PgExecutor<'_>,
     project_id: &str,
     kind: Kind,
+    application_id: Option<&str>,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<EndpointRow>, sqlx::Error> {
@@ -83,12 +113,14 @@ pub async fn page(
         EndpointRow,
         r#"SELECT * FROM endpoints
            WHERE project_id = $1 AND deleted_at IS NULL AND kind = $2
+             AND ($5::text IS NULL OR application_id = $5)
              AND ($3::text IS NULL OR id < $3)
            ORDER BY id DESC LIMIT $4"#,
         project_id,
         kind.as_str(),
         after,
-        limit
+        limit,
+        application_id
     )
     .fetch_all(db)
     .await
@@ -146,6 +178,10 @@ pub struct NewEndpoint<'a> {
     pub retry_delays: Option<String>,
     pub max_attempts: Option<i32>,
     pub source_id: Option<&'a str>,
+    pub application_id: Option<&'a str>,
+    pub channels: Option<&'a [String]>,
+    pub uid: Option<&'a str>,
+    pub metadata: serde_json::Value,
 }
 
 pub async fn insert(
@@ -156,8 +192,10 @@ pub async fn insert(
         EndpointRow,
         r#"INSERT INTO endpoints (id, project_id, url, description, secret, enabled, timeout_ms,
                                   rate_limit_per_second, max_concurrency, headers, retry_delays,
-                                  max_attempts, rate_limit_burst, source_id)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                                  max_attempts, rate_limit_burst, source_id, application_id,
+                                  channels, uid, metadata)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                   $18)
            RETURNING *"#,
         e.id,
         e.project_id,
@@ -172,7 +210,11 @@ pub async fn insert(
         e.retry_delays,
         e.max_attempts,
         e.rate_limit_burst,
-        e.source_id
+        e.source_id,
+        e.application_id,
+        e.channels,
+        e.uid,
+        e.metadata
     )
     .fetch_one(db)
     .await
@@ -191,6 +233,10 @@ pub struct EndpointChange<'a> {
     pub sealed_headers: Option<serde_json::Value>,
     pub retry_delays: Option<Option<String>>,
     pub max_attempts: Option<Option<i32>>,
+    /// `Some(None)` clears the channels (the endpoint then hears every channel).
+    pub channels: Option<Option<Vec<String>>>,
+    pub uid: Option<Option<String>>,
+    pub metadata: Option<serde_json::Value>,
 }
 
 /// Applies `c` to the project's live webhook endpoint `id` (enabling it clears its disabled
@@ -201,6 +247,7 @@ pub async fn update(
     project_id: &str,
     c: EndpointChange<'_>,
 ) -> Result<Option<EndpointRow>, sqlx::Error> {
+    let channels = c.channels.clone().flatten();
     sqlx::query_as!(
         EndpointRow,
         r#"UPDATE endpoints SET
@@ -215,6 +262,9 @@ pub async fn update(
                retry_delays = CASE WHEN $12 THEN $13 ELSE retry_delays END,
                max_attempts = CASE WHEN $14 THEN $15 ELSE max_attempts END,
                rate_limit_burst = CASE WHEN $16 THEN $17 ELSE rate_limit_burst END,
+               channels = CASE WHEN $18 THEN $19 ELSE channels END,
+               uid = CASE WHEN $20 THEN $21 ELSE uid END,
+               metadata = coalesce($22, metadata),
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
            RETURNING *"#,
@@ -234,7 +284,12 @@ pub async fn update(
         c.max_attempts.is_some(),
         c.max_attempts.flatten(),
         c.rate_limit_burst.is_some(),
-        c.rate_limit_burst.flatten()
+        c.rate_limit_burst.flatten(),
+        c.channels.is_some(),
+        channels.as_deref(),
+        c.uid.is_some(),
+        c.uid.flatten(),
+        c.metadata
     )
     .fetch_optional(db)
     .await

@@ -13,6 +13,9 @@ pub struct EventRow {
     pub created_at: DateTime<Utc>,
     pub expunged_at: Option<DateTime<Utc>>,
     pub traceparent: Option<String>,
+    pub application_id: Option<String>,
+    pub channels: Option<Vec<String>>,
+    pub event_uid: Option<String>,
 }
 
 /// One of an Event's Deliveries, as the Event's page lists it.
@@ -28,13 +31,20 @@ pub struct SummaryRow {
     pub event_type: String,
     pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,
+    pub application_id: Option<String>,
+    pub channels: Option<Vec<String>>,
 }
 
 /// What the list may be narrowed to.
+#[derive(Default)]
 pub struct ListFilter<'a> {
     pub event_type: Option<&'a str>,
     pub created_after: Option<DateTime<Utc>>,
     pub created_before: Option<DateTime<Utc>>,
+    /// Only this application's Events.
+    pub application_id: Option<&'a str>,
+    /// Only Events sent on this channel.
+    pub channel: Option<&'a str>,
 }
 
 /// The project's Event `id`, with its Deliveries.
@@ -46,7 +56,7 @@ pub async fn find(
     let event = sqlx::query_as!(
         EventRow,
         r#"SELECT id, event_type, payload::text AS "payload!", idempotency_key, created_at,
-                  expunged_at, traceparent
+                  expunged_at, traceparent, application_id, channels, event_uid
            FROM events WHERE id = $1 AND project_id = $2"#,
         id,
         project_id
@@ -76,21 +86,85 @@ pub async fn list(
 ) -> Result<Vec<SummaryRow>, sqlx::Error> {
     sqlx::query_as!(
         SummaryRow,
-        r#"SELECT id, event_type, idempotency_key, created_at FROM events
+        r#"SELECT id, event_type, idempotency_key, created_at, application_id, channels
+           FROM events
            WHERE project_id = $1 AND NOT operational
              AND ($2::text IS NULL OR event_type = $2)
              AND ($3::timestamptz IS NULL OR created_at >= $3)
              AND ($4::timestamptz IS NULL OR created_at < $4)
              AND ($5::text IS NULL OR id < $5)
+             AND ($7::text IS NULL OR application_id = $7)
+             AND ($8::text IS NULL OR $8 = ANY (channels))
            ORDER BY id DESC LIMIT $6"#,
         project_id,
         filter.event_type,
         filter.created_after,
         filter.created_before,
         after,
+        limit,
+        filter.application_id,
+        filter.channel
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// A page of one application's Events with their payloads (the Svix-compatible message
+/// list), newest first after `after`; `event_types` narrows to any of those types.
+pub async fn of_application(
+    pool: &PgPool,
+    project_id: &str,
+    application_id: &str,
+    filter: &ListFilter<'_>,
+    event_types: Option<&[String]>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<EventRow>, sqlx::Error> {
+    sqlx::query_as!(
+        EventRow,
+        r#"SELECT id, event_type, payload::text AS "payload!", idempotency_key, created_at,
+                  expunged_at, traceparent, application_id, channels, event_uid
+           FROM events
+           WHERE project_id = $1 AND application_id = $2
+             AND ($3::text[] IS NULL OR event_type = ANY ($3))
+             AND ($4::timestamptz IS NULL OR created_at >= $4)
+             AND ($5::timestamptz IS NULL OR created_at < $5)
+             AND ($6::text IS NULL OR $6 = ANY (channels))
+             AND ($7::text IS NULL OR id < $7)
+           ORDER BY id DESC LIMIT $8"#,
+        project_id,
+        application_id,
+        event_types,
+        filter.created_after,
+        filter.created_before,
+        filter.channel,
+        after,
         limit
     )
     .fetch_all(pool)
+    .await
+}
+
+/// One application's Event by its id or by the sender's `event_uid` (the newest, if the
+/// sender reused one).
+pub async fn find_in_application(
+    pool: &PgPool,
+    project_id: &str,
+    application_id: &str,
+    id_or_uid: &str,
+) -> Result<Option<EventRow>, sqlx::Error> {
+    sqlx::query_as!(
+        EventRow,
+        r#"SELECT id, event_type, payload::text AS "payload!", idempotency_key, created_at,
+                  expunged_at, traceparent, application_id, channels, event_uid
+           FROM events
+           WHERE project_id = $1 AND application_id = $2 AND (id = $3 OR event_uid = $3)
+           ORDER BY id DESC LIMIT 1"#,
+        project_id,
+        application_id,
+        id_or_uid
+    )
+    .fetch_optional(pool)
     .await
 }
 

@@ -51,6 +51,8 @@ pub struct ReplayedEvent {
     pub id: String,
     pub event_type: String,
     pub source_id: Option<String>,
+    pub application_id: Option<String>,
+    pub channels: Option<Vec<String>>,
 }
 
 /// The next `limit` replayable Events after `after` (the Replay's cursor), in id order.
@@ -63,7 +65,7 @@ pub async fn batch(
 ) -> Result<Vec<ReplayedEvent>, sqlx::Error> {
     sqlx::query_as!(
         ReplayedEvent,
-        r#"SELECT id AS "id!", event_type AS "event_type!", source_id
+        r#"SELECT id AS "id!", event_type AS "event_type!", source_id, application_id, channels
            FROM railhook_replay_selection($1, $2, $3, $4, $5)
            WHERE ($6::text IS NULL OR id > $6) AND expunged_at IS NULL
            ORDER BY id LIMIT $7"#,

@@ -17,6 +17,9 @@ pub struct Candidate {
     pub(crate) endpoint_id: String,
     pub(crate) patterns: Vec<EventTypePattern>,
     pub(crate) ordered: bool,
+    /// The endpoint's application (`None`: a project endpoint) and channels.
+    pub(crate) application_id: Option<String>,
+    pub(crate) channels: Option<Vec<String>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -25,6 +28,10 @@ struct SubscriptionRow {
     endpoint_id: String,
     event_types: Vec<String>,
     ordered: bool,
+    #[serde(default)]
+    application_id: Option<String>,
+    #[serde(default)]
+    channels: Option<Vec<String>>,
 }
 
 /// Reads what `railhook_live_subscriptions` returns; `None` only if the database sent
@@ -43,6 +50,8 @@ fn parse(json: &str) -> Option<Vec<Candidate>> {
                     .map(EventTypePattern::from_trusted)
                     .collect(),
                 ordered: s.ordered,
+                application_id: s.application_id,
+                channels: s.channels,
             })
             .collect(),
     )
@@ -87,33 +96,59 @@ pub struct SenderRow {
 /// and then posts through the same process never sees the old one. Only `POST
 /// /v1/events[/batch]` reads this cache (`auth::Sender`); every other route checks its key
 /// in Postgres.
+///
+/// Beside the senders it keeps, for the same second, which application an Event's
+/// `application` (an id or a uid) names in a project: found applications only, so a new
+/// application is usable at once, and a deleted one's endpoints are gone from the senders'
+/// subscriptions in the same write.
 #[derive(Clone)]
-pub struct SenderCache(moka::sync::Cache<Vec<u8>, SenderRow>);
+pub struct SenderCache {
+    senders: moka::sync::Cache<Vec<u8>, SenderRow>,
+    applications: moka::sync::Cache<(String, String), String>,
+}
 
 impl Default for SenderCache {
     fn default() -> Self {
-        Self(
-            moka::sync::Cache::builder()
+        let second = std::time::Duration::from_secs(1);
+        Self {
+            senders: moka::sync::Cache::builder()
                 .max_capacity(10_000)
-                .time_to_live(std::time::Duration::from_secs(1))
+                .time_to_live(second)
                 .build(),
-        )
+            applications: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(second)
+                .build(),
+        }
     }
 }
 
 impl SenderCache {
     pub(crate) fn get(&self, key_hash: &[u8]) -> Option<SenderRow> {
-        self.0.get(key_hash)
+        self.senders.get(key_hash)
     }
 
     pub(crate) fn insert(&self, key_hash: Vec<u8>, row: SenderRow) {
-        self.0.insert(key_hash, row);
+        self.senders.insert(key_hash, row);
     }
 
-    /// Forgets every cached sender: called after any change to keys, endpoints or
-    /// subscriptions (rare next to Events, so clearing all is simpler than tracking which).
+    /// The id of the application `id_or_uid` names in `project`, if looked up this second.
+    pub(crate) fn application(&self, project: &str, id_or_uid: &str) -> Option<String> {
+        self.applications
+            .get(&(project.to_owned(), id_or_uid.to_owned()))
+    }
+
+    pub(crate) fn remember_application(&self, project: &str, id_or_uid: &str, id: &str) {
+        self.applications
+            .insert((project.to_owned(), id_or_uid.to_owned()), id.to_owned());
+    }
+
+    /// Forgets every cached sender and application: called after any change to keys,
+    /// applications, endpoints or subscriptions (rare next to Events, so clearing all is
+    /// simpler than tracking which).
     pub fn invalidate(&self) {
-        self.0.invalidate_all();
+        self.senders.invalidate_all();
+        self.applications.invalidate_all();
     }
 }
 
