@@ -7,7 +7,7 @@
 -- endpoint that lists channels receives only Events sharing one with it.
 --
 -- Expand only: a new table, nullable columns (or a constant default, which Postgres stores
--- in the catalogue without a rewrite), indexes, a new overload of railhook_ingest() (the
+-- in the catalogue without a rewrite), an index on the events parent only, a new overload of railhook_ingest() (the
 -- 13-argument one stays for the previous release's ingest during a rolling deploy), and
 -- railhook_live_subscriptions() replaced with the same signature (its JSON gains two keys,
 -- which the previous release's parser ignores).
@@ -32,16 +32,19 @@ ALTER TABLE endpoints ADD COLUMN application_id text REFERENCES applications (id
 ALTER TABLE endpoints ADD COLUMN channels text[];
 ALTER TABLE endpoints ADD COLUMN uid text;
 ALTER TABLE endpoints ADD COLUMN metadata jsonb NOT NULL DEFAULT '{}';
-CREATE INDEX endpoints_application_idx ON endpoints (application_id) WHERE application_id IS NOT NULL;
--- An endpoint's uid is unique within its scope (its application, or the project's own).
-CREATE UNIQUE INDEX endpoints_uid_idx ON endpoints (project_id, coalesce(application_id, ''), uid)
-    WHERE deleted_at IS NULL AND uid IS NOT NULL;
+-- Their indexes are built CONCURRENTLY by the next two migrations.
 
 ALTER TABLE events ADD COLUMN application_id text;
 ALTER TABLE events ADD COLUMN channels text[];
 -- The sender's own id for the Event (Svix's `eventId`): shown and searchable, not a key.
 ALTER TABLE events ADD COLUMN event_uid text;
-CREATE INDEX events_application_idx ON events (application_id, id) WHERE application_id IS NOT NULL;
+-- An application's Events, newest first (the Svix-compatible message list). On the parent
+-- only, so no existing partition is locked or scanned: every day partition created from
+-- now on gets it with its table. The partitions that existed before the upgrade (past days,
+-- and the few made ahead) have none; a list that reaches into them is served by
+-- events_project_idx, and they age out with retention.
+CREATE INDEX events_application_idx ON ONLY events (application_id, id)
+    WHERE application_id IS NOT NULL;
 
 -- The live subscriptions with their endpoint's scope and channels, for the ingest's
 -- Delivery planning (ingest/src/accept.rs, plan_deliveries).

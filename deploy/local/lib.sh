@@ -107,6 +107,23 @@ ensure_schemathesis() {
     || python3 -m pip install --quiet --break-system-packages "schemathesis==$SCHEMATHESIS_VERSION"
 }
 
+# The official Svix SDKs, pinned in their manifests (tests/svix/, tests/it/svix_sdk.rs).
+ensure_svix_sdks() {
+  local dir="$ROOT/tests/svix" want
+  want=$(sed -n 's/^svix==//p' "$dir/requirements.txt")
+  if ! python3 -c "import svix, sys; sys.exit(svix.__version__ != '$want')" 2>/dev/null; then
+    log "pip install -r tests/svix/requirements.txt"
+    python3 -m pip install --quiet -r "$dir/requirements.txt" 2>/dev/null \
+      || python3 -m pip install --quiet --break-system-packages -r "$dir/requirements.txt"
+  fi
+  command -v node >/dev/null || apt_install nodejs npm
+  if [ ! -d "$dir/node_modules/svix" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+    log "npm ci (tests/svix)"
+    (cd "$dir" && npm ci --no-audit --no-fund --silent) && touch "$dir/node_modules"
+  fi
+  return 0
+}
+
 ensure_standardwebhooks() {
   python3 -c 'import standardwebhooks' 2>/dev/null && return 0
   log "pip install standardwebhooks"

@@ -11,6 +11,7 @@ ensure_standardwebhooks
 ensure_provider_signers
 ensure_browser
 ensure_schemathesis
+ensure_svix_sdks
 # promtool checks the alert rules and the /metrics page (tests/it/observability.rs).
 command -v promtool >/dev/null || apt_install prometheus
 # ip (iproute2) builds the far host behind a router for the network-partition scenario

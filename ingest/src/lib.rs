@@ -21,6 +21,7 @@ pub mod routes;
 pub mod schemas;
 pub mod state;
 pub mod store;
+pub mod svix;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -70,6 +71,7 @@ pub fn router(state: AppState) -> Router {
         .merge(failed::router())
         .merge(replays::router())
         .merge(sources::router())
+        .merge(svix::router(&state))
         .layer(DefaultBodyLimit::max(ENVELOPE_BYTES))
         // A provider's body is taken as it came (no JSON envelope), up to the payload limit.
         .merge(

@@ -31,7 +31,10 @@ struct ProblemAnswers;
 
 impl Modify for ProblemAnswers {
     fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
-        for item in api.paths.paths.values_mut() {
+        for (path, item) in &mut api.paths.paths {
+            // The Svix-compatible surface answers errors in the Svix SDKs' own JSON shape
+            // (crate::svix), so its operations keep application/json.
+            let svix = path.starts_with(crate::svix::PREFIX);
             let operations = [
                 &mut item.get,
                 &mut item.put,
@@ -43,11 +46,25 @@ impl Modify for ProblemAnswers {
                 let answers = &mut op.responses.responses;
                 for (status, answer) in answers.iter_mut() {
                     let is_error = status.starts_with('4') || status.starts_with('5');
-                    if let (true, RefOr::T(answer)) = (is_error, answer)
+                    if let (true, false, RefOr::T(answer)) = (is_error, svix, answer)
                         && let Some(content) = answer.content.shift_remove("application/json")
                     {
                         answer.content.insert(PROBLEM_JSON.to_owned(), content);
                     }
+                }
+                if svix {
+                    answers.entry("default".to_owned()).or_insert_with(|| {
+                        RefOr::T(
+                            ResponseBuilder::new()
+                                .description(
+                                    "An error: `{code, detail}`, or for a refused field 422 \
+                                     with `detail` a list of `{loc, msg, type}`.",
+                                )
+                                .content("application/json", ContentBuilder::new().build())
+                                .build(),
+                        )
+                    });
+                    continue;
                 }
                 answers.entry("default".to_owned()).or_insert_with(|| {
                     let problem = ContentBuilder::new()

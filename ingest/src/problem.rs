@@ -141,7 +141,7 @@ fn title(status: StatusCode) -> &'static str {
     status.canonical_reason().unwrap_or("Error")
 }
 
-fn log_internal(e: &InternalError) {
+pub(crate) fn log_internal(e: &InternalError) {
     match e {
         InternalError::Database(sqlx::Error::Database(db)) => tracing::error!(
             sqlstate = db.code().as_deref().unwrap_or(""),

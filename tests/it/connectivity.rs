@@ -10,8 +10,7 @@
 //! - a Slot dropped under `railhook all`: the API keeps answering 201, and Events posted
 //!   after `railhook slot create` are delivered.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::support::receiver::{Behaviour, Receiver};
@@ -21,12 +20,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 
-const ADMIN: &str = "admin-token-connectivity-0123";
-const WAIT: Duration = Duration::from_secs(90);
-
-fn unique() -> String {
-    ulid::Ulid::new().to_string().to_lowercase()
-}
+use crate::support::process::{ADMIN, Process, WAIT, base_env, run_once, unique};
 
 /// The TLS-only servers that `deploy/local/tls.sh up` started.
 struct TlsStack {
@@ -118,154 +112,6 @@ impl TlsStack {
             ),
             ("KAFKA_SSL_KEY_LOCATION".into(), self.file("client.key")),
         ]
-    }
-}
-
-/// One `railhook` process with its own slot, topics and group, logging to a file.
-struct Process {
-    child: tokio::process::Child,
-    log: PathBuf,
-    api: String,
-    metrics: String,
-}
-
-/// Settings every process here shares; `extra` comes last and wins.
-fn base_env(extra: &[(String, String)]) -> Vec<(String, String)> {
-    let u = unique();
-    let mut env: Vec<(String, String)> = vec![
-        ("RAILHOOK_ADMIN_TOKEN".into(), ADMIN.into()),
-        ("RAILHOOK_SLOT".into(), format!("rh_conn_{u}")),
-        ("RAILHOOK_TOPIC_PREFIX".into(), format!("conn{u}.")),
-        ("RAILHOOK_WORKER_GROUP".into(), format!("conn{u}")),
-        ("RAILHOOK_KAFKA_PARTITIONS".into(), "2".into()),
-        (
-            "RAILHOOK_ALLOW_PRIVATE_TARGETS".into(),
-            "127.0.0.0/8".into(),
-        ),
-        ("RAILHOOK_RETRY_OUTGOING_DELAYS".into(), "0.2".into()),
-        ("RAILHOOK_RETRY_OVERLOAD_FLOOR_MS".into(), "0".into()),
-        ("RAILHOOK_RELAY_STATUS_MS".into(), "200".into()),
-        ("RAILHOOK_DASHBOARD_COOKIE_SECURE".into(), "false".into()),
-        ("RUST_LOG".into(), "info".into()),
-    ];
-    for (k, v) in extra {
-        env.retain(|(ek, _)| ek != k);
-        env.push((k.clone(), v.clone()));
-    }
-    env
-}
-
-fn log_text(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// Runs `railhook ARGS` to completion.
-fn run_once(args: &[&str], env: &[(String, String)]) -> (bool, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("run railhook");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
-impl Process {
-    fn start(role: &str, env: &[(String, String)]) -> Self {
-        let http = format!("127.0.0.1:{}", free_port());
-        let metrics = format!("127.0.0.1:{}", free_port());
-        let log = std::env::temp_dir().join(format!("rh-conn-{}.log", unique()));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
-            .arg(role)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .env("RAILHOOK_HTTP_ADDR", &http)
-            .env("RAILHOOK_METRICS_ADDR", &metrics)
-            .env("RAILHOOK_API_METRICS", "true")
-            .env("RAILHOOK_METRICS_TOKEN", crate::support::METRICS_TOKEN)
-            .stdout(Stdio::from(file.try_clone().expect("log")))
-            .stderr(Stdio::from(file))
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn railhook");
-        Self {
-            child,
-            log,
-            api: format!("http://{http}"),
-            metrics: format!("http://{metrics}"),
-        }
-    }
-
-    fn log(&self) -> String {
-        log_text(&self.log)
-    }
-
-    /// `/readyz` of the API (`all`, `ingest`) or of the metrics listener (`relay`, `worker`).
-    async fn readyz(&self, on_metrics_port: bool) -> Option<(StatusCode, Value)> {
-        let base = if on_metrics_port {
-            &self.metrics
-        } else {
-            &self.api
-        };
-        let r = reqwest::get(format!("{base}/readyz")).await.ok()?;
-        let status = r.status();
-        Some((status, r.json().await.ok()?))
-    }
-
-    /// Waits until `/readyz` shows `dependency` down with an error containing one of `words`.
-    async fn wait_down(
-        &mut self,
-        on_metrics_port: bool,
-        dependency: &str,
-        words: &[&str],
-    ) -> String {
-        let seen = eventually(&format!("{dependency} reported down"), WAIT, || async {
-            let (status, body) = self.readyz(on_metrics_port).await?;
-            let dep = &body["dependencies"][dependency];
-            let error = dep["last_error"].as_str().unwrap_or_default().to_owned();
-            (status == StatusCode::SERVICE_UNAVAILABLE
-                && dep["up"] == false
-                && words.iter().any(|w| error.to_lowercase().contains(w)))
-            .then_some(error)
-        })
-        .await;
-        assert!(
-            self.child.try_wait().expect("status").is_none(),
-            "the process exited: {}",
-            self.log()
-        );
-        seen
-    }
-
-    /// `/metrics` on the API port.
-    async fn metrics_page(&self) -> String {
-        reqwest::Client::new()
-            .get(format!("{}/metrics", self.api))
-            .bearer_auth(crate::support::METRICS_TOKEN)
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("metrics text")
-    }
-
-    async fn wait_ready(&self, on_metrics_port: bool) -> Value {
-        eventually("ready", WAIT, || async {
-            let (status, body) = self.readyz(on_metrics_port).await?;
-            (status == StatusCode::OK).then_some(body)
-        })
-        .await
     }
 }
 

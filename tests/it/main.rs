@@ -32,4 +32,5 @@ mod redis_cluster;
 mod relay;
 mod retention;
 mod secrets;
+mod svix_sdk;
 mod worker;

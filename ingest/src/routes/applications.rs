@@ -181,7 +181,7 @@ pub(crate) async fn resolve_for_ingest(
     Ok(row.id)
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateApplication {
     pub name: String,

@@ -81,13 +81,33 @@ pub(crate) async fn rotate(
     id: &str,
     kind: Kind,
 ) -> ApiResult<Json<EndpointSecret>> {
+    rotate_to(state, project, id, kind, None, None).await
+}
+
+/// Rotates to `given` (an HMAC secret the caller chose, already checked) or to a fresh
+/// secret of the same scheme, with the old one signing beside it for `overlap_seconds`
+/// (default: the deployment's overlap).
+pub(crate) async fn rotate_to(
+    state: &AppState,
+    project: &Project,
+    id: &str,
+    kind: Kind,
+    given: Option<String>,
+    overlap_seconds: Option<i64>,
+) -> ApiResult<Json<EndpointSecret>> {
     let id = parse_id(id)?;
-    let overlap = state.limits.secret_rotation_overlap.as_secs_f64();
+    #[allow(clippy::cast_precision_loss)] // at most seven days of seconds
+    let overlap = overlap_seconds.map_or(state.limits.secret_rotation_overlap.as_secs_f64(), |s| {
+        s as f64
+    });
     // A rotation keeps the endpoint's scheme.
     let current = store::current_secret(&state.pool, id.as_str(), project.id.as_str(), kind)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    let fresh = generate_secret_like(&state.keyring.open(id.as_str(), &current)?);
+    let fresh = match given {
+        Some(g) => g,
+        None => generate_secret_like(&state.keyring.open(id.as_str(), &current)?),
+    };
     let sealed = state.keyring.seal(id.as_str(), &fresh);
     let (id_text, project_id) = (id.as_str(), project.id.as_str());
     let row = store::rotate_secret(&state.pool, id_text, project_id, overlap, &sealed)

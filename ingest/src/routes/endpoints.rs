@@ -169,7 +169,7 @@ fn check_description(d: &str) -> ApiResult<()> {
     Ok(())
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEndpoint {
     pub url: String,
@@ -409,7 +409,7 @@ pub async fn get(
 }
 
 /// Fields to change; absent fields stay as they are, `null` clears an optional limit.
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateEndpoint {
     pub url: Option<String>,

@@ -57,18 +57,18 @@ impl From<EventTypeRow> for EventTypeBody {
     }
 }
 
-fn parse_name(raw: &str) -> ApiResult<String> {
+pub(crate) fn parse_name(raw: &str) -> ApiResult<String> {
     EventType::parse(raw)
         .map(|t| t.as_str().to_owned())
         .map_err(|e| ApiError::validation("name", format!("name {e}")))
 }
 
 /// A name in a path: one that cannot be a type is simply not in the catalogue.
-fn path_name(raw: &str) -> ApiResult<String> {
+pub(crate) fn path_name(raw: &str) -> ApiResult<String> {
     parse_name(raw).map_err(|_| ApiError::NotFound("event type"))
 }
 
-fn check_description(d: &str) -> ApiResult<()> {
+pub(crate) fn check_description(d: &str) -> ApiResult<()> {
     if d.chars().count() > MAX_DESCRIPTION {
         return Err(ApiError::validation(
             "description",
@@ -79,7 +79,7 @@ fn check_description(d: &str) -> ApiResult<()> {
 }
 
 /// Refuses a schema that is too large, not valid draft 2020-12, or not usable offline.
-fn check_schema(schema: &Value) -> ApiResult<()> {
+pub(crate) fn check_schema(schema: &Value) -> ApiResult<()> {
     let text = serde_json::to_string(schema).unwrap_or_default();
     let size = text.len();
     if size > MAX_SCHEMA_BYTES {
@@ -231,7 +231,7 @@ pub async fn deprecate(
     Path(name): Path<String>,
 ) -> ApiResult<Json<EventTypeBody>> {
     let name = path_name(&name)?;
-    let row = store::deprecate(&state.pool, project.id.as_str(), &name)
+    let row = store::set_deprecated(&state.pool, project.id.as_str(), &name, true)
         .await?
         .ok_or(ApiError::NotFound("event type"))?;
     Ok(Json(row.into()))

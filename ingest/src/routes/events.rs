@@ -112,7 +112,7 @@ fn validate_key(field: &str, raw: &str) -> ApiResult<String> {
     }
 }
 
-fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
     match headers.get(IDEMPOTENCY_KEY_HEADER) {
         None => Ok(None),
         Some(v) => {
@@ -219,7 +219,7 @@ fn check_number(token: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn validate_event(
+pub(crate) fn validate_event(
     field: &str,
     event_type: &str,
     payload: Box<RawValue>,
@@ -285,8 +285,26 @@ pub async fn create(
         body.channels.as_deref(),
     )
     .await?;
+    let accepted = accept_one(&state, &sender, &headers, event).await?;
+    let status = if accepted.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(accepted)))
+}
+
+/// One checked Event through the ingest transaction, as `POST /v1/events` and the
+/// Svix-compatible message create take it: the request's trace context, the type's schema,
+/// then [`ingest`].
+pub(crate) async fn accept_one(
+    state: &AppState,
+    sender: &Sender,
+    headers: &HeaderMap,
+    mut event: NewEvent,
+) -> ApiResult<AcceptedEvent> {
     (event.traceparent, event.tracestate) = {
-        let (tp, ts) = trace_of_request(&headers);
+        let (tp, ts) = trace_of_request(headers);
         (Some(tp), ts)
     };
     state
@@ -299,18 +317,12 @@ pub async fn create(
             |_| String::new(),
         )
         .await?;
-    let accepted = ingest(&state, &sender.project, &sender.subscriptions, vec![event])
+    ingest(state, &sender.project, &sender.subscriptions, vec![event])
         .await?
         .pop()
         .ok_or(ApiError::Internal(crate::problem::InternalError::Fault(
             "empty ingest result",
-        )))?;
-    let status = if accepted.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(accepted)))
+        )))
 }
 
 #[utoipa::path(post, path = "/v1/events/batch", tag = "events", request_body = CreateBatch,

@@ -206,7 +206,7 @@ pub async fn get(
     Ok(Json(row.into()))
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateOperationalEndpoint {
     pub url: Option<String>,

@@ -25,7 +25,7 @@ fn parse_id(raw: &str) -> ApiResult<SubscriptionId> {
     SubscriptionId::parse(raw).map_err(|_| ApiError::NotFound("subscription"))
 }
 
-fn parse_patterns(raw: &[String]) -> ApiResult<Vec<String>> {
+pub(crate) fn parse_patterns(raw: &[String]) -> ApiResult<Vec<String>> {
     if raw.is_empty() || raw.len() > MAX_PATTERNS {
         return Err(ApiError::validation(
             "event_types",

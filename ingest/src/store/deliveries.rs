@@ -185,3 +185,122 @@ pub async fn request_parts(
     .fetch_optional(pool)
     .await
 }
+
+/// How many of an endpoint's Deliveries (created in `[since, until)`, if given) are in each
+/// status.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StatusCounts {
+    pub pending: i64,
+    pub processing: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+}
+
+pub async fn status_counts(
+    pool: &PgPool,
+    endpoint_id: &str,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+) -> Result<StatusCounts, sqlx::Error> {
+    let r = sqlx::query!(
+        r#"SELECT count(*) FILTER (WHERE status = 'PENDING') AS "pending!",
+                  count(*) FILTER (WHERE status = 'PROCESSING') AS "processing!",
+                  count(*) FILTER (WHERE status = 'SUCCEEDED') AS "succeeded!",
+                  count(*) FILTER (WHERE status = 'FAILED') AS "failed!"
+           FROM deliveries
+           WHERE endpoint_id = $1
+             AND ($2::timestamptz IS NULL OR created_at >= $2)
+             AND ($3::timestamptz IS NULL OR created_at < $3)"#,
+        endpoint_id,
+        since,
+        until
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(StatusCounts {
+        pending: r.pending,
+        processing: r.processing,
+        succeeded: r.succeeded,
+        failed: r.failed,
+    })
+}
+
+/// An Attempt with what a list across Deliveries shows beside it.
+#[derive(Debug, Clone)]
+pub struct AttemptRow {
+    pub id: i64,
+    pub delivery_id: String,
+    pub event_id: String,
+    pub endpoint_id: String,
+    pub url: String,
+    pub started_at: DateTime<Utc>,
+    pub status_code: Option<i32>,
+    pub outcome: String,
+    pub duration_ms: i32,
+    pub response_excerpt: Option<String>,
+}
+
+/// The project's Attempts (of one endpoint, one Event, or one Attempt id, where given),
+/// newest first, before the Attempt id `before`.
+pub async fn attempt_rows(
+    pool: &PgPool,
+    project_id: &str,
+    endpoint_id: Option<&str>,
+    event_id: Option<&str>,
+    attempt_id: Option<i64>,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<AttemptRow>, sqlx::Error> {
+    sqlx::query_as!(
+        AttemptRow,
+        r#"SELECT a.id, a.delivery_id, d.event_id, d.endpoint_id, e.url, a.started_at,
+                  a.status_code, a.outcome, a.duration_ms, a.response_excerpt
+           FROM attempts a
+           JOIN deliveries d ON d.id = a.delivery_id
+           JOIN endpoints e ON e.id = d.endpoint_id
+           WHERE d.project_id = $1
+             AND ($2::text IS NULL OR d.endpoint_id = $2)
+             AND ($3::text IS NULL OR d.event_id = $3)
+             AND ($4::bigint IS NULL OR a.id = $4)
+             AND ($5::bigint IS NULL OR a.id < $5)
+           ORDER BY a.id DESC LIMIT $6"#,
+        project_id,
+        endpoint_id,
+        event_id,
+        attempt_id,
+        before,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Event ids of one application created in `[since, until)` that have no Delivery to
+/// `endpoint_id` (what "replay missing" sends), oldest first, at most `limit`.
+pub async fn missing_for_endpoint(
+    pool: &PgPool,
+    project_id: &str,
+    application_id: &str,
+    endpoint_id: &str,
+    since: DateTime<Utc>,
+    until: Option<DateTime<Utc>>,
+    limit: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT v.id FROM events v
+           WHERE v.project_id = $1 AND v.application_id = $2
+             AND v.created_at >= $4 AND ($5::timestamptz IS NULL OR v.created_at < $5)
+             AND v.expunged_at IS NULL
+             AND NOT EXISTS (SELECT 1 FROM deliveries d
+                             WHERE d.event_id = v.id AND d.endpoint_id = $3)
+           ORDER BY v.id LIMIT $6"#,
+        project_id,
+        application_id,
+        endpoint_id,
+        since,
+        until,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}

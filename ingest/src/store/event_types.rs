@@ -111,20 +111,25 @@ pub async fn update(
     .await
 }
 
-pub async fn deprecate(
+/// Deprecates the type (the first time stays), or with `false` takes the deprecation back
+/// (the Svix-compatible `deprecated: false`).
+pub async fn set_deprecated(
     pool: &PgPool,
     project_id: &str,
     name: &str,
+    deprecated: bool,
 ) -> Result<Option<EventTypeRow>, sqlx::Error> {
     sqlx::query_as!(
         EventTypeRow,
         r#"UPDATE event_types
-           SET deprecated_at = coalesce(deprecated_at, now()), updated_at = now()
+           SET deprecated_at = CASE WHEN $3 THEN coalesce(deprecated_at, now()) END,
+               updated_at = now()
            WHERE project_id = $1 AND name = $2
            RETURNING name, description, schema, schema_version, deprecated_at,
                      created_at, updated_at"#,
         project_id,
-        name
+        name,
+        deprecated
     )
     .fetch_optional(pool)
     .await

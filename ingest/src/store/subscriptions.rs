@@ -12,6 +12,7 @@ use railhook_common::EventTypePattern;
 use sqlx::PgPool;
 
 /// A subscription that may match: its endpoint, its patterns, whether ordered.
+#[derive(Clone)]
 pub struct Candidate {
     pub(crate) subscription_id: String,
     pub(crate) endpoint_id: String,

@@ -443,5 +443,6 @@ where
 }
 pub mod netns;
 pub mod pipeline;
+pub mod process;
 pub mod receiver;
 pub mod relay;

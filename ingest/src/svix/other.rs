@@ -1,0 +1,332 @@
+//! The rest of the Svix surface: health, operational-webhook endpoints (Railhook's
+//! operational endpoints, routes/operational_endpoints.rs), and the answers for what this
+//! server does not do — the customer portal's access links until the portal exists, and
+//! every route of Svix's hosted service alone.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::endpoints::EndpointSecretOut;
+use super::{ListResponse, Page, SvixJson, SvixQuery, SvixResult, unsupported};
+use crate::auth::Project;
+use crate::extract::ApiJson;
+use crate::problem::ApiError;
+use crate::routes::operational_endpoints::{
+    self as native, CreateOperationalEndpoint, UpdateOperationalEndpoint,
+};
+use crate::state::AppState;
+use crate::store::endpoints::{self as store, EndpointRow, Kind};
+
+/// Liveness, as Svix's `GET /api/v1/health` (204). Readiness is `/readyz`.
+#[utoipa::path(get, path = "/api/v1/health", tag = "svix", responses((status = 204)))]
+pub async fn health() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+/// The customer portal is not built yet (issue #38): its access routes say so clearly, to
+/// a caller with a valid key. Like the hosted-only routes they are left out of the OpenAPI
+/// document until they do something.
+pub async fn app_portal_access(_project: Project, Path(_app_id): Path<String>) -> Response {
+    portal_not_yet()
+}
+
+pub async fn logout(_project: Project) -> Response {
+    portal_not_yet()
+}
+
+fn portal_not_yet() -> Response {
+    (
+        StatusCode::NOT_IMPLEMENTED,
+        Json(json!({
+            "code": "portal_not_available",
+            "detail": "this server has no customer portal yet, so it issues no portal access \
+                       links or sessions (docs/SVIX_COMPATIBILITY.md)",
+        })),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationalEndpointOut {
+    pub id: String,
+    pub uid: Option<String>,
+    pub url: String,
+    pub description: String,
+    pub rate_limit: Option<i32>,
+    pub disabled: bool,
+    pub filter_types: Option<Vec<String>>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<EndpointRow> for OperationalEndpointOut {
+    fn from(r: EndpointRow) -> Self {
+        let types = r.operational_types.unwrap_or_default();
+        Self {
+            filter_types: (!types.iter().any(|t| t == "*")).then_some(types),
+            id: r.id,
+            uid: None,
+            url: r.url,
+            description: r.description,
+            rate_limit: r.rate_limit_per_second,
+            disabled: !r.enabled,
+            metadata: BTreeMap::new(),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationalEndpointIn {
+    pub url: String,
+    pub description: Option<String>,
+    pub filter_types: Option<Vec<String>>,
+    pub disabled: Option<bool>,
+}
+
+async fn find_operational(
+    state: &AppState,
+    project: &Project,
+    id: &str,
+) -> SvixResult<EndpointRow> {
+    Ok(
+        store::find(&state.pool, project.id.as_str(), id, Kind::Operational)
+            .await?
+            .ok_or(ApiError::NotFound("endpoint"))?,
+    )
+}
+
+#[utoipa::path(post, path = "/api/v1/operational-webhook/endpoint", tag = "svix",
+    request_body = OperationalEndpointIn,
+    responses((status = 201, body = OperationalEndpointOut), (status = 422)),
+    security(("api_key" = [])))]
+pub async fn create_operational(
+    project: Project,
+    State(state): State<AppState>,
+    SvixJson(body): SvixJson<OperationalEndpointIn>,
+) -> SvixResult<(StatusCode, Json<OperationalEndpointOut>)> {
+    let create = CreateOperationalEndpoint {
+        url: body.url,
+        description: body.description,
+        event_types: body.filter_types.filter(|t| !t.is_empty()),
+    };
+    let (_, created) =
+        native::create(project.clone(), State(state.clone()), ApiJson(create)).await?;
+    let id = created.0.endpoint.id.clone();
+    if body.disabled == Some(true) {
+        let change = UpdateOperationalEndpoint {
+            enabled: Some(false),
+            ..UpdateOperationalEndpoint::default()
+        };
+        let _ = native::update(
+            project.clone(),
+            State(state.clone()),
+            Path(id.clone()),
+            ApiJson(change),
+        )
+        .await?;
+    }
+    let row = find_operational(&state, &project, &id).await?;
+    Ok((StatusCode::CREATED, Json(row.into())))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    pub limit: Option<i64>,
+    pub iterator: Option<String>,
+}
+
+#[utoipa::path(get, path = "/api/v1/operational-webhook/endpoint", tag = "svix",
+    params(ListQuery),
+    responses((status = 200, body = ListResponse<OperationalEndpointOut>)),
+    security(("api_key" = [])))]
+pub async fn list_operational(
+    project: Project,
+    State(state): State<AppState>,
+    SvixQuery(q): SvixQuery<ListQuery>,
+) -> SvixResult<Json<ListResponse<OperationalEndpointOut>>> {
+    let page = Page::parse(q.limit, q.iterator.as_deref())?;
+    let rows = store::page(
+        &state.pool,
+        project.id.as_str(),
+        Kind::Operational,
+        None,
+        page.after.as_deref(),
+        page.fetch(),
+    )
+    .await?;
+    let out = rows.into_iter().map(OperationalEndpointOut::from).collect();
+    Ok(Json(page.finish(out, |e: &OperationalEndpointOut| &e.id)))
+}
+
+#[utoipa::path(get, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}", tag = "svix",
+    params(("endpoint_id" = String, Path)),
+    responses((status = 200, body = OperationalEndpointOut), (status = 404)),
+    security(("api_key" = [])))]
+pub async fn get_operational(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> SvixResult<Json<OperationalEndpointOut>> {
+    Ok(Json(find_operational(&state, &project, &id).await?.into()))
+}
+
+#[utoipa::path(put, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}", tag = "svix",
+    params(("endpoint_id" = String, Path)), request_body = OperationalEndpointIn,
+    responses((status = 200, body = OperationalEndpointOut), (status = 404), (status = 422)),
+    security(("api_key" = [])))]
+pub async fn update_operational(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    SvixJson(body): SvixJson<OperationalEndpointIn>,
+) -> SvixResult<Json<OperationalEndpointOut>> {
+    let row = find_operational(&state, &project, &id).await?;
+    let change = UpdateOperationalEndpoint {
+        url: Some(body.url),
+        description: Some(body.description.unwrap_or_default()),
+        event_types: Some(
+            body.filter_types
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| vec!["*".to_owned()]),
+        ),
+        enabled: Some(!body.disabled.unwrap_or(false)),
+    };
+    let _ = native::update(
+        project.clone(),
+        State(state.clone()),
+        Path(row.id.clone()),
+        ApiJson(change),
+    )
+    .await?;
+    Ok(Json(
+        find_operational(&state, &project, &row.id).await?.into(),
+    ))
+}
+
+#[utoipa::path(delete, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}",
+    tag = "svix", params(("endpoint_id" = String, Path)),
+    responses((status = 204), (status = 404)), security(("api_key" = [])))]
+pub async fn delete_operational(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> SvixResult<StatusCode> {
+    let row = find_operational(&state, &project, &id).await?;
+    Ok(native::delete(project, State(state), Path(row.id)).await?)
+}
+
+#[utoipa::path(get, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}/secret",
+    tag = "svix", params(("endpoint_id" = String, Path)),
+    responses((status = 200, body = EndpointSecretOut), (status = 404)),
+    security(("api_key" = [])))]
+pub async fn operational_secret(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> SvixResult<Json<EndpointSecretOut>> {
+    let row = find_operational(&state, &project, &id).await?;
+    let read =
+        crate::routes::endpoint_secret::read(&state, &project, &row.id, Kind::Operational).await?;
+    Ok(Json(EndpointSecretOut { key: read.0.key }))
+}
+
+#[utoipa::path(post, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}/secret/rotate",
+    tag = "svix", params(("endpoint_id" = String, Path)),
+    responses((status = 200, body = EndpointSecretOut), (status = 404)),
+    security(("api_key" = [])))]
+pub async fn rotate_operational_secret(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> SvixResult<Json<EndpointSecretOut>> {
+    let row = find_operational(&state, &project, &id).await?;
+    let rotated =
+        crate::routes::endpoint_secret::rotate(&state, &project, &row.id, Kind::Operational)
+            .await?;
+    Ok(Json(EndpointSecretOut { key: rotated.0.key }))
+}
+
+/// The operational-webhook endpoint routes (their writes clear the sender cache).
+pub fn operational_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_operational, list_operational))
+        .routes(routes!(
+            get_operational,
+            update_operational,
+            delete_operational
+        ))
+        .routes(routes!(operational_secret))
+        .routes(routes!(rotate_operational_secret))
+}
+
+/// Routes of Svix's hosted service alone: each answers 501 `not_supported_by_this_server`.
+/// These prefixes cover every path below them…
+const HOSTED_ONLY_TREES: &[&str] = &[
+    "/api/v1/stream",
+    "/api/v1/streaming",
+    "/api/v1/connector",
+    "/api/v1/ingest",
+    "/ingest/api/v1",
+    "/api/v1/transformation-template",
+    "/api/v1/background-task",
+    "/api/v1/environment",
+    "/api/v1/stats",
+    "/api/v1/integration",
+    "/api/v1/app/{app_id}/integration",
+    "/api/v1/app/{app_id}/destination",
+    "/api/v1/app/{app_id}/autoconfig",
+    "/api/v1/app/{app_id}/poller",
+    "/api/v1/app/{app_id}/endpoint/{endpoint_id}/transformation",
+];
+
+/// …and these are single routes.
+const HOSTED_ONLY_ROUTES: &[&str] = &[
+    "/api/v1/app/{app_id}/endpoint/{endpoint_id}/bulk-replay",
+    "/api/v1/app/{app_id}/endpoint/{endpoint_id}/attempt-stats",
+    "/api/v1/app/{app_id}/msg/bulk-expunge",
+    "/api/v1/app/{app_id}/msg/expunge-all-contents",
+    "/api/v1/app/{app_id}/msg/precheck/active",
+    "/api/v1/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}/content",
+    "/api/v1/event-type/import/openapi",
+    "/api/v1/auth/app/{app_id}/expire-all",
+    "/api/v1/auth/stream-portal-access/{stream_id}",
+    "/api/v1/auth/stream-logout",
+    "/api/v1/auth/stream/{stream_id}/expire-all",
+    "/api/v1/auth/stream/{stream_id}/sink/{sink_id}/poller/token",
+    "/api/v1/auth/stream/{stream_id}/sink/{sink_id}/poller/token/rotate",
+    "/api/v1/operational-webhook/endpoint/{endpoint_id}/headers",
+];
+
+pub fn router() -> OpenApiRouter<AppState> {
+    let mut r = OpenApiRouter::new()
+        .routes(routes!(health))
+        .route(
+            "/api/v1/auth/app-portal-access/{app_id}",
+            axum::routing::post(app_portal_access),
+        )
+        .route("/api/v1/auth/logout", axum::routing::post(logout));
+    for path in HOSTED_ONLY_TREES {
+        r = r
+            .route(path, any(unsupported))
+            .route(&format!("{path}/{{*rest}}"), any(unsupported));
+    }
+    for path in HOSTED_ONLY_ROUTES {
+        r = r.route(path, any(unsupported));
+    }
+    r
+}
