@@ -350,3 +350,105 @@ async fn an_event_reaches_its_own_scope_and_shared_channels_only() {
         .await;
     assert_eq!(replayed, set(&[&a_all, &a_eu]));
 }
+
+#[tokio::test]
+async fn failed_messages_and_operational_webhooks_know_the_application() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/operational-endpoints",
+            Some(&key),
+            Some(json!({"url": "http://127.0.0.1:9/ops"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let a = application(&app, &key, json!({"name": "A", "uid": "tenant-a"})).await;
+    let a_ep = endpoint(&app, &key, json!({"application": "tenant-a"})).await;
+    let project_ep = endpoint(&app, &key, json!({})).await;
+
+    // The operational Event about the application's endpoint names the application; the
+    // one about the project's endpoint does not.
+    let data: Vec<Value> = sqlx::query_scalar(
+        "SELECT payload->'data' FROM events
+         WHERE operational AND event_type = 'endpoint.created' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("operational events");
+    let of = |ep: &str| {
+        data.iter()
+            .find(|d| d["endpoint_id"] == json!(ep))
+            .cloned()
+            .expect("endpoint.created")
+    };
+    assert_eq!(of(&a_ep)["application_id"], json!(a));
+    assert!(of(&project_ep).get("application_id").is_none());
+
+    // One failed Delivery in each scope; the filter by application (id or uid) finds its own.
+    for body in [
+        json!({"type": "order.paid", "payload": {}, "application": "tenant-a"}),
+        json!({"type": "order.paid", "payload": {}}),
+    ] {
+        let r = app
+            .call(Method::POST, "/v1/events", Some(&key), Some(body))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    }
+    let ours = vec![a_ep.clone(), project_ep.clone()];
+    sqlx::query(
+        "UPDATE deliveries SET status = 'FAILED', failure_reason = 'test'
+         WHERE endpoint_id = ANY($1)",
+    )
+    .bind(&ours)
+    .execute(&app.pool)
+    .await
+    .expect("fail them");
+    for filter in ["tenant-a", a.as_str()] {
+        let r = app
+            .call(
+                Method::GET,
+                &format!("/v1/failed-messages?application={filter}"),
+                Some(&key),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        let eps: Vec<&str> = r.body["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|m| m["endpoint_id"].as_str().expect("endpoint"))
+            .collect();
+        assert_eq!(eps, vec![a_ep.as_str()], "{filter}");
+    }
+    let r = app
+        .call(
+            Method::GET,
+            "/v1/failed-messages?application=nobody",
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(r.body["field"], json!("application"));
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/failed-messages/retry",
+            Some(&key),
+            Some(json!({"application": "tenant-a"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["retried"], json!(1));
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries WHERE status = 'FAILED' AND endpoint_id = ANY($1)",
+    )
+    .bind(&ours)
+    .fetch_one(&app.pool)
+    .await
+    .expect("count");
+    assert_eq!(left, 1, "the project's own failed message stays failed");
+}

@@ -402,3 +402,35 @@ async fn the_delivery_page_shows_the_headers_the_receiver_got() {
     }
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoints_page_names_each_endpoints_application_and_channels() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/applications",
+            Some(&key),
+            Some(json!({"name": "Globex", "uid": "globex"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/endpoints",
+            Some(&key),
+            Some(
+                json!({"url": "https://globex.example/hooks", "application": "globex",
+                        "channels": ["eu", "billing"]}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let (cookie, _) = sign_in(&app, &key).await;
+    let (status, html, _) = page(&cookie, format!("{}/dashboard/endpoints", app.base)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("application: Globex (globex)"), "{html}");
+    assert!(html.contains("channels: eu, billing"), "{html}");
+}

@@ -417,3 +417,75 @@ async fn a_drain_that_times_out_starts_no_request_after_handing_claims_back() {
     assert!(after_drain < 3, "the drain was meant to cut a held turn");
     p.stop().await;
 }
+
+/// An application's rate limit caps all of its endpoints together (docs/APPLICATIONS.md):
+/// two endpoints without limits of their own, one application at 4/s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_applications_rate_limit_holds_across_its_endpoints() {
+    let p = Pipeline::start(|_| {}).await;
+    let rx = Receiver::start(vec![], Behaviour::Status(200)).await;
+    let r = p
+        .app
+        .call(
+            Method::POST,
+            "/v1/applications",
+            Some(&p.key),
+            Some(json!({"name": "Slow", "uid": "slow", "rate_limit_per_second": 4})),
+        )
+        .await;
+    assert_eq!(r.status, reqwest::StatusCode::CREATED, "{:?}", r.body);
+    for _ in 0..2 {
+        endpoint(
+            &p,
+            json!({"url": rx.url, "timeout_ms": 5000, "application": "slow"}),
+        )
+        .await;
+    }
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let r = p
+            .app
+            .call(
+                Method::POST,
+                "/v1/events",
+                Some(&p.key),
+                Some(json!({"type": "order.paid", "payload": {"i": i}, "application": "slow"})),
+            )
+            .await;
+        assert_eq!(r.status, reqwest::StatusCode::CREATED, "{:?}", r.body);
+        for d in r.body["deliveries"].as_array().expect("deliveries") {
+            ids.push(d["id"].as_str().expect("id").to_owned());
+        }
+    }
+    assert_eq!(ids.len(), 12);
+    eventually("all delivered", Duration::from_secs(60), || async {
+        all_succeeded(&p, &ids).await.then_some(())
+    })
+    .await;
+    let mut at: Vec<Instant> = rx.requests().iter().map(|r| r.at).collect();
+    at.sort();
+    assert_eq!(at.len(), 12, "one request each");
+    // A second's burst (4), then 4/s: the last of 12 goes at least 2 s after the first.
+    let span = at[11].duration_since(at[0]);
+    assert!(
+        span >= Duration::from_millis(1_750),
+        "12 requests of one application at 4/s take at least 2 s: {span:?}"
+    );
+    for (i, t) in at.iter().enumerate() {
+        let within = at[i..]
+            .iter()
+            .take_while(|u| u.duration_since(*t) < Duration::from_millis(950))
+            .count();
+        assert!(
+            within <= 9,
+            "{within} requests inside one second; arrivals (ms after the first): {:?}",
+            at.iter()
+                .map(|u| u.duration_since(at[0]).as_millis())
+                .collect::<Vec<_>>()
+        );
+    }
+    for id in &ids {
+        assert_eq!(row(&p, id).await.1, 1, "deferrals spent no Attempt");
+    }
+    p.stop().await;
+}

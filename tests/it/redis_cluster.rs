@@ -39,6 +39,7 @@ async fn limits_hold_on_a_redis_cluster_for_endpoints_in_every_slot() {
             rate_per_second: Some(1),
             burst: Some(1),
             max_concurrency: Some(5),
+            application_rate: None,
             timeout: Duration::from_secs(5),
         };
         let mut go = 0;
@@ -75,6 +76,7 @@ async fn limits_hold_on_a_redis_cluster_for_endpoints_in_every_slot() {
             rate_per_second: None,
             burst: None,
             max_concurrency: None,
+            application_rate: None,
             timeout: Duration::from_secs(5),
         };
         let breaker_endpoint = format!("{endpoint}_b");
@@ -123,4 +125,37 @@ async fn the_quota_counts_on_a_redis_cluster() {
         .map(|s| metrics.quota_charge_skipped.with_label_values(&[s]).get())
         .sum();
     assert_eq!(skipped, 0, "a quota call failed on the cluster");
+}
+
+/// An application's bucket has a key of its own, in whatever slot its id hashes to; on a
+/// cluster it holds like the endpoints' (a burst of one second, then the rate).
+#[tokio::test]
+async fn application_rates_hold_on_a_redis_cluster() {
+    let limits = Limits::new(cluster(), policy()).expect("limits");
+    for a in 0..6 {
+        let application = format!("app_cluster_{}_{a}", ulid::Ulid::new());
+        let mut go = 0;
+        let mut deferred = 0;
+        for _ in 0..4 {
+            match limits.admit_application(&application, 2).await {
+                Admission::Go { .. } => go += 1,
+                Admission::Defer {
+                    reason: Reason::Rate,
+                    wait,
+                } => {
+                    assert!(
+                        wait <= Duration::from_millis(600),
+                        "{application}: {wait:?}"
+                    );
+                    deferred += 1;
+                }
+                other => panic!("{application}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            (go, deferred),
+            (2, 2),
+            "{application}: two per second, burst 2"
+        );
+    }
 }

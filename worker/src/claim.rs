@@ -52,6 +52,10 @@ pub struct Target {
     pub rate_limit_per_second: Option<i32>,
     pub rate_limit_burst: Option<i32>,
     pub max_concurrency: Option<i32>,
+    /// The endpoint's application and that application's rate limit (all of its endpoints
+    /// together), if it has one.
+    pub application_id: Option<String>,
+    pub application_rate_limit: Option<i32>,
     /// Incoming webhooks: the provider's body as it came, and the headers to pass on.
     pub raw_body: Option<Vec<u8>>,
     pub forward_headers: Option<serde_json::Value>,
@@ -79,6 +83,8 @@ struct ClaimRow {
     rate_limit_per_second: Option<i32>,
     rate_limit_burst: Option<i32>,
     max_concurrency: Option<i32>,
+    application_id: Option<String>,
+    application_rate_limit: Option<i32>,
     url: String,
     secret: String,
     previous_secret: Option<String>,
@@ -133,6 +139,8 @@ impl ClaimRow {
             rate_limit_per_second: self.rate_limit_per_second,
             rate_limit_burst: self.rate_limit_burst,
             max_concurrency: self.max_concurrency,
+            application_id: self.application_id,
+            application_rate_limit: self.application_rate_limit,
             raw_body: self.raw_body,
             forward_headers: self.forward_headers,
             expunged: self.expunged,
@@ -170,6 +178,9 @@ macro_rules! claim_rows {
                   c.ladder_started_at AS "ladder_started_at!",
                   c.ordered AS "ordered!", c.deferral_count AS "deferral_count!",
                   e.rate_limit_per_second, e.rate_limit_burst, e.max_concurrency,
+                  e.application_id,
+                  (SELECT a.rate_limit_per_second FROM applications a
+                   WHERE a.id = e.application_id) AS application_rate_limit,
                   e.url, e.secret,
                   CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
                   e.headers, e.timeout_ms, (e.enabled AND e.deleted_at IS NULL) AS "enabled!",

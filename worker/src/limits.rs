@@ -107,6 +107,24 @@ end
 return {'go', 0, changed}
 "#;
 
+/// An application's rate (all of its endpoints together): a GCRA bucket of one second's
+/// burst, taken only when it has room. Answers the wait in ms, 0 when taken. Its own key
+/// (an application's endpoints live in many cluster slots), so it is a call of its own
+/// before the endpoint's; a token taken here for a Delivery the endpoint then defers is
+/// not given back, which can only make the application's rate stricter, never looser.
+const APPLICATION_RATE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rate = tonumber(ARGV[1])
+local interval = 1000 / rate
+local tolerance = interval * (rate - 1)
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+if tat - now > tolerance then return math.ceil(tat - tolerance - now) end
+redis.call('SET', KEYS[1], tostring(tat + interval), 'PX', math.ceil(tat + interval - now) + 1000)
+return 0
+"#;
+
 const RECORD: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -167,6 +185,9 @@ pub struct EndpointLimits {
     pub rate_per_second: Option<u32>,
     pub burst: Option<u32>,
     pub max_concurrency: Option<u32>,
+    /// The rate its application allows all of its endpoints together: (application, per
+    /// second).
+    pub application_rate: Option<(String, u32)>,
     /// The request timeout: a concurrency lease lives this long plus a margin.
     pub timeout: Duration,
 }
@@ -213,6 +234,7 @@ pub struct Limits {
     conn: Arc<Mutex<ConnState>>,
     admit: Arc<redis::Script>,
     record: Arc<redis::Script>,
+    application_rate: Arc<redis::Script>,
     policy: BreakerPolicy,
 }
 
@@ -252,6 +274,7 @@ impl Limits {
             conn: Arc::new(Mutex::new(ConnState::default())),
             admit: Arc::new(redis::Script::new(ADMIT)),
             record: Arc::new(redis::Script::new(RECORD)),
+            application_rate: Arc::new(redis::Script::new(APPLICATION_RATE)),
             policy,
         })
     }
@@ -334,6 +357,33 @@ impl Limits {
             other => Reason::parse(other).unwrap_or(Reason::Rate),
         };
         Admission::Defer { reason, wait }
+    }
+
+    /// An application's rate (`APPLICATION_RATE`): `Go` when its bucket had room (and the
+    /// token is taken), else a `rate` Deferral with the wait it asks for.
+    pub async fn admit_application(&self, application_id: &str, rate: u32) -> Admission {
+        let Some(mut conn) = self.connection().await else {
+            return Admission::Unavailable;
+        };
+        let mut call = self.application_rate.prepare_invoke();
+        call.key(format!("rh:app:{{{application_id}}}:rl"))
+            .arg(rate);
+        let answer: Result<redis::RedisResult<i64>, _> =
+            tokio::time::timeout(REDIS_TIMEOUT, call.invoke_async(&mut conn)).await;
+        match answer {
+            Ok(Ok(0)) => Admission::Go {
+                lease: None,
+                changed: None,
+            },
+            Ok(Ok(wait_ms)) => Admission::Defer {
+                reason: Reason::Rate,
+                wait: Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0)),
+            },
+            _ => {
+                self.forget_connection().await;
+                Admission::Unavailable
+            }
+        }
     }
 
     /// After an Attempt: gives the concurrency lease back, pauses the endpoint after a 429

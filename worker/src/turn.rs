@@ -95,8 +95,36 @@ enum Admitted {
     Held,
 }
 
-/// The checks before a request is built: the ordering gate, then the endpoint's breaker and
-/// limits.
+/// The application's rate (docs/APPLICATIONS.md), before the endpoint's own checks: a near
+/// slot is waited for here, as for the endpoint's rate; a far one is a `rate` Deferral.
+/// `false`: deferred. Redis away: fail open, as the endpoint's checks do.
+async fn admit_application(
+    shared: &Shared,
+    claimed: &mut Claimed,
+    application: &str,
+    rate: u32,
+) -> bool {
+    let hold = rate_hold(rate);
+    for _ in 0..4 {
+        match shared.limits.admit_application(application, rate).await {
+            Admission::Defer { wait, .. } if wait <= hold => tokio::time::sleep(wait).await,
+            Admission::Defer { reason, wait } => {
+                defer(shared, claimed, reason, wait.saturating_sub(hold)).await;
+                return false;
+            }
+            Admission::Go { .. } => return true,
+            Admission::Unavailable => {
+                shared.metrics.limits_unavailable.inc();
+                return true;
+            }
+        }
+    }
+    defer(shared, claimed, Reason::Rate, hold).await;
+    false
+}
+
+/// The checks before a request is built: the ordering gate, the application's rate, then
+/// the endpoint's breaker and limits.
 async fn admit(shared: &Shared, claimed: &mut Claimed, limits: &EndpointLimits) -> Admitted {
     if claimed.ordered && !claimed.gated {
         match ordering::gate(&shared.pool, claimed, shared.gap_timeout).await {
@@ -118,6 +146,11 @@ async fn admit(shared: &Shared, claimed: &mut Claimed, limits: &EndpointLimits) 
                 return Admitted::Held;
             }
         }
+    }
+    if let Some((application, rate)) = &limits.application_rate
+        && !admit_application(shared, claimed, application, *rate).await
+    {
+        return Admitted::Held;
     }
     let lease_token = claimed.token.to_string();
     let hold = rate_hold(limits.rate_per_second.unwrap_or(0));
@@ -232,6 +265,10 @@ async fn prepare(
             rate_per_second: positive(target.rate_limit_per_second),
             burst: positive(target.rate_limit_burst),
             max_concurrency: positive(target.max_concurrency),
+            application_rate: target
+                .application_id
+                .clone()
+                .zip(positive(target.application_rate_limit)),
             timeout: attempt.timeout,
         },
         attempt,

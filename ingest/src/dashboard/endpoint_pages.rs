@@ -25,6 +25,19 @@ pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageR
         Some(Kind::Webhook),
     )
     .await?;
+    // Each endpoint's application by name (and uid), read once for the page.
+    let applications: std::collections::HashMap<String, String> =
+        crate::store::applications::of_project(&state.pool, session.project.id.as_str())
+            .await?
+            .into_iter()
+            .map(|a| {
+                let label = match &a.uid {
+                    Some(uid) => format!("{} ({uid})", a.name),
+                    None => a.name.clone(),
+                };
+                (a.id, label)
+            })
+            .collect();
     let now = Utc::now();
     let body = html! {
         table #endpoints {
@@ -33,7 +46,12 @@ pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageR
                 @for e in &rows {
                     @let (health, disable_at) = endpoint_state::streak_state(e.enabled, e.failing_since, &state.streak, now);
                     tr {
-                        td { (e.url) br; code.muted { (e.id) } @if e.source_id.is_some() { " " span.muted { "destination" } } }
+                        td {
+                            (e.url) br; code.muted { (e.id) }
+                            @if e.source_id.is_some() { " " span.muted { "destination" } }
+                            @if let Some(app) = &e.application_id { br; span.muted { "application: " (applications.get(app).map_or(app.as_str(), String::as_str)) } }
+                            @if let Some(ch) = e.channels.as_ref().filter(|c| !c.is_empty()) { br; span.muted { "channels: " (ch.join(", ")) } }
+                        }
                         td {
                             span.status class=(health) { (health) }
                             @if let Some(r) = &e.disabled_reason { br; span.muted { (r) } }

@@ -332,6 +332,7 @@ impl FailedQuery {
             status_code: parse_code(&self.status_code)?,
             since: parse_time("since", &self.since)?,
             until: parse_time("until", &self.until)?,
+            application: None,
         };
         f.validate()?;
         Ok(f)

@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
-use crate::problem::{ApiResult, Problem};
+use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
 use crate::store::failed::{FailedFilter, FailedMessage, list_failed, retry_matching};
 
@@ -25,6 +25,8 @@ pub struct ListQuery {
     pub status_code: Option<i32>,
     pub since: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,
+    /// Only the messages of this application's endpoints (its id or uid).
+    pub application: Option<String>,
     pub limit: Option<i64>,
     pub cursor: Option<String>,
 }
@@ -37,8 +39,31 @@ impl ListQuery {
             status_code: self.status_code,
             since: self.since,
             until: self.until,
+            application: self.application.clone(),
         }
     }
+}
+
+/// Checks the filter and names its application by id (a uid is resolved; one that names
+/// no application of the project is 422, not an empty list, so a typo is not silent).
+async fn checked(
+    state: &AppState,
+    project: &Project,
+    mut f: FailedFilter,
+) -> ApiResult<FailedFilter> {
+    f.validate()?;
+    if let Some(a) = f.application.take() {
+        let found = crate::store::applications::find(&state.pool, project.id.as_str(), &a)
+            .await?
+            .ok_or_else(|| {
+                ApiError::validation(
+                    "application",
+                    "application names no application of this project",
+                )
+            })?;
+        f.application = Some(found.id);
+    }
+    Ok(f)
 }
 
 #[utoipa::path(get, path = "/v1/failed-messages", tag = "failed-messages", params(ListQuery),
@@ -50,8 +75,7 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Listing<FailedMessage>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
-    let filter = q.filter();
-    filter.validate()?;
+    let filter = checked(&state, &project, q.filter()).await?;
     let rows = list_failed(&state.pool, project.id.as_str(), &filter, &page).await?;
     Ok(Json(page.finish(rows, |m: &FailedMessage| &m.id)))
 }
@@ -75,7 +99,7 @@ pub async fn retry(
     State(state): State<AppState>,
     ApiJson(filter): ApiJson<FailedFilter>,
 ) -> ApiResult<Json<BulkRetry>> {
-    filter.validate()?;
+    let filter = checked(&state, &project, filter).await?;
     Ok(Json(BulkRetry {
         retried: retry_matching(&state.pool, project.id.as_str(), &filter).await?,
     }))

@@ -176,3 +176,18 @@ pub fn uid_taken(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db)
         if matches!(db.constraint(), Some("applications_uid_idx" | "endpoints_uid_idx")))
 }
+
+/// Every live application of the project (the dashboard names them beside their endpoints;
+/// a project has as many as its customers, read once per page).
+pub async fn of_project(
+    db: impl PgExecutor<'_>,
+    project_id: &str,
+) -> Result<Vec<ApplicationRow>, sqlx::Error> {
+    sqlx::query_as!(
+        ApplicationRow,
+        r#"SELECT * FROM applications WHERE project_id = $1 AND deleted_at IS NULL ORDER BY id"#,
+        project_id
+    )
+    .fetch_all(db)
+    .await
+}

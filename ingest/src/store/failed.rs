@@ -26,6 +26,9 @@ pub struct FailedFilter {
     pub since: Option<DateTime<Utc>>,
     /// Failed before this time.
     pub until: Option<DateTime<Utc>>,
+    /// The application (its id or uid) whose endpoints' messages to take; the routes
+    /// resolve a uid to the id before the store reads it.
+    pub application: Option<String>,
 }
 
 impl FailedFilter {
@@ -75,13 +78,15 @@ pub struct FailedMessage {
 }
 
 /// The filter as SQL, shared by the list and the bulk retry (`$1` is the project; the
-/// filter takes `$2`–`$6`).
+/// filter takes `$2`–`$7`). A Delivery's application is its endpoint's (docs/APPLICATIONS.md).
 const FILTER_SQL: &str = "d.project_id = $1 AND d.status = 'FAILED'
     AND ($2::text IS NULL OR d.endpoint_id = $2)
     AND ($3::text IS NULL OR v.event_type = $3)
     AND ($4::int IS NULL OR d.last_status_code = $4)
     AND ($5::timestamptz IS NULL OR d.updated_at >= $5)
-    AND ($6::timestamptz IS NULL OR d.updated_at < $6)";
+    AND ($6::timestamptz IS NULL OR d.updated_at < $6)
+    AND ($7::text IS NULL OR d.endpoint_id IN (SELECT x.id FROM endpoints x
+                                                WHERE x.application_id = $7))";
 
 #[allow(clippy::disallowed_methods)] // composed: FILTER_SQL is shared by the list and the bulk retry
 pub async fn list_failed(
@@ -97,8 +102,8 @@ pub async fn list_failed(
          FROM deliveries d
          JOIN events v ON v.id = d.event_id
          JOIN endpoints e ON e.id = d.endpoint_id
-         WHERE {FILTER_SQL} AND ($7::text IS NULL OR d.id < $7)
-         ORDER BY d.id DESC LIMIT $8"
+         WHERE {FILTER_SQL} AND ($8::text IS NULL OR d.id < $8)
+         ORDER BY d.id DESC LIMIT $9"
     ))
     .bind(project_id)
     .bind(&filter.endpoint_id)
@@ -106,6 +111,7 @@ pub async fn list_failed(
     .bind(filter.status_code)
     .bind(filter.since)
     .bind(filter.until)
+    .bind(&filter.application)
     .bind(&page.after)
     .bind(page.fetch())
     .fetch_all(pool)
@@ -150,10 +156,10 @@ pub async fn reset_failed(
         "WITH picked AS (
              SELECT d.id FROM deliveries d JOIN events v ON v.id = d.event_id
              WHERE {FILTER_SQL}
-               AND ($8::timestamptz IS NULL OR d.updated_at <= $8)
-               AND ($9::text IS NULL OR d.id = $9)
+               AND ($9::timestamptz IS NULL OR d.updated_at <= $9)
+               AND ($10::text IS NULL OR d.id = $10)
                AND v.expunged_at IS NULL
-             ORDER BY d.id LIMIT $7
+             ORDER BY d.id LIMIT $8
              FOR UPDATE OF d SKIP LOCKED
          ), upd AS (
              UPDATE deliveries d
@@ -177,6 +183,7 @@ pub async fn reset_failed(
     .bind(filter.status_code)
     .bind(filter.since)
     .bind(filter.until)
+    .bind(&filter.application)
     .bind(RETRY_BATCH)
     .bind(failed_by)
     .bind(only)
