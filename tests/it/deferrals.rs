@@ -21,6 +21,23 @@ async fn endpoint(p: &Pipeline, body: Value) -> String {
     id
 }
 
+/// No window of (nearly) one second holds more than `most` of the sorted arrivals `at`.
+fn at_most_per_second(at: &[Instant], most: usize) {
+    for (i, t) in at.iter().enumerate() {
+        let within = at[i..]
+            .iter()
+            .take_while(|u| u.duration_since(*t) < Duration::from_millis(950))
+            .count();
+        assert!(
+            within <= most,
+            "{within} requests inside one second; arrivals (ms after the first): {:?}",
+            at.iter()
+                .map(|u| u.duration_since(at[0]).as_millis())
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
 async fn send_many(p: &Pipeline, n: usize) -> Vec<String> {
     let mut ids = Vec::new();
     for i in 0..n {
@@ -166,19 +183,7 @@ async fn the_rate_limit_holds_across_two_workers() {
     // came due during one retry-scheduler tick once arrived together (four within a
     // millisecond, seven in one second on a loaded CI machine); the worker now waits for a
     // near slot itself, and the arrivals are 250 ms apart.
-    for (i, t) in at.iter().enumerate() {
-        let within = at[i..]
-            .iter()
-            .take_while(|u| u.duration_since(*t) < Duration::from_millis(950))
-            .count();
-        assert!(
-            within <= 5,
-            "{within} requests inside one second; arrivals (ms after the first): {:?}",
-            at.iter()
-                .map(|u| u.duration_since(at[0]).as_millis())
-                .collect::<Vec<_>>()
-        );
-    }
+    at_most_per_second(&at, 5);
     for id in &ids {
         assert_eq!(row(&p, id).await.1, 1, "deferrals spent no Attempt");
     }
@@ -471,19 +476,7 @@ async fn an_applications_rate_limit_holds_across_its_endpoints() {
         span >= Duration::from_millis(1_750),
         "12 requests of one application at 4/s take at least 2 s: {span:?}"
     );
-    for (i, t) in at.iter().enumerate() {
-        let within = at[i..]
-            .iter()
-            .take_while(|u| u.duration_since(*t) < Duration::from_millis(950))
-            .count();
-        assert!(
-            within <= 9,
-            "{within} requests inside one second; arrivals (ms after the first): {:?}",
-            at.iter()
-                .map(|u| u.duration_since(at[0]).as_millis())
-                .collect::<Vec<_>>()
-        );
-    }
+    at_most_per_second(&at, 9);
     for id in &ids {
         assert_eq!(row(&p, id).await.1, 1, "deferrals spent no Attempt");
     }
