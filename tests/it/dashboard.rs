@@ -433,4 +433,44 @@ async fn the_endpoints_page_names_each_endpoints_application_and_channels() {
     assert_eq!(status, StatusCode::OK);
     assert!(html.contains("application: Globex (globex)"), "{html}");
     assert!(html.contains("channels: eu, billing"), "{html}");
+
+    // Failed Messages filter by application: one failed message in each scope.
+    let app_id =
+        sqlx::query_scalar::<_, String>("SELECT id FROM applications WHERE uid = 'globex'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("application");
+    let own = app.endpoint(&key).await;
+    app.subscribe(&key, &own, &["*"], false).await;
+    let globex_ep = r.body["id"].as_str().expect("id").to_owned();
+    app.subscribe(&key, &globex_ep, &["*"], false).await;
+    for body in [
+        json!({"type": "order.paid", "payload": {}, "application": "globex", "channels": ["eu"]}),
+        json!({"type": "order.paid", "payload": {}}),
+    ] {
+        let r = app
+            .call(Method::POST, "/v1/events", Some(&key), Some(body))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    }
+    sqlx::query("UPDATE deliveries SET status = 'FAILED', failure_reason = 'test'")
+        .execute(&app.pool)
+        .await
+        .expect("fail them");
+    let (_, all, _) = page(&cookie, format!("{}/dashboard/failed", app.base)).await;
+    let table = &all[all.find("<table id=\"failed\">").expect("table")..];
+    assert!(
+        table.contains("globex.example") && table.contains("127.0.0.1:9/hook"),
+        "{table}"
+    );
+    let (status, only, _) = page(
+        &cookie,
+        format!("{}/dashboard/failed?application={app_id}", app.base),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    // The table, not the filter form (whose endpoint choices list every endpoint).
+    let table = &only[only.find("<table id=\"failed\">").expect("table")..];
+    assert!(table.contains("globex.example"), "{table}");
+    assert!(!table.contains("127.0.0.1:9/hook"), "{table}");
 }

@@ -314,6 +314,8 @@ pub async fn retry_delivery(
 #[derive(Deserialize, Default)]
 pub struct FailedQuery {
     endpoint_id: Option<String>,
+    /// An application's id (the form offers the project's applications).
+    application: Option<String>,
     event_type: Option<String>,
     status_code: Option<String>,
     since: Option<String>,
@@ -332,7 +334,9 @@ impl FailedQuery {
             status_code: parse_code(&self.status_code)?,
             since: parse_time("since", &self.since)?,
             until: parse_time("until", &self.until)?,
-            application: None,
+            // Scoped like every filter: the statement reads the project's Deliveries only,
+            // so another project's application id matches nothing.
+            application: given(&self.application).map(str::to_owned),
         };
         f.validate()?;
         Ok(f)
@@ -341,6 +345,7 @@ impl FailedQuery {
     fn pairs(&self) -> Vec<(&'static str, Option<&str>)> {
         vec![
             ("endpoint_id", given(&self.endpoint_id)),
+            ("application", given(&self.application)),
             ("event_type", given(&self.event_type)),
             ("status_code", given(&self.status_code)),
             ("since", given(&self.since)),
@@ -359,6 +364,8 @@ pub async fn failed(
     let rows = list_failed(&state.pool, session.project.id.as_str(), &filter, &page).await?;
     let listing = page.finish(rows, |m| &m.id);
     let choices = endpoint_choices(&state, &session).await?;
+    let applications =
+        crate::store::applications::of_project(&state.pool, session.project.id.as_str()).await?;
     let next = listing.next_cursor.as_deref().map(|c| {
         let mut pairs = q.pairs();
         pairs.push(("cursor", Some(c)));
@@ -368,6 +375,16 @@ pub async fn failed(
         @if let Some(n) = q.retried { p.notice #notice { "Sent " (n) " failed message(s) again." } }
         form.filters method="get" action="/dashboard/failed" {
             (endpoint_select(&choices, filter.endpoint_id.as_deref()))
+            @if !applications.is_empty() {
+                label { "Application"
+                    select name="application" {
+                        option value="" { "any" }
+                        @for a in &applications {
+                            option value=(a.id) selected[filter.application.as_deref() == Some(a.id.as_str())] { (a.name) }
+                        }
+                    }
+                }
+            }
             label { "Event type" input name="event_type" value=[given(&q.event_type)]; }
             label { "Last status code" input name="status_code" size="5" value=[given(&q.status_code)]; }
             label { "Failed since (UTC)" input type="datetime-local" name="since" value=[given(&q.since)]; }
