@@ -349,6 +349,45 @@ async fn an_event_reaches_its_own_scope_and_shared_channels_only() {
         })
         .await;
     assert_eq!(replayed, set(&[&a_all, &a_eu]));
+
+    // The application's figures: its endpoints, its Events (3 posted, none in the batch),
+    // and their Deliveries (1 + 2 + 1 at ingest, 2 replayed), by id or uid.
+    for name in [&a, &"tenant-a".to_owned()] {
+        let r = app
+            .call(
+                Method::GET,
+                &format!("/v1/applications/{name}/stats"),
+                Some(&key),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        assert_eq!(r.body["endpoints"], json!(2));
+        assert_eq!(r.body["events"], json!(3));
+        let total: i64 = ["pending", "processing", "succeeded", "failed"]
+            .iter()
+            .map(|s| r.body[*s].as_i64().expect("count"))
+            .sum();
+        assert_eq!(total, 6, "{:?}", r.body);
+    }
+    let r = app
+        .call(
+            Method::GET,
+            "/v1/applications/tenant-b/stats",
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.body["events"], json!(2), "{:?}", r.body);
+    let r = app
+        .call(
+            Method::GET,
+            "/v1/applications/tenant-a/stats?since=2026-01-02T00:00:00Z&until=2026-01-01T00:00:00Z",
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
 }
 
 #[tokio::test]

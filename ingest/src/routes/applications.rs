@@ -377,12 +377,44 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct StatsQuery {
+    /// RFC 3339; default: 24 hours before `until`.
+    pub since: Option<DateTime<Utc>>,
+    /// RFC 3339; default: now.
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// An application's figures over a time range: its live endpoints, its Events, and their
+/// Deliveries by status. Per-application figures come from here, not from metrics labels.
+#[utoipa::path(get, path = "/v1/applications/{id}/stats", tag = "applications",
+    params(("id" = String, Path, description = "The application's id or uid"), StatsQuery),
+    responses((status = 200, body = store::ApplicationStats), (status = 404, body = Problem),
+              (status = 422, body = Problem)),
+    security(("api_key" = [])))]
+pub async fn stats(
+    project: Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<StatsQuery>,
+) -> ApiResult<Json<store::ApplicationStats>> {
+    let app = resolve(&state, project.id.as_str(), &id).await?;
+    let until = q.until.unwrap_or_else(Utc::now);
+    let since = q.since.unwrap_or(until - chrono::Duration::hours(24));
+    if since >= until {
+        return Err(ApiError::validation("since", "since must be before until"));
+    }
+    let figures = store::stats(&state.pool, project.id.as_str(), &app.id, since, until).await?;
+    Ok(Json(figures))
+}
+
 /// `/v1/applications`. Writes change what senders fan out to (an application's uid, its
 /// endpoints on delete), so they clear the sender cache.
 pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
     let routes = OpenApiRouter::new()
         .routes(routes!(create, list))
-        .routes(routes!(get, update, delete));
+        .routes(routes!(get, update, delete))
+        .routes(routes!(stats));
     crate::routes::clears_senders(routes, state)
 }
 

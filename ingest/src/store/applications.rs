@@ -191,3 +191,61 @@ pub async fn of_project(
     .fetch_all(db)
     .await
 }
+
+/// What one application's endpoints received in `[since, until)`.
+#[derive(Debug, Clone, Copy, serde::Serialize, utoipa::ToSchema)]
+pub struct ApplicationStats {
+    /// Its live endpoints now.
+    pub endpoints: i64,
+    /// Its Events created in the range.
+    pub events: i64,
+    /// Their Deliveries by status (created in the range).
+    pub pending: i64,
+    pub processing: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+}
+
+/// One application's figures, read from Postgres (metrics carry no application label:
+/// docs/APPLICATIONS.md). The ids carry their day, so the lower bounds let Postgres open only
+/// the day partitions of the range.
+pub async fn stats(
+    db: impl PgExecutor<'_>,
+    project_id: &str,
+    application_id: &str,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Result<ApplicationStats, sqlx::Error> {
+    let r = sqlx::query!(
+        r#"SELECT
+             (SELECT count(*) FROM endpoints
+              WHERE application_id = $2 AND deleted_at IS NULL) AS "endpoints!",
+             (SELECT count(*) FROM events
+              WHERE project_id = $1 AND application_id = $2
+                AND id >= railhook_ulid_floor('evt_', $3)
+                AND created_at >= $3 AND created_at < $4) AS "events!",
+             count(*) FILTER (WHERE d.status = 'PENDING') AS "pending!",
+             count(*) FILTER (WHERE d.status = 'PROCESSING') AS "processing!",
+             count(*) FILTER (WHERE d.status = 'SUCCEEDED') AS "succeeded!",
+             count(*) FILTER (WHERE d.status = 'FAILED') AS "failed!"
+           FROM deliveries d
+           WHERE d.project_id = $1
+             AND d.endpoint_id IN (SELECT e.id FROM endpoints e WHERE e.application_id = $2)
+             AND d.id >= railhook_ulid_floor('dlv_', $3)
+             AND d.created_at >= $3 AND d.created_at < $4"#,
+        project_id,
+        application_id,
+        since,
+        until
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(ApplicationStats {
+        endpoints: r.endpoints,
+        events: r.events,
+        pending: r.pending,
+        processing: r.processing,
+        succeeded: r.succeeded,
+        failed: r.failed,
+    })
+}
