@@ -47,8 +47,9 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::accept::{DeliveryPlan, IDEMPOTENCY_WINDOW_HOURS};
+use crate::accept::IDEMPOTENCY_WINDOW_HOURS;
 use crate::metrics::IngestMetrics;
+use crate::plan::DeliveryPlan;
 
 /// The most Events one group statement carries. Past a few dozen the statement's fixed cost
 /// is already spread thin, and a larger group only makes its members wait for each other.

@@ -14,12 +14,14 @@ pub mod metrics;
 pub mod openapi;
 pub mod operational;
 pub mod pagination;
+pub mod plan;
 pub mod problem;
 pub mod quota;
 pub mod replay;
 pub mod routes;
 pub mod schemas;
 pub mod state;
+pub mod storable;
 pub mod store;
 pub mod svix;
 

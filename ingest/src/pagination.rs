@@ -57,13 +57,8 @@ impl PageRequest {
 fn decode_cursor(cursor: &str) -> Option<String> {
     let bytes = URL_SAFE_NO_PAD.decode(cursor).ok()?;
     let id = String::from_utf8(bytes).ok()?;
-    // Ids (`evt_…`) and event-type names (`order.paid`, `a-b`): bound as parameters, never
-    // spliced, but kept to what a real cursor can hold.
-    (id.len() <= 256
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')))
-    .then_some(id)
+    // Ids (`evt_…`) and event-type names (`order.paid`, `a-b`).
+    crate::routes::is_plain_name(&id).then_some(id)
 }
 
 /// One page of a list.

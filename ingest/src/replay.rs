@@ -27,7 +27,8 @@ use railhook_common::event_type::EventType;
 use railhook_common::ids::{DeliveryId, EventId};
 use sqlx::{PgConnection, PgPool};
 
-use crate::accept::{Audience, DeliveryPlan, candidates, plan_deliveries};
+use crate::accept::candidates;
+use crate::plan::{Audience, DeliveryPlan, plan_deliveries};
 use crate::store::replays::{self, ReplayedEvent, Selection};
 
 /// Events per batch transaction.

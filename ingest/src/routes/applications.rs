@@ -60,11 +60,7 @@ impl From<ApplicationRow> for Application {
 /// A uid: 1–256 of `[A-Za-z0-9_.-]`, and not starting with the id prefix `reserved` (so an
 /// id and a uid can never be confused where either is accepted).
 pub(crate) fn check_uid(field: &str, uid: &str, reserved: &str) -> ApiResult<()> {
-    let ok = (1..=MAX_UID).contains(&uid.len())
-        && uid
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if !ok {
+    if !crate::routes::is_plain_name(uid) {
         return Err(ApiError::validation(
             field,
             format!("{field} must be 1-{MAX_UID} characters of A-Z, a-z, 0-9, '_', '.' and '-'"),

@@ -329,10 +329,11 @@ pub(crate) async fn insert(
 /// A secret the caller chose: `whsec_` (optional, as Standard Webhooks libraries accept)
 /// and base64 of 24–64 bytes. Stored with the prefix.
 pub(crate) fn check_given_secret(given: &str) -> ApiResult<String> {
-    use base64::Engine;
     let raw = given.strip_prefix("whsec_").unwrap_or(given);
-    match base64::engine::general_purpose::STANDARD.decode(raw) {
-        Ok(bytes) if (24..=64).contains(&bytes.len()) => Ok(format!("whsec_{raw}")),
+    match SigningKey::parse(given) {
+        Ok(SigningKey::Hmac(bytes)) if (24..=64).contains(&bytes.len()) => {
+            Ok(format!("whsec_{raw}"))
+        }
         _ => Err(ApiError::validation(
             "secret",
             "secret must be whsec_ followed by base64 of 24 to 64 bytes",

@@ -90,7 +90,7 @@ pub(crate) fn check_schema(schema: &Value) -> ApiResult<()> {
     }
     // What jsonb cannot hold (a \u0000, a number past its range) is refused here, not
     // left to fail the INSERT as a 500 (found by tests/it/fuzz.rs).
-    crate::routes::events::check_storable(&text)
+    crate::storable::check_storable(&text)
         .map_err(|why| ApiError::validation("schema", format!("schema {why}")))?;
     schemas::compile(schema)
         .map(|_| ())

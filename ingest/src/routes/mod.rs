@@ -73,6 +73,16 @@ pub fn validate_name<'a>(field: &'static str, raw: &'a str) -> Result<&'a str, A
     Ok(name)
 }
 
+/// A plain name: 1–256 of `[A-Za-z0-9_.-]`. What an id, a uid, an `eventId` and a list's
+/// position (a cursor's id, a Svix `iterator`) may hold: bound as parameters, never spliced,
+/// but kept to what a real one can be.
+pub fn is_plain_name(raw: &str) -> bool {
+    (1..=256).contains(&raw.len())
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
 /// An endpoint URL: absolute http(s), with a host, no credentials, at most 2048 bytes.
 /// Whether the host may be reached (SSRF) is decided at send time against the resolved
 /// address, since DNS can change between now and then.

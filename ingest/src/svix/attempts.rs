@@ -531,7 +531,7 @@ pub async fn send_example(
         None,
         state.limits.max_payload_bytes,
     )?;
-    event.audience = crate::accept::Audience {
+    event.audience = crate::plan::Audience {
         application_id: endpoint.application_id.clone(),
         channels: None,
     };

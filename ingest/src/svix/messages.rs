@@ -85,11 +85,7 @@ pub struct CreateQuery {
 }
 
 fn check_event_uid(uid: &str) -> SvixResult<()> {
-    let ok = (1..=256).contains(&uid.len())
-        && uid
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if ok {
+    if crate::routes::is_plain_name(uid) {
         Ok(())
     } else {
         Err(ApiError::validation(
@@ -161,6 +157,10 @@ pub async fn create(
         Err(e) => return Err(e),
     };
     let key = idempotency_key(&headers)?;
+    // The answer is built from the request, not read back: an Event answered under its
+    // Idempotency-Key has this request's type, payload and application (else 409).
+    let content = q.with_content.unwrap_or(true).then(|| body.payload.clone());
+    let event_uid = body.event_id.clone();
     let mut event = validate_event(
         "",
         &body.event_type,
@@ -180,10 +180,16 @@ pub async fn create(
     // The sender's subscriptions were read before a just-made application existed; its
     // endpoints cannot exist yet either, so the cached ones are complete.
     let accepted = accept_one(&state, &sender, &headers, event).await?;
-    let row = store::find_in_application(&state.pool, project.id.as_str(), &app.id, &accepted.id)
-        .await?
-        .ok_or(ApiError::NotFound("message"))?;
-    let out = message_of(row, q.with_content.unwrap_or(true))?;
+    let out = MessageOut {
+        id: accepted.id,
+        event_id: event_uid,
+        event_type: accepted.event_type,
+        payload: content.unwrap_or_else(empty_object),
+        channels: accepted.channels,
+        timestamp: accepted.created_at,
+        tags: None,
+        deliver_at: None,
+    };
     Ok((StatusCode::ACCEPTED, Json(out)))
 }
 

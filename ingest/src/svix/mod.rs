@@ -190,14 +190,7 @@ impl Page {
         }
         let after = match iterator {
             None | Some("") => None,
-            Some(it)
-                if it.len() <= 256
-                    && it
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')) =>
-            {
-                Some(it.to_owned())
-            }
+            Some(it) if crate::routes::is_plain_name(it) => Some(it.to_owned()),
             Some(_) => return Err(ApiError::validation("iterator", "invalid iterator").into()),
         };
         Ok(Self { limit, after })
