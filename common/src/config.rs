@@ -241,6 +241,11 @@ pub struct Settings {
     pub dashboard_cookie_secure: bool,
     /// How long a dashboard sign-in lasts.
     pub dashboard_session_seconds: u64,
+    /// Where browsers reach this API (`https://hooks.example.com`): the base of the customer
+    /// portal's access links. Absent: the request's `Host`, with `https` unless the
+    /// dashboard's cookies are not `Secure` (a plain-HTTP local demo).
+    #[serde(default, deserialize_with = "connections::opt_text")]
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

@@ -96,6 +96,9 @@ prefixed_id!(
     /// One customer of the sending team: its Events reach only its own endpoints.
     ApplicationId, "app_", "application");
 prefixed_id!(
+    /// A customer's session in the portal (named in logs; the token itself never is).
+    PortalSessionId, "psess_", "portal session");
+prefixed_id!(
     /// An HTTP endpoint that receives webhooks.
     EndpointId, "ep_", "endpoint");
 prefixed_id!(

@@ -15,6 +15,7 @@ pub mod openapi;
 pub mod operational;
 pub mod pagination;
 pub mod plan;
+pub mod portal;
 pub mod problem;
 pub mod quota;
 pub mod replay;
@@ -46,7 +47,7 @@ use crate::incoming::routes as sources;
 use crate::problem::ApiError;
 use crate::routes::{
     admin, applications, deliveries, endpoints, event_types, events, failed, health,
-    operational_endpoints, replays, subscriptions,
+    operational_endpoints, portal as portal_api, replays, subscriptions,
 };
 pub use crate::state::AppState;
 
@@ -72,6 +73,7 @@ pub fn router(state: AppState) -> Router {
         .merge(deliveries::router())
         .merge(failed::router())
         .merge(replays::router())
+        .merge(portal_api::router())
         .merge(sources::router())
         .merge(svix::router(&state))
         .layer(DefaultBodyLimit::max(ENVELOPE_BYTES))
@@ -86,6 +88,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(api)
         .merge(dashboard::router())
+        .merge(portal::router(&state))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

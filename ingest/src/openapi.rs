@@ -11,7 +11,7 @@ struct BearerSchemes;
 impl Modify for BearerSchemes {
     fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
         let components = api.components.get_or_insert_with(Default::default);
-        for name in ["admin_token", "api_key"] {
+        for name in ["admin_token", "api_key", "portal_token"] {
             components.add_security_scheme(
                 name,
                 SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),

@@ -59,6 +59,9 @@ pub struct StreakWindows {
 pub struct DashboardSettings {
     pub cookie_secure: bool,
     pub session_ttl: Duration,
+    /// Where browsers reach this API, without a trailing `/` (`public_url`): the base of
+    /// the customer portal's links.
+    pub public_url: Option<String>,
 }
 
 /// The request limits the API enforces.
@@ -142,6 +145,10 @@ impl AppState {
             dashboard: DashboardSettings {
                 cookie_secure: settings.dashboard_cookie_secure,
                 session_ttl: Duration::from_secs(settings.dashboard_session_seconds),
+                public_url: settings
+                    .public_url
+                    .as_deref()
+                    .map(|u| u.trim_end_matches('/').to_owned()),
             },
             slot: settings.slot.clone(),
             senders: crate::store::subscriptions::SenderCache::default(),

@@ -26,6 +26,7 @@ mod observability;
 mod operational;
 mod operator;
 mod ordering;
+mod portal;
 mod privileges;
 mod quota;
 mod redis_cluster;

@@ -194,6 +194,20 @@ impl Settings {
                 "dashboard_session_seconds and operational_failing_after must be at least 1",
             ));
         }
+        if let Some(raw) = &self.public_url {
+            let ok = url::Url::parse(raw).is_ok_and(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.host_str().is_some()
+                    && u.query().is_none()
+                    && u.username().is_empty()
+            });
+            if !ok {
+                return Err(invalid(
+                    "public_url",
+                    "must be an absolute http(s) URL without a query, like https://hooks.example.com",
+                ));
+            }
+        }
         Ok(())
     }
 }

@@ -12,7 +12,7 @@
 
 mod catalogue_page;
 mod endpoint_pages;
-mod pages;
+pub(crate) mod pages;
 mod relay_page;
 
 use axum::Router;
@@ -419,6 +419,6 @@ fn with_cookie(response: impl IntoResponse, cookie: &Cookie<'_>) -> Response {
     response
 }
 
-fn random_token() -> String {
+pub(crate) fn random_token() -> String {
     URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
 }

@@ -24,12 +24,15 @@ use railhook_common::headers::{self, Extra};
 const PAGE: i64 = 50;
 
 /// A form field: an empty input is no filter.
-fn given(v: &Option<String>) -> Option<&str> {
+pub(crate) fn given(v: &Option<String>) -> Option<&str> {
     v.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
 /// A time from a form: RFC 3339, or a `datetime-local` value read as UTC.
-fn parse_time(field: &'static str, v: &Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
+pub(crate) fn parse_time(
+    field: &'static str,
+    v: &Option<String>,
+) -> Result<Option<DateTime<Utc>>, ApiError> {
     let Some(raw) = given(v) else {
         return Ok(None);
     };
@@ -58,7 +61,7 @@ fn parse_endpoint(v: &Option<String>) -> Result<Option<String>, ApiError> {
         .transpose()
 }
 
-fn parse_type(v: &Option<String>) -> Result<Option<String>, ApiError> {
+pub(crate) fn parse_type(v: &Option<String>) -> Result<Option<String>, ApiError> {
     given(v)
         .map(|raw| {
             EventType::parse(raw)
@@ -79,16 +82,16 @@ fn parse_code(v: &Option<String>) -> Result<Option<i32>, ApiError> {
         .transpose()
 }
 
-pub(super) fn when(t: DateTime<Utc>) -> String {
+pub(crate) fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S").to_string()
 }
 
-pub(super) fn when_opt(t: Option<DateTime<Utc>>) -> String {
+pub(crate) fn when_opt(t: Option<DateTime<Utc>>) -> String {
     t.map_or_else(|| "—".to_owned(), when)
 }
 
 /// `field=value&…` of the non-empty pairs, for links that keep the filters.
-fn query_string(pairs: &[(&str, Option<&str>)]) -> String {
+pub(crate) fn query_string(pairs: &[(&str, Option<&str>)]) -> String {
     let mut s = url::form_urlencoded::Serializer::new(String::new());
     for (k, v) in pairs {
         if let Some(v) = v {
@@ -151,6 +154,7 @@ pub async fn deliveries(
         since: parse_time("since", &q.since)?,
         until: parse_time("until", &q.until)?,
         event_id: None,
+        application_id: None,
     };
     let page = PageRequest::parse(Some(PAGE), given(&q.cursor))?;
     let rows = delivery_store::list(
@@ -214,7 +218,7 @@ pub async fn deliveries(
 
 /// The headers of the Delivery's requests, as common/src/headers.rs lays them out for the
 /// worker, with what changes per Attempt or is secret shown as a placeholder.
-fn request_view(
+pub(crate) fn request_view(
     d: &delivery_store::DeliveryRow,
     parts: &delivery_store::RequestParts,
 ) -> Vec<(String, String)> {

@@ -17,6 +17,7 @@ pub mod events;
 pub mod failed;
 pub mod health;
 pub mod operational_endpoints;
+pub mod portal;
 pub mod replays;
 pub mod subscriptions;
 

@@ -23,6 +23,8 @@ pub struct DeliveryFilter {
     pub since: Option<DateTime<Utc>>,
     /// Created before.
     pub until: Option<DateTime<Utc>>,
+    /// To the endpoints of this application (the customer portal's scope).
+    pub application_id: Option<String>,
 }
 
 /// One Delivery as it is listed and shown.
@@ -75,6 +77,9 @@ pub async fn list(
              AND ($7::timestamptz IS NULL OR d.created_at >= $7)
              AND ($8::timestamptz IS NULL OR d.created_at < $8)
              AND ($9::text IS NULL OR d.id < $9)
+             AND ($11::text IS NULL OR EXISTS (SELECT 1 FROM endpoints e
+                                              WHERE e.id = d.endpoint_id
+                                                AND e.application_id = $11))
            ORDER BY d.id DESC LIMIT $10"#,
         project_id,
         filter.status.map(DeliveryStatus::as_str),
@@ -85,7 +90,8 @@ pub async fn list(
         filter.since,
         filter.until,
         after,
-        limit
+        limit,
+        filter.application_id
     )
     .fetch_all(pool)
     .await
@@ -303,4 +309,25 @@ pub async fn missing_for_endpoint(
     )
     .fetch_all(pool)
     .await
+}
+
+/// An endpoint's most recent failed Attempt of a Delivery made in the last 7 days: when, its
+/// status code (none: no answer came) and its error class. For the portal's health column;
+/// the caller checked the endpoint.
+pub async fn last_failure(
+    pool: &PgPool,
+    endpoint_id: &str,
+) -> Result<Option<(DateTime<Utc>, Option<i32>, Option<String>)>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"SELECT a.started_at, a.status_code, a.error_class
+           FROM deliveries d
+           JOIN attempts a ON a.delivery_id = d.id
+           WHERE d.endpoint_id = $1 AND a.outcome <> 'SUCCEEDED'
+             AND d.created_at > now() - interval '7 days'
+           ORDER BY a.started_at DESC LIMIT 1"#,
+        endpoint_id
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| (r.started_at, r.status_code, r.error_class)))
 }

@@ -505,6 +505,19 @@ pub async fn send_example(
 ) -> SvixResult<(StatusCode, Json<MessageOut>)> {
     let project = &sender.project;
     let endpoint = find_endpoint(&state, project, &app_id, &endpoint_id).await?;
+    let sent = example_to(&state, project, &sender.subscriptions, &endpoint, body).await?;
+    Ok((StatusCode::ACCEPTED, Json(sent)))
+}
+
+/// Sends one example message to `endpoint` alone (the customer portal's "send an example"
+/// too), through the same ingest transaction as every message.
+pub(crate) async fn example_to(
+    state: &AppState,
+    project: &Project,
+    subscriptions: &[crate::store::subscriptions::Candidate],
+    endpoint: &crate::store::endpoints::EndpointRow,
+    body: EventExampleIn,
+) -> SvixResult<MessageOut> {
     let name = crate::routes::event_types::parse_name(&body.event_type)?;
     let payload = match body.payload {
         Some(p) => p,
@@ -535,13 +548,12 @@ pub async fn send_example(
         application_id: endpoint.application_id.clone(),
         channels: None,
     };
-    let only: Vec<_> = sender
-        .subscriptions
+    let only: Vec<_> = subscriptions
         .iter()
         .filter(|s| s.endpoint_id == endpoint.id)
         .cloned()
         .collect();
-    let accepted = crate::accept::ingest(&state, project, &only, vec![event])
+    let accepted = crate::accept::ingest(state, project, &only, vec![event])
         .await?
         .pop()
         .ok_or(ApiError::Internal(InternalError::Fault(
@@ -551,7 +563,7 @@ pub async fn send_example(
         .await?
         .ok_or(ApiError::NotFound("message"))?
         .0;
-    Ok((StatusCode::ACCEPTED, Json(message_of(row, true)?)))
+    message_of(row, true)
 }
 
 /// The attempt routes under `/app/{app_id}/attempt` and `/msg`.

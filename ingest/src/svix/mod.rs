@@ -19,10 +19,11 @@
 //! ([`unsupported`]).
 
 mod applications;
-mod attempts;
-mod endpoints;
+pub(crate) mod attempts;
+mod auth;
+pub(crate) mod endpoints;
 mod event_types;
-mod messages;
+pub(crate) mod messages;
 mod other;
 
 use axum::Json;

@@ -1,18 +1,15 @@
 //! The rest of the Svix surface: health, operational-webhook endpoints (Railhook's
-//! operational endpoints, routes/operational_endpoints.rs), and the answers for what this
-//! server does not do — the customer portal's access links until the portal exists, and
-//! every route of Svix's hosted service alone.
+//! operational endpoints, routes/operational_endpoints.rs), and the answer for every route of
+//! Svix's hosted service alone (the portal's access routes are `auth.rs`).
 
 use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -31,29 +28,6 @@ use crate::store::endpoints::{self as store, EndpointRow, Kind};
 #[utoipa::path(get, path = "/api/v1/health", tag = "svix", responses((status = 204)))]
 pub async fn health() -> StatusCode {
     StatusCode::NO_CONTENT
-}
-
-/// The customer portal is not built yet (issue #38): its access routes say so clearly, to
-/// a caller with a valid key. Like the hosted-only routes they are left out of the OpenAPI
-/// document until they do something.
-pub async fn app_portal_access(_project: Project, Path(_app_id): Path<String>) -> Response {
-    portal_not_yet()
-}
-
-pub async fn logout(_project: Project) -> Response {
-    portal_not_yet()
-}
-
-fn portal_not_yet() -> Response {
-    (
-        StatusCode::NOT_IMPLEMENTED,
-        Json(json!({
-            "code": "portal_not_available",
-            "detail": "this server has no customer portal yet, so it issues no portal access \
-                       links or sessions (docs/SVIX_COMPATIBILITY.md)",
-        })),
-    )
-        .into_response()
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -303,7 +277,6 @@ const HOSTED_ONLY_ROUTES: &[&str] = &[
     "/api/v1/app/{app_id}/msg/precheck/active",
     "/api/v1/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}/content",
     "/api/v1/event-type/import/openapi",
-    "/api/v1/auth/app/{app_id}/expire-all",
     "/api/v1/auth/stream-portal-access/{stream_id}",
     "/api/v1/auth/stream-logout",
     "/api/v1/auth/stream/{stream_id}/expire-all",
@@ -315,11 +288,7 @@ const HOSTED_ONLY_ROUTES: &[&str] = &[
 pub fn router() -> OpenApiRouter<AppState> {
     let mut r = OpenApiRouter::new()
         .routes(routes!(health))
-        .route(
-            "/api/v1/auth/app-portal-access/{app_id}",
-            axum::routing::post(app_portal_access),
-        )
-        .route("/api/v1/auth/logout", axum::routing::post(logout));
+        .merge(super::auth::router());
     for path in HOSTED_ONLY_TREES {
         r = r
             .route(path, any(unsupported))

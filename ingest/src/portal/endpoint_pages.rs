@@ -1,0 +1,627 @@
+//! The portal's endpoint pages: the list with each endpoint's health, add and edit, disable,
+//! enable and delete, the signing secret (reveal, rotate, the Ed25519 public key), "send an
+//! example", and "recover failed messages since". Every read and write names the endpoint
+//! through the session's application (`svix::endpoints::find` and the Svix handlers built
+//! on it), so another application's endpoint is a 404.
+
+use std::collections::BTreeMap;
+
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Redirect};
+use chrono::{Duration, Utc};
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::{PortalError, PortalResult, PortalSession, page};
+use crate::dashboard::pages::{parse_time, when, when_opt};
+use crate::problem::ApiError;
+use crate::routes::endpoint_state;
+use crate::state::AppState;
+use crate::store::deliveries::{self as delivery_store, DeliveryFilter};
+use crate::store::endpoints::{self as store, EndpointRow, Kind};
+use crate::store::event_types::{self as types_store, EventTypeRow};
+use crate::svix::SvixJson;
+use crate::svix::endpoints::{self as svix, EndpointHeaders, EndpointIn, EndpointPatch};
+
+/// The most endpoints the list shows (an application has a handful).
+const MAX_LISTED: i64 = 100;
+
+/// A submitted form's fields, repeated names kept (the event-type checkboxes).
+pub(super) struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    pub(super) fn parse(body: &Bytes) -> Self {
+        Fields(url::form_urlencoded::parse(body).into_owned().collect())
+    }
+
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.trim())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn all(&self, name: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(k, v)| k == name && !v.trim().is_empty())
+            .map(|(_, v)| v.trim().to_owned())
+            .collect()
+    }
+
+    pub(super) fn csrf(&self) -> &str {
+        self.get("csrf").unwrap_or_default()
+    }
+}
+
+/// The endpoint `id` of the session's application, or 404.
+async fn find(
+    state: &AppState,
+    session: &PortalSession,
+    id: &str,
+) -> Result<EndpointRow, PortalError> {
+    Ok(svix::find(state, &session.project, &session.application_id, id).await?)
+}
+
+async fn catalogue(
+    state: &AppState,
+    session: &PortalSession,
+) -> Result<Vec<EventTypeRow>, PortalError> {
+    Ok(types_store::list(&state.pool, session.project.id.as_str(), false, None, 500).await?)
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(session): Extension<PortalSession>,
+) -> PortalResult {
+    let rows = store::page(
+        &state.pool,
+        session.project.id.as_str(),
+        Kind::Webhook,
+        Some(&session.application_id),
+        None,
+        MAX_LISTED,
+    )
+    .await?;
+    let now = Utc::now();
+    let day_ago = now - Duration::hours(24);
+    let mut health = Vec::with_capacity(rows.len());
+    for e in &rows {
+        let counts = delivery_store::status_counts(&state.pool, &e.id, Some(day_ago), None).await?;
+        let last = delivery_store::last_failure(&state.pool, &e.id).await?;
+        health.push((counts, last));
+    }
+    let body = html! {
+        @if !session.read_only {
+            p.actions { a #add-endpoint href=(session.href("endpoints/new")) { "Add an endpoint" } }
+        }
+        div.table { table #endpoints {
+            thead { tr { th { "Endpoint" } th { "State" } th { "Success (24 h)" } th.wide { "Last failure" } } }
+            tbody {
+                @for (e, (counts, last)) in rows.iter().zip(&health) {
+                    @let (state_label, _) = endpoint_state::streak_state(e.enabled, e.failing_since, &state.streak, now);
+                    @let done = counts.succeeded + counts.failed;
+                    tr {
+                        td {
+                            a href=(session.href(&format!("endpoints/{}", e.id))) { (e.url) }
+                            @if !e.description.is_empty() { br; span.muted { (e.description) } }
+                        }
+                        td {
+                            span class={ "status " (state_label) } { (state_label) }
+                            @if let Some(r) = &e.disabled_reason { br; span.muted { (r) } }
+                        }
+                        td {
+                            @if done > 0 { (counts.succeeded * 100 / done) "% of " (done) } @else { span.muted { "no messages" } }
+                            @if counts.pending + counts.processing > 0 { br; span.muted { (counts.pending + counts.processing) " waiting" } }
+                        }
+                        td.wide {
+                            @if let Some((at, code, class)) = last {
+                                (when(*at)) br;
+                                span.muted { (code.map_or_else(|| class.clone().unwrap_or_else(|| "no answer".into()), |c| format!("HTTP {c}"))) }
+                            } @else { span.muted { "—" } }
+                        }
+                    }
+                }
+                @if rows.is_empty() { tr { td colspan="4" .muted { "No endpoints yet. Add one to start receiving webhooks." } } }
+            }
+        } }
+    };
+    Ok(page(&session, "endpoints", "Endpoints", None, body))
+}
+
+/// An endpoint as its edit form starts: the row, its event types (none: every type) and its
+/// custom headers.
+struct Current<'a> {
+    row: &'a EndpointRow,
+    types: Option<&'a [String]>,
+    headers: &'a BTreeMap<String, String>,
+}
+
+/// The add and edit form: URL, description, event types from the catalogue, channels,
+/// custom headers and the rate limit.
+fn endpoint_form(
+    session: &PortalSession,
+    action: &str,
+    types: &[EventTypeRow],
+    current: Option<&Current<'_>>,
+) -> Markup {
+    let chosen: Vec<String> = current
+        .and_then(|c| c.types.map(<[String]>::to_vec))
+        .unwrap_or_default();
+    let url = current.map(|c| c.row.url.as_str());
+    let description = current.map(|c| c.row.description.as_str());
+    let channels = current
+        .and_then(|c| c.row.channels.as_ref())
+        .map(|c| c.join(", "));
+    let rate = current.and_then(|c| c.row.rate_limit_per_second);
+    let headers: String = current
+        .map(|c| {
+            c.headers
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}\n"))
+                .collect()
+        })
+        .unwrap_or_default();
+    html! {
+        form.card #endpoint-form method="post" action=(action) {
+            input type="hidden" name="csrf" value=(session.csrf());
+            label { "Endpoint URL" input #url type="url" name="url" required value=[url] placeholder="https://example.com/webhooks"; }
+            label { "Description" input #description name="description" value=[description]; }
+            fieldset #event-types {
+                legend { "Event types (none ticked: every type)" }
+                @for t in types {
+                    label.check {
+                        input type="checkbox" name="event_types" value=(t.name) checked[chosen.contains(&t.name)];
+                        code { (t.name) }
+                        @if !t.description.is_empty() { span.muted { " — " (t.description) } }
+                    }
+                }
+                @if types.is_empty() { span.muted { "The catalogue is empty: the endpoint receives every type." } }
+            }
+            label { "Channels (comma-separated; empty: every channel)" input #channels name="channels" value=[channels]; }
+            label { "Custom headers (one “Name: value” per line)" textarea #headers name="headers" rows="3" { (headers) } }
+            label { "Rate limit (requests per second; empty: unlimited)" input #rate type="number" min="1" name="rate_limit" value=[rate]; }
+            button #save type="submit" { @if current.is_some() { "Save" } @else { "Add endpoint" } }
+        }
+    }
+}
+
+pub async fn new_form(
+    State(state): State<AppState>,
+    Extension(session): Extension<PortalSession>,
+) -> PortalResult {
+    if session.read_only {
+        return Err(PortalError::ReadOnly);
+    }
+    let types = catalogue(&state, &session).await?;
+    let body = endpoint_form(&session, &session.href("endpoints"), &types, None);
+    Ok(page(&session, "endpoints", "Add an endpoint", None, body))
+}
+
+/// What the form says, in the Svix surface's words.
+struct Submitted {
+    url: String,
+    description: String,
+    types: Vec<String>,
+    channels: Option<Vec<String>>,
+    headers: BTreeMap<String, String>,
+    rate: Option<i32>,
+}
+
+fn submitted(f: &Fields) -> Result<Submitted, PortalError> {
+    let url = f
+        .get("url")
+        .ok_or_else(|| ApiError::validation("url", "the endpoint needs a URL"))?
+        .to_owned();
+    let channels: Vec<String> = f
+        .get("channels")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let mut headers = BTreeMap::new();
+    for line in f.get("headers").unwrap_or_default().lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (name, value) = line.split_once(':').ok_or_else(|| {
+            ApiError::validation("headers", format!("'{line}' is not a “Name: value” line"))
+        })?;
+        headers.insert(name.trim().to_owned(), value.trim().to_owned());
+    }
+    let rate = f
+        .get("rate_limit")
+        .map(|r| {
+            r.parse::<i32>().ok().filter(|r| *r > 0).ok_or_else(|| {
+                ApiError::validation("rate_limit", "the rate limit must be a positive number")
+            })
+        })
+        .transpose()?;
+    Ok(Submitted {
+        url,
+        description: f.get("description").unwrap_or_default().to_owned(),
+        types: f.all("event_types"),
+        channels: (!channels.is_empty()).then_some(channels),
+        headers,
+        rate,
+    })
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(session): Extension<PortalSession>,
+    body: Bytes,
+) -> PortalResult {
+    let f = Fields::parse(&body);
+    session.check(f.csrf())?;
+    let s = submitted(&f)?;
+    let input = EndpointIn {
+        url: s.url,
+        description: Some(s.description),
+        throttle_rate: s.rate,
+        uid: None,
+        disabled: None,
+        filter_types: (!s.types.is_empty()).then_some(s.types),
+        channels: s.channels,
+        secret: None,
+        metadata: None,
+        headers: Some(s.headers),
+    };
+    let (_, created) = svix::create(
+        session.project.clone(),
+        State(state.clone()),
+        Path(session.application_id.clone()),
+        SvixJson(input),
+    )
+    .await?;
+    state.senders.invalidate();
+    session.log("endpoint.create", &created.id);
+    Ok(
+        Redirect::to(&session.href(&format!("endpoints/{}?notice=created", created.id)))
+            .into_response(),
+    )
+}
+
+#[derive(Deserialize, Default)]
+pub struct ShowQuery {
+    reveal: Option<String>,
+    notice: Option<String>,
+    recovered: Option<i64>,
+}
+
+fn notice_text(q: &ShowQuery) -> Option<String> {
+    if let Some(n) = q.recovered {
+        return Some(format!("Sent {n} failed message(s) again."));
+    }
+    match q.notice.as_deref() {
+        Some("created") => Some("Endpoint added. Its signing secret is below.".into()),
+        Some("saved") => Some("Saved.".into()),
+        Some("rotated") => Some(
+            "Secret rotated. The previous one keeps signing beside it for the overlap shown."
+                .into(),
+        ),
+        Some("enabled") => Some("Endpoint enabled.".into()),
+        Some("disabled") => Some("Endpoint disabled: it receives nothing until enabled.".into()),
+        _ => None,
+    }
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    Extension(session): Extension<PortalSession>,
+    Path((_, id)): Path<(String, String)>,
+    Query(q): Query<ShowQuery>,
+) -> PortalResult {
+    let e = find(&state, &session, &id).await?;
+    let out = svix::view(&state, e.clone()).await?;
+    let view = e.clone().view(&state.keyring);
+    let types = catalogue(&state, &session).await?;
+    let now = Utc::now();
+    let (state_label, disable_at) =
+        endpoint_state::streak_state(e.enabled, e.failing_since, &state.streak, now);
+    let counts =
+        delivery_store::status_counts(&state.pool, &e.id, Some(now - Duration::hours(24)), None)
+            .await?;
+    let recent = delivery_store::list(
+        &state.pool,
+        session.project.id.as_str(),
+        &DeliveryFilter {
+            endpoint_id: Some(e.id.clone()),
+            application_id: Some(session.application_id.clone()),
+            ..DeliveryFilter::default()
+        },
+        None,
+        10,
+    )
+    .await?;
+    // The secret is read only when asked for, and never by a read-only session.
+    let secret = if q.reveal.is_some() && !session.read_only {
+        Some(
+            crate::routes::endpoint_secret::read(&state, &session.project, &e.id, Kind::Webhook)
+                .await?
+                .0,
+        )
+    } else {
+        None
+    };
+    let base = session.href(&format!("endpoints/{}", e.id));
+    let overlap = state.limits.secret_rotation_overlap.as_secs() / 3600;
+    let done = counts.succeeded + counts.failed;
+    let body = html! {
+        @if let Some(n) = notice_text(&q) { p.notice #notice { (n) } }
+        div.table { table #endpoint {
+            tr { th { "URL" } td { (e.url) } }
+            @if !e.description.is_empty() { tr { th { "Description" } td { (e.description) } } }
+            tr { th { "State" } td {
+                span #state class={ "status " (state_label) } { (state_label) }
+                @if let Some(r) = &e.disabled_reason { " · " span.muted { (r) } }
+                @if state_label == "warning" { @if let Some(at) = disable_at { br; span.warning { "Failing: will be disabled at " (when(at)) " unless a message gets through." } } }
+            } }
+            tr { th { "Last 24 h" } td {
+                (counts.succeeded) " delivered, " (counts.failed) " failed, " (counts.pending + counts.processing) " waiting"
+                @if done > 0 { " (" (counts.succeeded * 100 / done) "% success)" }
+            } }
+            tr { th { "Event types" } td { @match &out.filter_types { Some(t) => { (t.join(", ")) }, None => { "every type" } } } }
+            tr { th { "Channels" } td { @match &out.channels { Some(c) => { (c.join(", ")) }, None => { "every channel" } } } }
+            tr { th { "Rate limit" } td { @match e.rate_limit_per_second { Some(r) => { (r) " per second" }, None => { "none" } } } }
+            tr { th { "Endpoint id" } td { code { (e.id) } } }
+        } }
+        @if !session.read_only { (buttons(&session, &base, e.enabled)) }
+        (secret_section(&session, &base, &view, secret.as_ref(), overlap))
+        @if !session.read_only { (tools(&session, &base, &types)) }
+        h2 { "Recent messages" }
+        div.table { table #recent {
+            thead { tr { th { "Message" } th { "Type" } th { "Status" } th.wide { "Attempts" } th { "Created" } } }
+            tbody {
+                @for d in &recent {
+                    tr {
+                        td { a href=(session.href(&format!("messages/{}", d.event_id))) { code { (d.event_id) } } }
+                        td { (d.event_type) }
+                        td class={ "status " (d.status.as_str()) } { (d.status) }
+                        td.wide { (d.attempt_count) }
+                        td { (when(d.created_at)) }
+                    }
+                }
+                @if recent.is_empty() { tr { td colspan="5" .muted { "Nothing sent to this endpoint yet." } } }
+            }
+        } }
+
+        @if !session.read_only {
+            h2 { "Edit" }
+            @let headers = view.headers.clone();
+            (endpoint_form(&session, &base, &types, Some(&Current { row: &e, types: out.filter_types.as_deref(), headers: &headers })))
+        }
+        p.muted { "Created " (when(e.created_at)) " · updated " (when_opt(Some(e.updated_at))) }
+    };
+    Ok(page(&session, "endpoints", "Endpoint", None, body))
+}
+
+/// Disable or enable, and delete (behind a disclosure: a second click, without JavaScript).
+fn buttons(session: &PortalSession, base: &str, enabled: bool) -> Markup {
+    html! {
+    div.actions {
+        @if enabled {
+            form.inline method="post" action={ (base) "/disable" } {
+                input type="hidden" name="csrf" value=(session.csrf());
+                button.secondary #disable type="submit" { "Disable" }
+            }
+        } @else {
+            form.inline method="post" action={ (base) "/enable" } {
+                input type="hidden" name="csrf" value=(session.csrf());
+                button #enable type="submit" { "Enable" }
+            }
+        }
+        details {
+            summary { "Delete…" }
+            form.inline method="post" action={ (base) "/delete" } {
+                input type="hidden" name="csrf" value=(session.csrf());
+                p { "The endpoint stops receiving messages at once. This cannot be undone." }
+                button.danger #delete type="submit" { "Delete this endpoint" }
+            }
+        }
+    }
+    }
+}
+
+/// The signing secret: its scheme, the Ed25519 public key, reveal and rotate.
+fn secret_section(
+    session: &PortalSession,
+    base: &str,
+    view: &crate::routes::endpoints::Endpoint,
+    secret: Option<&crate::routes::endpoint_secret::EndpointSecret>,
+    overlap: u64,
+) -> Markup {
+    html! {
+        h2 { "Signing secret" }
+        section.card #secret {
+            p.muted { "Every message carries " code { "webhook-id" } ", " code { "webhook-timestamp" } " and "
+                      code { "webhook-signature" } " (Standard Webhooks). Verify the signature with this secret "
+                      "before trusting a message." }
+            p { "Scheme: " code { (view.signing) } }
+            @if let Some(pk) = &view.public_key { p { "Public key (verify " code { "v1a" } " signatures with it): " code #public-key { (pk) } } }
+            @if session.read_only {
+                p.muted { "A read-only session cannot see the secret." }
+            } @else if let Some(s) = &secret {
+                p { code.secret #secret-value { (s.key) } }
+                @if let Some(until) = s.previous_key_expires_at { p.muted { "The previous secret also signs until " (when(until)) "." } }
+            } @else {
+                p { a #reveal href={ (base) "?reveal=1" } { "Reveal the secret" } }
+            }
+            @if !session.read_only {
+                form.inline method="post" action={ (base) "/rotate" } {
+                    input type="hidden" name="csrf" value=(session.csrf());
+                    button.secondary #rotate type="submit" { "Rotate the secret" }
+                    span.muted { " The old secret keeps signing beside the new one for " (overlap) " h." }
+                }
+            }
+        }
+
+    }
+}
+
+/// "Send an example" and "recover failed messages since".
+fn tools(session: &PortalSession, base: &str, types: &[EventTypeRow]) -> Markup {
+    html! {
+    h2 { "Send an example" }
+    form.filters #send-example method="post" action={ (base) "/send-example" } {
+        input type="hidden" name="csrf" value=(session.csrf());
+        label { "Event type"
+            select name="event_type" required {
+                @for t in types { option value=(t.name) { (t.name) } }
+            }
+        }
+        button type="submit" disabled[types.is_empty()] { "Send example" }
+        @if types.is_empty() { span.muted { "The catalogue has no event types yet." } }
+    }
+
+    h2 { "Recover failed messages" }
+    form.filters #recover method="post" action={ (base) "/recover" } {
+        input type="hidden" name="csrf" value=(session.csrf());
+        label { "Failed since (UTC)" input type="datetime-local" name="since" required; }
+        button.secondary type="submit" { "Send them again" }
+    }
+    }
+}
+
+pub async fn update(
+    State(state): State<AppState>,
+    Extension(session): Extension<PortalSession>,
+    Path((_, id)): Path<(String, String)>,
+    body: Bytes,
+) -> PortalResult {
+    let f = Fields::parse(&body);
+    session.check(f.csrf())?;
+    let e = find(&state, &session, &id).await?;
+    let s = submitted(&f)?;
+    let patch = EndpointPatch {
+        url: Some(s.url),
+        description: Some(s.description),
+        throttle_rate: Some(s.rate),
+        filter_types: Some((!s.types.is_empty()).then_some(s.types)),
+        channels: Some(s.channels),
+        ..EndpointPatch::default()
+    };
+    let path = (session.application_id.clone(), e.id.clone());
+    let _ = svix::patch(
+        session.project.clone(),
+        State(state.clone()),
+        Path(path.clone()),
+        SvixJson(patch),
+    )
+    .await?;
+    svix::set_headers(
+        session.project.clone(),
+        State(state.clone()),
+        Path(path),
+        SvixJson(EndpointHeaders { headers: s.headers }),
+    )
+    .await?;
+    state.senders.invalidate();
+    session.log("endpoint.update", &e.id);
+    Ok(Redirect::to(&session.href(&format!("endpoints/{}?notice=saved", e.id))).into_response())
+}
+
+/// The endpoint's buttons: enable, disable, delete, rotate, send-example, recover.
+pub async fn action(
+    State(state): State<AppState>,
+    Extension(session): Extension<PortalSession>,
+    Path((_, id, action)): Path<(String, String, String)>,
+    body: Bytes,
+) -> PortalResult {
+    let f = Fields::parse(&body);
+    session.check(f.csrf())?;
+    let e = find(&state, &session, &id).await?;
+    let path = (session.application_id.clone(), e.id.clone());
+    let back = |notice: &str| session.href(&format!("endpoints/{}?notice={notice}", e.id));
+    let to = match action.as_str() {
+        "enable" | "disable" => {
+            let patch = EndpointPatch {
+                disabled: Some(action == "disable"),
+                ..EndpointPatch::default()
+            };
+            let _ = svix::patch(
+                session.project.clone(),
+                State(state.clone()),
+                Path(path),
+                SvixJson(patch),
+            )
+            .await?;
+            back(if action == "disable" {
+                "disabled"
+            } else {
+                "enabled"
+            })
+        }
+        "delete" => {
+            svix::delete(session.project.clone(), State(state.clone()), Path(path)).await?;
+            session.href("endpoints")
+        }
+        "rotate" => {
+            let _ = svix::rotate_secret(
+                session.project.clone(),
+                State(state.clone()),
+                Path(path),
+                Bytes::new(),
+            )
+            .await?;
+            back("rotated")
+        }
+        "send-example" => {
+            let event_type = f
+                .get("event_type")
+                .ok_or_else(|| ApiError::validation("event_type", "pick the event type to send"))?;
+            let subscriptions =
+                crate::store::subscriptions::candidates(&state.pool, session.project.id.as_str())
+                    .await?;
+            let body = crate::svix::attempts::EventExampleIn {
+                event_type: event_type.to_owned(),
+                example_index: None,
+                payload: None,
+            };
+            let sent = crate::svix::attempts::example_to(
+                &state,
+                &session.project,
+                &subscriptions,
+                &e,
+                body,
+            )
+            .await?;
+            session.log("endpoint.send_example", &sent.id);
+            return Ok(Redirect::to(
+                &session.href(&format!("messages/{}?endpoint={}", sent.id, e.id)),
+            )
+            .into_response());
+        }
+        "recover" => {
+            let since = parse_time("since", &f.get("since").map(str::to_owned))?
+                .ok_or_else(|| ApiError::validation("since", "give the time to recover from"))?;
+            let filter = crate::store::failed::FailedFilter {
+                endpoint_id: Some(e.id.clone()),
+                since: Some(since),
+                ..Default::default()
+            };
+            filter.validate()?;
+            let n = crate::store::failed::retry_matching(
+                &state.pool,
+                session.project.id.as_str(),
+                &filter,
+            )
+            .await?;
+            session.log("endpoint.recover", &e.id);
+            return Ok(
+                Redirect::to(&session.href(&format!("endpoints/{}?recovered={n}", e.id)))
+                    .into_response(),
+            );
+        }
+        _ => return Err(ApiError::NotFound("route").into()),
+    };
+    state.senders.invalidate();
+    session.log(&format!("endpoint.{action}"), &e.id);
+    Ok(Redirect::to(&to).into_response())
+}

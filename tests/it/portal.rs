@@ -1,0 +1,817 @@
+//! The customer portal (issue #38, docs/PORTAL.md): one-time links, sessions scoped to one
+//! application (every route walked with another application's ids), read-only sessions,
+//! CSRF, the framing policy, and — in a real headless Chromium, the portal framed by a page
+//! of another origin — what a customer does in it (tests/browser/portal.mjs).
+
+use std::time::Duration;
+
+use crate::support::pipeline::Pipeline;
+use crate::support::receiver::{Behaviour, Receiver};
+use crate::support::{TestApp, spawn_app};
+use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION};
+use reqwest::{Method, StatusCode, redirect};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+async fn application(app: &TestApp, key: &str, name: &str) -> String {
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/applications",
+            Some(key),
+            Some(json!({"name": name})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    r.body["id"].as_str().expect("id").to_owned()
+}
+
+/// An endpoint of `application` (or of the project), subscribed to everything.
+async fn endpoint(app: &TestApp, key: &str, application: Option<&str>) -> String {
+    let mut body = json!({"url": "http://127.0.0.1:9/hook"});
+    if let Some(a) = application {
+        body["application"] = json!(a);
+    }
+    let r = app
+        .call(Method::POST, "/v1/endpoints", Some(key), Some(body))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let id = r.body["id"].as_str().expect("id").to_owned();
+    app.subscribe(key, &id, &["*"], false).await;
+    id
+}
+
+async fn event_for(app: &TestApp, key: &str, application: &str) -> String {
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/events",
+            Some(key),
+            Some(json!({"type": "order.paid", "payload": {"n": 1}, "application": application})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    r.body["id"].as_str().expect("id").to_owned()
+}
+
+/// A portal link for `application`: the path of its URL (the test serves plain HTTP on its
+/// own address) and its token.
+async fn link(app: &TestApp, key: &str, application: &str, body: Value) -> (String, String) {
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/v1/applications/{application}/portal-access"),
+            Some(key),
+            Some(body),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let url = r.body["url"].as_str().expect("url");
+    let token = r.body["token"].as_str().expect("token").to_owned();
+    assert!(url.ends_with(&format!("/portal/access/{token}")), "{url}");
+    let path = reqwest::Url::parse(url).expect("url").path().to_owned();
+    (path, token)
+}
+
+/// Opens a link; returns the session's base path (`/portal/s/{token}`).
+async fn open(app: &TestApp, path: &str) -> String {
+    let r = no_redirects()
+        .get(format!("{}{path}", app.base))
+        .send()
+        .await
+        .expect("open");
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let to = r.headers()[LOCATION].to_str().expect("location").to_owned();
+    to.strip_suffix("/endpoints")
+        .expect("to the endpoints")
+        .to_owned()
+}
+
+async fn get(app: &TestApp, path: &str) -> (StatusCode, String, reqwest::header::HeaderMap) {
+    let r = no_redirects()
+        .get(format!("{}{path}", app.base))
+        .send()
+        .await
+        .expect("get");
+    let (status, headers) = (r.status(), r.headers().clone());
+    (status, r.text().await.expect("body"), headers)
+}
+
+async fn post(app: &TestApp, path: &str, form: &[(&str, &str)]) -> (StatusCode, String) {
+    let r = no_redirects()
+        .post(format!("{}{path}", app.base))
+        .form(form)
+        .send()
+        .await
+        .expect("post");
+    let status = r.status();
+    let to = r
+        .headers()
+        .get(LOCATION)
+        .and_then(|l| l.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = r.text().await.expect("body");
+    (status, if to.is_empty() { body } else { to })
+}
+
+fn csrf_of(html: &str) -> String {
+    let at = html.find("name=\"csrf\" value=\"").expect("csrf field") + 19;
+    html[at..].split('"').next().expect("value").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_opens_one_session_once_and_sessions_end_when_told() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let base = open(&app, &path).await;
+    let (status, body, _) = get(&app, &format!("{base}/endpoints")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("Acme"), "the page names the application");
+    // The second opening is refused, and says why.
+    let (status, body, _) = get(&app, &path).await;
+    assert_eq!(status, StatusCode::GONE);
+    assert!(body.contains("already used"), "{body}");
+    // Unknown or malformed codes open nothing.
+    for bad in ["/portal/access/rhpl_nope", "/portal/access/%27%3B--"] {
+        assert_eq!(get(&app, bad).await.0, StatusCode::NOT_FOUND, "{bad}");
+    }
+
+    // Two tabs racing on one link: one session.
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let url = format!("{}{path}", app.base);
+    let client = no_redirects();
+    let (x, y) = tokio::join!(client.get(&url).send(), client.get(&url).send());
+    let mut codes = [x.expect("x").status(), y.expect("y").status()];
+    codes.sort();
+    assert_eq!(codes, [StatusCode::SEE_OTHER, StatusCode::GONE]);
+
+    // A link past its ten minutes opens nothing.
+    let (path, token) = link(&app, &key, &a, json!({})).await;
+    sqlx::query("UPDATE portal_links SET expires_at = now() - interval '1 second' WHERE code_hash = sha256($1::text::bytea)")
+        .bind(&token)
+        .execute(&app.pool)
+        .await
+        .expect("age the link");
+    assert_eq!(get(&app, &path).await.0, StatusCode::NOT_FOUND);
+
+    // Bad bodies are named.
+    for (body, field) in [
+        (json!({"expiry": 10}), "expiry"),
+        (json!({"expiry": 8 * 24 * 3600}), "expiry"),
+        (json!({"read_only": "yes"}), "body"),
+    ] {
+        let r = app
+            .call(
+                Method::POST,
+                &format!("/v1/applications/{a}/portal-access"),
+                Some(&key),
+                Some(body),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+        assert_eq!(r.body["field"], json!(field));
+    }
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/applications/app_01jnothere0000000000000000/portal-access",
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+
+    // A session ends at its expiry…
+    let (path, _) = link(&app, &key, &a, json!({"expiry": 60})).await;
+    let short = open(&app, &path).await;
+    sqlx::query("UPDATE portal_sessions SET expires_at = now() WHERE expires_at < now() + interval '2 minutes'")
+        .execute(&app.pool)
+        .await
+        .expect("expire");
+    let (status, body, headers) = get(&app, &format!("{short}/endpoints")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(body.contains("ended"), "{body}");
+    assert!(
+        headers[CONTENT_SECURITY_POLICY]
+            .to_str()
+            .expect("csp")
+            .contains("frame-ancestors")
+    );
+    // …when its customer signs out (with the form's token)…
+    let (_, page, _) = get(&app, &format!("{base}/endpoints")).await;
+    let (status, _) = post(&app, &format!("{base}/logout"), &[("csrf", "wrong")]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = post(
+        &app,
+        &format!("{base}/logout"),
+        &[("csrf", &csrf_of(&page))],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        get(&app, &format!("{base}/endpoints")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    // …when the team expires them all (unused links die with them)…
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let live = open(&app, &path).await;
+    let (unused, _) = link(&app, &key, &a, json!({})).await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/v1/applications/{a}/portal-sessions/expire"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    // The one above and the racing tabs' one; ended and expired ones are not counted.
+    assert_eq!(r.body["sessions_ended"], json!(2));
+    assert_eq!(
+        get(&app, &format!("{live}/endpoints")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(get(&app, &unused).await.0, StatusCode::NOT_FOUND);
+    // …through the Svix-compatible routes too: app-portal-access, logout with its token.
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/auth/app-portal-access/{a}"),
+            Some(&key),
+            Some(json!({"expiry": 600, "featureFlags": []})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    let svix_url = r.body["url"].as_str().expect("url");
+    let svix_token = r.body["token"].as_str().expect("token").to_owned();
+    let svix_base = open(&app, reqwest::Url::parse(svix_url).expect("url").path()).await;
+    let r = app
+        .call(Method::POST, "/api/v1/auth/logout", Some(&key), None)
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::UNAUTHORIZED,
+        "an API key is not a portal token"
+    );
+    let r = app
+        .call(Method::POST, "/api/v1/auth/logout", Some(&svix_token), None)
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        get(&app, &format!("{svix_base}/endpoints")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/auth/app/{a}/expire-all"),
+            Some(&key),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    // Another project's key cannot issue links for this application.
+    let (_, other) = app.project().await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/v1/applications/{a}/portal-access"),
+            Some(&other),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}
+
+/// Every portal route, walked with a session of application A and the ids of application B
+/// (and of the project's own endpoint): each answers 404, and nothing of B changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_reaches_nothing_outside_its_application() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let b = application(&app, &key, "Globex").await;
+    let ep_a = endpoint(&app, &key, Some(&a)).await;
+    let ep_b = endpoint(&app, &key, Some(&b)).await;
+    let ep_project = endpoint(&app, &key, None).await;
+    let msg_a = event_for(&app, &key, &a).await;
+    let msg_b = event_for(&app, &key, &b).await;
+    let before: (String, bool, String) =
+        sqlx::query_as("SELECT url, enabled, secret FROM endpoints WHERE id = $1")
+            .bind(&ep_b)
+            .fetch_one(&app.pool)
+            .await
+            .expect("B's endpoint");
+
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let base = open(&app, &path).await;
+    let (_, list, _) = get(&app, &format!("{base}/endpoints")).await;
+    assert!(list.contains(&ep_a) && !list.contains(&ep_b) && !list.contains(&ep_project));
+    let (_, messages, _) = get(&app, &format!("{base}/messages")).await;
+    assert!(
+        messages.contains(&msg_a) && !messages.contains(&msg_b),
+        "{messages}"
+    );
+    let csrf = csrf_of(&list);
+
+    for foreign in [&ep_b, &ep_project] {
+        for path in [
+            format!("{base}/endpoints/{foreign}"),
+            format!("{base}/endpoints/{foreign}?reveal=1"),
+        ] {
+            let (status, body, _) = get(&app, &path).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "GET {path}");
+            assert!(!body.contains("whsec_"), "{path}");
+        }
+        let update = [("csrf", csrf.as_str()), ("url", "http://127.0.0.1:9/taken")];
+        assert_eq!(
+            post(&app, &format!("{base}/endpoints/{foreign}"), &update)
+                .await
+                .0,
+            StatusCode::NOT_FOUND
+        );
+        for action in [
+            "enable",
+            "disable",
+            "delete",
+            "rotate",
+            "send-example",
+            "recover",
+        ] {
+            let form = [
+                ("csrf", csrf.as_str()),
+                ("event_type", "order.paid"),
+                ("since", "2026-01-01T00:00"),
+            ];
+            let (status, _) =
+                post(&app, &format!("{base}/endpoints/{foreign}/{action}"), &form).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "POST {action} on {foreign}");
+        }
+    }
+    assert_eq!(
+        get(&app, &format!("{base}/messages/{msg_b}")).await.0,
+        StatusCode::NOT_FOUND
+    );
+    for path in [
+        format!("{base}/messages/{msg_b}/resend/{ep_b}"),
+        format!("{base}/messages/{msg_a}/resend/{ep_b}"),
+        format!("{base}/messages/{msg_b}/resend/{ep_a}"),
+    ] {
+        assert_eq!(
+            post(&app, &path, &[("csrf", csrf.as_str())]).await.0,
+            StatusCode::NOT_FOUND,
+            "POST {path}"
+        );
+    }
+    // A message filter cannot widen the scope either.
+    let (_, filtered, _) = get(&app, &format!("{base}/messages?event_type=order.paid")).await;
+    assert!(!filtered.contains(&msg_b));
+    let after: (String, bool, String) = sqlx::query_as(
+        "SELECT url, enabled, secret FROM endpoints WHERE id = $1 AND deleted_at IS NULL",
+    )
+    .bind(&ep_b)
+    .fetch_one(&app.pool)
+    .await
+    .expect("B's endpoint is still there");
+    assert_eq!(before, after, "nothing of B changed");
+    let b_deliveries: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1")
+            .bind(&ep_b)
+            .fetch_one(&app.pool)
+            .await
+            .expect("count");
+    assert_eq!(b_deliveries, 1, "no example or resend reached B");
+    // A session of a deleted application ends with it.
+    let r = app
+        .call(
+            Method::DELETE,
+            &format!("/v1/applications/{a}"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{:?}", r.body);
+    assert_eq!(
+        get(&app, &format!("{base}/endpoints")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_sessions_and_forms_without_the_token_change_nothing() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let ep = endpoint(&app, &key, Some(&a)).await;
+
+    let (path, _) = link(&app, &key, &a, json!({"read_only": true})).await;
+    let ro = open(&app, &path).await;
+    let (status, page, _) = get(&app, &format!("{ro}/endpoints/{ep}?reveal=1")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("read-only"), "the page says so");
+    assert!(
+        !page.contains("whsec_"),
+        "a read-only session does not see the secret"
+    );
+    assert!(
+        !page.contains("/disable") && !page.contains("/rotate"),
+        "no action forms"
+    );
+    let csrf = csrf_of(&page);
+    for (path, form) in [
+        (
+            format!("{ro}/endpoints"),
+            vec![("csrf", csrf.as_str()), ("url", "http://127.0.0.1:9/x")],
+        ),
+        (
+            format!("{ro}/endpoints/{ep}/disable"),
+            vec![("csrf", csrf.as_str())],
+        ),
+        (
+            format!("{ro}/endpoints/{ep}/rotate"),
+            vec![("csrf", csrf.as_str())],
+        ),
+    ] {
+        let (status, body) = post(&app, &path, &form).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}");
+        assert!(body.contains("read-only"), "{body}");
+    }
+    assert_eq!(
+        get(&app, &format!("{ro}/endpoints/new")).await.0,
+        StatusCode::FORBIDDEN
+    );
+
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let rw = open(&app, &path).await;
+    let (status, _) = post(
+        &app,
+        &format!("{rw}/endpoints"),
+        &[("url", "http://127.0.0.1:9/forged")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "a form without the token");
+    let (status, _) = post(
+        &app,
+        &format!("{rw}/endpoints/{ep}/disable"),
+        &[("csrf", "x")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (enabled, endpoints): (bool, i64) = sqlx::query_as(
+        "SELECT bool_and(enabled), count(*) FROM endpoints WHERE application_id = $1 AND deleted_at IS NULL",
+    )
+    .bind(&a)
+    .fetch_one(&app.pool)
+    .await
+    .expect("endpoints");
+    assert!(enabled);
+    assert_eq!(endpoints, 1);
+
+    // With the token: a bad form is a clear error that names what is wrong and stores nothing.
+    let (_, page, _) = get(&app, &format!("{rw}/endpoints/new")).await;
+    let csrf = csrf_of(&page);
+    for (form, says) in [
+        (
+            vec![("csrf", csrf.as_str()), ("url", "ftp://x")],
+            "url must use http or https",
+        ),
+        (
+            vec![
+                ("csrf", csrf.as_str()),
+                ("url", "http://127.0.0.1:9/x"),
+                ("headers", "no colon"),
+            ],
+            "Name: value",
+        ),
+        (
+            vec![
+                ("csrf", csrf.as_str()),
+                ("url", "http://127.0.0.1:9/x"),
+                ("event_types", "Bad Type!"),
+            ],
+            "event",
+        ),
+        (
+            vec![
+                ("csrf", csrf.as_str()),
+                ("url", "http://127.0.0.1:9/x"),
+                ("rate_limit", "-3"),
+            ],
+            "rate limit",
+        ),
+    ] {
+        let (status, body) = post(&app, &format!("{rw}/endpoints"), &form).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{form:?}: {body}");
+        assert!(body.contains(says), "{says} in {body}");
+        assert!(
+            body.contains("Back to your endpoints"),
+            "shown inside the portal"
+        );
+    }
+    let count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM endpoints WHERE application_id = $1 AND deleted_at IS NULL",
+    )
+    .bind(&a)
+    .fetch_one(&app.pool)
+    .await
+    .expect("count");
+    assert_eq!(count, 1, "no partial endpoint");
+    // A good form makes the endpoint, in the application, with what was asked.
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("url", "http://127.0.0.1:9/new"),
+        ("description", "orders"),
+        ("channels", "eu, us"),
+        ("headers", "X-Team: billing"),
+        ("rate_limit", "5"),
+    ];
+    let (status, to) = post(&app, &format!("{rw}/endpoints"), &form).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{to}");
+    let (_, shown, _) = get(&app, &to).await;
+    assert!(
+        shown.contains("http://127.0.0.1:9/new") && shown.contains("eu, us"),
+        "{shown}"
+    );
+    let row: (Option<String>, Option<i32>, Vec<String>) = sqlx::query_as(
+        "SELECT application_id, rate_limit_per_second, channels FROM endpoints WHERE url = 'http://127.0.0.1:9/new'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("made");
+    assert_eq!(
+        row,
+        (
+            Some(a.clone()),
+            Some(5),
+            vec!["eu".to_owned(), "us".to_owned()]
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_projects_origins_may_frame_the_portal() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let base = open(&app, &path).await;
+    let (_, _, headers) = get(&app, &format!("{base}/endpoints")).await;
+    let csp = headers[CONTENT_SECURITY_POLICY].to_str().expect("csp");
+    assert!(
+        csp.contains("frame-ancestors 'none'"),
+        "no origins: no framing: {csp}"
+    );
+    assert!(!csp.contains("script-src"), "{csp}");
+    assert_eq!(headers["referrer-policy"], "no-referrer");
+
+    for (body, field) in [
+        (
+            json!({"allowed_origins": ["https://a.example/path"]}),
+            "allowed_origins",
+        ),
+        (
+            json!({"allowed_origins": ["https://*.example"]}),
+            "allowed_origins",
+        ),
+        (
+            json!({"allowed_origins": ["https://a.example; script-src *"]}),
+            "allowed_origins",
+        ),
+        (
+            json!({"theme": {"primary_color": "red;}"}}),
+            "theme.primary_color",
+        ),
+        (
+            json!({"theme": {"color_scheme": "blue"}}),
+            "theme.color_scheme",
+        ),
+        (
+            json!({"theme": {"logo_url": "javascript:x"}}),
+            "theme.logo_url",
+        ),
+    ] {
+        let r = app
+            .call(Method::PUT, "/v1/portal/settings", Some(&key), Some(body))
+            .await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+        assert_eq!(r.body["field"], json!(field));
+    }
+    let r = app
+        .call(
+            Method::PUT,
+            "/v1/portal/settings",
+            Some(&key),
+            Some(
+                json!({"allowed_origins": ["https://App.Example.com", "http://127.0.0.1:8080"],
+                        "theme": {"display_name": "Acme Hooks", "primary_color": "#AA3300",
+                                  "logo_url": "https://cdn.example.com/logo.svg",
+                                  "color_scheme": "dark"}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(
+        r.body["allowed_origins"],
+        json!(["http://127.0.0.1:8080", "https://app.example.com"])
+    );
+    let r = app
+        .call(Method::GET, "/v1/portal/settings", Some(&key), None)
+        .await;
+    assert_eq!(r.body["theme"]["primary_color"], json!("#aa3300"));
+    let (_, page, headers) = get(&app, &format!("{base}/endpoints")).await;
+    let csp = headers[CONTENT_SECURITY_POLICY].to_str().expect("csp");
+    assert!(
+        csp.contains("frame-ancestors http://127.0.0.1:8080 https://app.example.com;"),
+        "{csp}"
+    );
+    assert!(
+        csp.contains("img-src 'self' https://cdn.example.com;"),
+        "{csp}"
+    );
+    assert!(page.contains("Acme Hooks"));
+    let (_, css, _) = get(&app, &format!("{base}/theme.css")).await;
+    assert!(
+        css.contains("--accent: #aa3300") && css.contains("color-scheme: dark"),
+        "{css}"
+    );
+    // Errors inside a session are framed by the same policy, so they show in the frame.
+    let (status, _, headers) = get(&app, &format!("{base}/endpoints/ep_nope")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        headers[CONTENT_SECURITY_POLICY]
+            .to_str()
+            .expect("csp")
+            .contains("https://app.example.com")
+    );
+    // Another project's settings are its own.
+    let (_, other) = app.project().await;
+    let r = app
+        .call(Method::GET, "/v1/portal/settings", Some(&other), None)
+        .await;
+    assert_eq!(r.body["allowed_origins"], json!([]));
+}
+
+/// Serves `page` at `/` on its own loopback address: the team's site that embeds the portal.
+async fn site(page: String) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let origin = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let page = page.clone();
+            async move { axum::response::Html(page) }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    origin
+}
+
+fn embedding(src: &str) -> String {
+    format!(
+        "<!doctype html><html><head><title>Acme settings</title></head><body>\
+         <h1>Your webhooks</h1>\
+         <iframe id=\"portal\" src=\"{src}\" style=\"width:100%;height:1400px;border:0\"></iframe>\
+         </body></html>"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_customer_uses_the_portal_framed_by_another_origin_in_chromium() {
+    let p = Pipeline::start(|_| {}).await;
+    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
+    // The catalogue, with a schema and its example.
+    let r = p
+        .app
+        .call(
+            Method::POST,
+            "/v1/event-types",
+            Some(&p.key),
+            Some(
+                json!({"name": "invoice.paid", "description": "An invoice was paid in full.",
+                        "schema": {"type": "object", "required": ["invoice"],
+                                   "properties": {"invoice": {"type": "string"}},
+                                   "examples": [{"invoice": "inv_1001", "amount_cents": 4200}]}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let a = application(&p.app, &p.key, "Acme").await;
+    // The portal on `localhost`, the team's site on `127.0.0.1`: different sites to the
+    // browser, so the portal is a cross-site frame.
+    let mut state = p.app.state.clone();
+    state.dashboard.cookie_secure = false;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(railhook_ingest::serve(
+        listener,
+        state,
+        std::future::pending(),
+    ));
+    let portal = format!("http://localhost:{port}");
+    let new_link = || async {
+        let r = no_redirects()
+            .post(format!("{portal}/v1/applications/{a}/portal-access"))
+            .bearer_auth(&p.key)
+            .json(&json!({}))
+            .send()
+            .await
+            .expect("link");
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let body: Value = r.json().await.expect("json");
+        body["url"].as_str().expect("url").to_owned()
+    };
+    let allowed_link = new_link().await;
+    assert!(allowed_link.starts_with(&portal), "{allowed_link}");
+    let allowed = site(embedding(&allowed_link)).await;
+    let refused = site(embedding(&new_link().await)).await;
+    let r = p
+        .app
+        .call(
+            Method::PUT,
+            "/v1/portal/settings",
+            Some(&p.key),
+            Some(
+                json!({"allowed_origins": [allowed], "theme": {"display_name": "Acme Hooks",
+                        "primary_color": "#0b6e4f"}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+
+    let shots = std::env::var("PORTAL_SCREENSHOTS").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/target/portal-screenshots").to_owned()
+    });
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/portal.mjs");
+    let out = tokio::process::Command::new("node")
+        .arg(script)
+        .env("ALLOWED", &allowed)
+        .env("REFUSED", &refused)
+        .env("LINK", &allowed_link)
+        .env("RECEIVER", &receiver.url)
+        .env("SCREENSHOTS", &shots)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(240), out)
+        .await
+        .expect("the browser test finishes")
+        .expect("node (deploy/local/test.sh installs it, with Chromium and playwright-core)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "browser test failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("portal ok"), "{stdout}");
+
+    // What the browser saw is what happened: the example reached the receiver signed with
+    // the secret the customer revealed, and was sent again.
+    let secret = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("secret-before "))
+        .expect("the revealed secret")
+        .trim()
+        .to_owned();
+    let rotated = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("secret-after "))
+        .expect("the rotated secret")
+        .trim()
+        .to_owned();
+    assert_ne!(secret, rotated, "rotation made a new secret");
+    let requests = receiver.requests();
+    assert!(requests.len() >= 2, "the example and its re-send arrived");
+    let key = railhook_common::signing::SigningKey::parse(&secret).expect("secret");
+    for got in &requests[..2] {
+        let id = &got.headers["webhook-id"];
+        let ts: i64 = got.headers["webhook-timestamp"].parse().expect("ts");
+        let expected = key.sign(id, ts, got.body.as_bytes());
+        assert!(
+            got.headers["webhook-signature"]
+                .split(' ')
+                .any(|s| s == expected),
+            "verified with the revealed secret"
+        );
+        assert!(
+            got.body.contains("inv_1001"),
+            "the type's example: {}",
+            got.body
+        );
+    }
+    // A delivered message sent again is a new Delivery of the same Event (a Replay).
+    assert_ne!(
+        requests[0].headers["webhook-id"],
+        requests[1].headers["webhook-id"]
+    );
+    p.stop().await;
+}
