@@ -203,6 +203,18 @@ async function main() {
   await svix.message.expungeContent(acme.id, sent[5].id);
   check(JSON.stringify((await svix.message.get(acme.id, sent[5].id)).payload) === "{}");
 
+  step("portal access");
+  // A portal link opens a read-only session once; logout with its token ends it.
+  const access = await svix.authentication.appPortalAccess(acme.id, { readOnly: true, expiry: 600 });
+  check(access.url.includes("/portal/access/"), access.url);
+  const opened = await fetch(access.url); // follows the redirect into the session
+  check(opened.status === 200 && opened.url.includes("/portal/s/"), opened.url);
+  check((await opened.text()).includes("read-only"), "a read-only session");
+  await new Svix(access.token, { serverUrl: URL_ }).authentication.logout();
+  check((await fetch(opened.url)).status === 401, "the session ended at logout");
+  check((await fetch(access.url)).status === 410, "the link works once");
+  await svix.authentication.expireAll(acme.id, {});
+
   step("delete");
   await svix.application.delete(beta.id);
   await expectError(404, () => svix.endpoint.list(beta.id));

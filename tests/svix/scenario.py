@@ -11,13 +11,17 @@ import os
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from svix.api import (
+    AppPortalAccessIn,
     ApplicationIn,
     ApplicationPatch,
+    ApplicationTokenExpireIn,
     EndpointIn,
     EndpointPatch,
     EndpointSecretRotateIn,
@@ -288,6 +292,22 @@ def main():
     before = len(INBOX.of("/invoices"))
     svix.message.create(acme.id, MessageIn(event_type="user.created", payload={"n": 1001}))
     wait_for("the patched filter's delivery", lambda: len(INBOX.of("/invoices")) == before + 1)
+
+    step("portal access")
+    # A portal link opens a read-only session once; logout with its token ends it.
+    access = svix.authentication.app_portal_access(
+        acme.id, AppPortalAccessIn(read_only=True, expiry=600))
+    assert "/portal/access/" in access.url, access.url
+    with urllib.request.urlopen(access.url) as page:  # follows the redirect into the session
+        session_url = page.geturl()
+        assert "/portal/s/" in session_url and b"read-only" in page.read(), session_url
+    Svix(access.token, SvixOptions(server_url=URL)).authentication.logout()
+    try:
+        urllib.request.urlopen(session_url)
+        raise AssertionError("the session outlived logout")
+    except urllib.error.HTTPError as e:
+        assert e.code == 401, e.code
+    svix.authentication.expire_all(acme.id, ApplicationTokenExpireIn())
 
     step("delete")
     # Deleting an application ends its endpoints; hosted-only routes say so.
