@@ -82,6 +82,10 @@ line = json.loads(open(sys.argv[1]).readline())
 print(f"webhook-id {line['webhook_id']}  event {line['event_id']}  verified={line['verified']}  body={line['body']}")
 print(f"POST /v1/events sent -> webhook at the receiver: {line['arrived_ms'] - float(sys.argv[2]):.1f} ms")
 PY
+# A customer of the demo team, and a one-time link to its portal (docs/PORTAL.md).
+app=$(call POST /v1/applications "$key" '{"name":"Demo customer","uid":"demo-customer"}' | json "['id']")
+portal=$(call POST "/v1/applications/$app/portal-access" "$key" '{"expiry":3600}' | json "['url']")
 echo "API key for this demo project: $key"
 echo "Dashboard: $API/dashboard/ (sign in with the API key above)"
+echo "Customer portal of application $app (open once, within 10 minutes): $portal"
 echo "Railhook keeps running at $API; stop everything with deploy/local/down.sh"
