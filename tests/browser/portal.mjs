@@ -73,6 +73,7 @@ try {
   await frame.click('#add-endpoint');
   await frame.waitForSelector('#endpoint-form');
   check(await frame.isVisible('text=An invoice was paid in full.'), 'the form shows the catalogue with descriptions');
+  check((await frame.textContent('details.example pre')).includes('inv_1001'), 'and the type\'s example');
   await shot(page, 'portal-add-endpoint-desktop');
   await frame.fill('#url', RECEIVER);
   await frame.fill('#description', 'Invoices to our ERP');

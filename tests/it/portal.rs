@@ -557,6 +557,32 @@ async fn read_only_sessions_and_forms_without_the_token_change_nothing() {
             vec!["eu".to_owned(), "us".to_owned()]
         )
     );
+
+    // An example of a type the endpoint does not take is accepted but sent nowhere, and
+    // the page says so rather than waiting for a delivery that will never exist.
+    let narrow = endpoint(&app, &key, Some(&a)).await;
+    sqlx::query(
+        "UPDATE subscriptions SET event_types = ARRAY['user.created'] WHERE endpoint_id = $1",
+    )
+    .bind(&narrow)
+    .execute(&app.pool)
+    .await
+    .expect("narrow the subscription");
+    app.state.senders.invalidate();
+    let (status, to) = post(
+        &app,
+        &format!("{rw}/endpoints/{narrow}/send-example"),
+        &[("csrf", csrf.as_str()), ("event_type", "order.paid")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{to}");
+    let (status, shown, _) = get(&app, &to).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(shown.contains("does not take this event type"), "{shown}");
+    assert!(
+        !shown.contains("http-equiv=\"refresh\""),
+        "no endless refresh"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

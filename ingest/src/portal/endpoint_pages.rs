@@ -178,6 +178,9 @@ fn endpoint_form(
                         code { (t.name) }
                         @if !t.description.is_empty() { span.muted { " — " (t.description) } }
                     }
+                    @if let Some(example) = first_example(t) {
+                        details.example { summary { "example of " (t.name) } pre { (example) } }
+                    }
                 }
                 @if types.is_empty() { span.muted { "The catalogue is empty: the endpoint receives every type." } }
             }
@@ -187,6 +190,12 @@ fn endpoint_form(
             button #save type="submit" { @if current.is_some() { "Save" } @else { "Add endpoint" } }
         }
     }
+}
+
+/// The first example of a type's schema, pretty-printed.
+fn first_example(t: &EventTypeRow) -> Option<String> {
+    let example = t.schema.as_ref()?.get("examples")?.as_array()?.first()?;
+    serde_json::to_string_pretty(example).ok()
 }
 
 pub async fn new_form(

@@ -156,13 +156,15 @@ pub async fn show(
             .unwrap_or_default();
         shown.push((d, attempts, headers));
     }
-    // While a Delivery is on its way the page refreshes itself (no JavaScript).
+    // While a Delivery waits for its first Attempt the page refreshes itself (no
+    // JavaScript). Deliveries are planned in the Event's own transaction, so a message with
+    // none now will never have one.
     let waiting = shown.iter().any(|(d, _, _)| {
         matches!(
             d.status,
             DeliveryStatus::Pending | DeliveryStatus::Processing
         ) && d.attempt_count == 0
-    }) || (q.endpoint.is_some() && shown.is_empty());
+    });
     let payload = if event.expunged_at.is_some() {
         None
     } else {
@@ -173,7 +175,7 @@ pub async fn show(
     let body = html! {
         @if q.endpoint.is_some() {
             p.notice #notice {
-                @if shown.is_empty() { "The example was accepted; its delivery is being planned." }
+                @if shown.is_empty() { "The endpoint does not take this event type (or channel), so the example was not sent to it; tick the type in its event types to receive it." }
                 @else { "Example sent. Below: the request and the receiver's answer." }
             }
         }
