@@ -558,6 +558,26 @@ async fn read_only_sessions_and_forms_without_the_token_change_nothing() {
         )
     );
 
+    // An edit with a bad header changes nothing, not even its other fields.
+    let (_, page, _) = get(&app, &format!("{rw}/endpoints/{ep}")).await;
+    let (status, body) = post(
+        &app,
+        &format!("{rw}/endpoints/{ep}"),
+        &[
+            ("csrf", csrf_of(&page).as_str()),
+            ("url", "http://127.0.0.1:9/moved"),
+            ("headers", "webhook-id: forged"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let url: String = sqlx::query_scalar("SELECT url FROM endpoints WHERE id = $1")
+        .bind(&ep)
+        .fetch_one(&app.pool)
+        .await
+        .expect("url");
+    assert_eq!(url, "http://127.0.0.1:9/hook", "no partial edit");
+
     // An example of a type the endpoint does not take is accepted but sent nowhere, and
     // the page says so rather than waiting for a delivery that will never exist.
     let narrow = endpoint(&app, &key, Some(&a)).await;

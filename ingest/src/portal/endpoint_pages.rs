@@ -244,6 +244,9 @@ fn submitted(f: &Fields) -> Result<Submitted, PortalError> {
         })?;
         headers.insert(name.trim().to_owned(), value.trim().to_owned());
     }
+    // Checked here, before anything is written: an edit stores its fields and its headers
+    // in two steps, and a bad header must not leave the first one done.
+    crate::routes::validate_headers(&headers)?;
     let rate = f
         .get("rate_limit")
         .map(|r| {
