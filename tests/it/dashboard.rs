@@ -474,3 +474,68 @@ async fn the_endpoints_page_names_each_endpoints_application_and_channels() {
     assert!(table.contains("globex.example"), "{table}");
     assert!(!table.contains("127.0.0.1:9/hook"), "{table}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_applications_page_opens_a_customers_portal() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/applications",
+            Some(&key),
+            Some(json!({"name": "Initech", "uid": "initech"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let id = r.body["id"].as_str().expect("id").to_owned();
+    let (cookie, _) = sign_in(&app, &key).await;
+    let (status, html, _) = page(&cookie, format!("{}/dashboard/applications", app.base)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("Initech") && html.contains(&id), "{html}");
+    let action = format!("{}/dashboard/applications/{id}/portal", app.base);
+    // Without the session's CSRF token nothing is issued.
+    let r = no_redirects()
+        .post(&action)
+        .header("cookie", &cookie)
+        .form(&[("csrf", "forged"), ("read_only", "true")])
+        .send()
+        .await
+        .expect("post");
+    assert_ne!(r.status(), StatusCode::SEE_OTHER);
+    let links: i64 = sqlx::query_scalar("SELECT count(*) FROM portal_links")
+        .fetch_one(&app.pool)
+        .await
+        .expect("count");
+    assert_eq!(links, 0);
+    // With it: a one-time link, which opens a read-only session of that application.
+    let r = no_redirects()
+        .post(&action)
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf_of(&html).as_str()), ("read_only", "true")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let link = r.headers()[LOCATION].to_str().expect("location").to_owned();
+    let path = reqwest::Url::parse(&link).expect("url").path().to_owned();
+    assert!(path.starts_with("/portal/access/rhpl_"), "{link}");
+    let r = no_redirects()
+        .get(format!("{}{path}", app.base))
+        .send()
+        .await
+        .expect("open");
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let session = r.headers()[LOCATION].to_str().expect("location").to_owned();
+    let r = no_redirects()
+        .get(format!("{}{session}", app.base))
+        .send()
+        .await
+        .expect("portal");
+    assert_eq!(r.status(), StatusCode::OK);
+    let portal = r.text().await.expect("body");
+    assert!(
+        portal.contains("Initech") && portal.contains("read-only"),
+        "{portal}"
+    );
+}

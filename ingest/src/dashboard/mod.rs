@@ -10,6 +10,7 @@
 //! time) on top of the SameSite cookie; a POST without it changes nothing. Every response
 //! carries a strict Content-Security-Policy (no scripts at all) and `Cache-Control: no-store`.
 
+mod applications_page;
 mod catalogue_page;
 mod endpoint_pages;
 pub(crate) mod pages;
@@ -77,6 +78,14 @@ pub fn router() -> Router<AppState> {
         .route(
             "/dashboard/endpoints/{id}/{action}",
             post(endpoint_pages::endpoint_action),
+        )
+        .route(
+            "/dashboard/applications",
+            get(applications_page::applications),
+        )
+        .route(
+            "/dashboard/applications/{id}/portal",
+            post(applications_page::open_portal),
         )
         .route("/dashboard/relay", get(relay_page::relay))
         .route("/dashboard/event-types", get(catalogue_page::event_types))
@@ -273,6 +282,7 @@ pub fn layout_with(
         ("failed", "/dashboard/failed", "Failed messages"),
         ("replays", "/dashboard/replays", "Time Machine"),
         ("endpoints", "/dashboard/endpoints", "Endpoints"),
+        ("applications", "/dashboard/applications", "Applications"),
         ("event-types", "/dashboard/event-types", "Event types"),
         ("relay", "/dashboard/relay", "Relay"),
     ];
