@@ -79,8 +79,7 @@ try {
   await frame.fill('#description', 'Invoices to our ERP');
   await frame.check('input[name=event_types][value="invoice.paid"]');
   await frame.fill('#headers', 'X-Team: billing');
-  await frame.click('#save');
-  await frame.waitForSelector('#notice');
+  await Promise.all([frame.waitForURL('**notice=created'), frame.click('#save')]);
   check((await frame.textContent('#notice')).includes('Endpoint added'), 'the endpoint was added');
   const endpointUrl = frame.url().replace(/\?.*$/, '');
 
@@ -104,8 +103,9 @@ try {
   await shot(page, 'portal-message-desktop');
 
   // 5. Send it again: a new delivery of the same message, delivered too.
-  await frame.click('.resend');
-  await frame.waitForSelector('#notice');
+  // Each click that loads a page waits for that page's URL: the page before may hold the
+  // same elements (a notice), and reading them would race the navigation.
+  await Promise.all([frame.waitForURL('**resent=1'), frame.click('.resend')]);
   check((await frame.textContent('#notice')).includes('Sent again'), 'the re-send was accepted');
   await until(frame, async () => (await frame.locator('.delivery .status.SUCCEEDED').count()) === 2, 'the re-send to be delivered');
 
@@ -114,8 +114,7 @@ try {
   await frame.waitForSelector('#messages');
   check((await frame.locator('#messages tbody tr').count()) === 2, 'two deliveries listed');
   await frame.selectOption('select[name=status]', 'FAILED');
-  await frame.click('form.filters button[type=submit]');
-  await frame.waitForSelector('#messages');
+  await Promise.all([frame.waitForURL('**status=FAILED**'), frame.click('form.filters button[type=submit]')]);
   check((await frame.textContent('#messages tbody')).includes('No messages match'), 'the status filter narrows');
   await frame.goto(`${base}/messages`);
   await shot(page, 'portal-messages-desktop');
@@ -126,17 +125,16 @@ try {
 
   // 7. Rotate the secret; disable and enable.
   await frame.goto(endpointUrl);
-  await frame.click('#rotate');
-  await frame.waitForSelector('#notice');
-  await frame.click('#reveal');
+  await Promise.all([frame.waitForURL('**notice=rotated'), frame.click('#rotate')]);
+  await Promise.all([frame.waitForURL('**reveal=1'), frame.click('#reveal')]);
   await frame.waitForSelector('#secret-value');
   const after = (await frame.textContent('#secret-value')).trim();
   check(after.startsWith('whsec_') && after !== before, 'a new secret after rotation');
   console.log(`secret-after ${after}`);
-  await frame.click('#disable');
+  await Promise.all([frame.waitForURL('**notice=disabled'), frame.click('#disable')]);
   await frame.waitForSelector('#enable');
   check((await frame.textContent('#state')).trim() === 'disabled', 'the endpoint is disabled');
-  await frame.click('#enable');
+  await Promise.all([frame.waitForURL('**notice=enabled'), frame.click('#enable')]);
   await frame.waitForSelector('#disable');
   await frame.goto(`${base}/endpoints`);
   check((await frame.textContent('#endpoints tbody')).includes('100% of 2'), 'the list shows the success rate');

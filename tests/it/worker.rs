@@ -446,7 +446,9 @@ async fn a_failed_delivery_retried_by_hand_goes_out_again_with_a_fresh_ladder() 
         .call(reqwest::Method::POST, &path, Some(&p.key), None)
         .await;
     assert_eq!(r.status, reqwest::StatusCode::ACCEPTED, "{:?}", r.body);
-    assert_eq!(r.body["status"], json!("PENDING"));
+    // No longer FAILED; a worker may already have claimed it (or more) by the time the
+    // answer reads it back (seen in CI: PROCESSING).
+    assert_ne!(r.body["status"], json!("FAILED"), "{:?}", r.body);
     let d = p.wait_status(&delivery, "SUCCEEDED", WAIT).await;
     assert_eq!(d["attempt_count"], json!(1), "the ladder restarts");
     assert_eq!(
