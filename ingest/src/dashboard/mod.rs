@@ -92,18 +92,13 @@ pub fn router() -> Router<AppState> {
         .layer(middleware::from_fn(harden))
 }
 
-/// Headers on every dashboard response: no scripts, no framing, no caching, no referrer.
-async fn harden(request: Request, next: Next) -> Response {
-    let mut response = next.run(request).await;
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; \
-             frame-ancestors 'none'; base-uri 'none'",
-        ),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+/// The policy of a page that loads nothing but its own stylesheet and cannot be framed.
+pub(crate) const STRICT_CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// The headers every dashboard and portal answer carries besides its framing policy: no
+/// sniffing, no referrer (a portal URL holds its session token), no caching.
+pub(crate) fn no_leaks(h: &mut axum::http::HeaderMap) {
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -113,6 +108,18 @@ async fn harden(request: Request, next: Next) -> Response {
         HeaderValue::from_static("no-referrer"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+/// Headers on every dashboard response: no scripts, no framing, no caching, no referrer.
+async fn harden(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(STRICT_CSP),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    no_leaks(h);
     response
 }
 

@@ -11,7 +11,7 @@ use maud::html;
 use railhook_common::DeliveryStatus;
 use serde::Deserialize;
 
-use super::endpoint_pages::Fields;
+use super::endpoint_form::Fields;
 use super::{PortalResult, PortalSession, page};
 use crate::dashboard::pages::{given, parse_time, parse_type, query_string, request_view, when};
 use crate::pagination::PageRequest;

@@ -20,6 +20,7 @@
 //! (none: the portal cannot be framed). Forms carry the session's CSRF token; a read-only
 //! session gets no forms and every POST is refused.
 
+mod endpoint_form;
 mod endpoint_pages;
 mod message_pages;
 
@@ -213,22 +214,11 @@ async fn harden(request: Request, next: Next) -> Response {
     if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
         h.insert(
             header::CONTENT_SECURITY_POLICY,
-            HeaderValue::from_static(
-                "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; \
-                 frame-ancestors 'none'; base-uri 'none'",
-            ),
+            HeaderValue::from_static(crate::dashboard::STRICT_CSP),
         );
         h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     }
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    crate::dashboard::no_leaks(h);
     response
 }
 
@@ -285,15 +275,14 @@ async fn theme(axum::Extension(session): axum::Extension<PortalSession>) -> Resp
     if let Some(c) = s.primary_color.as_ref().filter(is_hex) {
         css.push_str(&format!(":root {{ --accent: {c}; }}\n"));
     }
+    // A background is a light-scheme choice; a dark scheme keeps its own.
     if let Some(c) = s.background_color.as_ref().filter(is_hex) {
-        // A background is a light-scheme choice; a dark scheme keeps its own.
-        if s.color_scheme == "dark" {
-        } else if s.color_scheme == "light" {
-            css.push_str(&format!(":root {{ --bg: {c}; }}\n"));
-        } else {
-            css.push_str(&format!(
+        match s.color_scheme.as_str() {
+            "dark" => {}
+            "light" => css.push_str(&format!(":root {{ --bg: {c}; }}\n")),
+            _ => css.push_str(&format!(
                 "@media (prefers-color-scheme: light) {{ :root {{ --bg: {c}; }} }}\n"
-            ));
+            )),
         }
     }
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], css).into_response()

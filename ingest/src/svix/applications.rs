@@ -73,6 +73,29 @@ pub(crate) async fn find(
     Ok(native::resolve(state, project.id.as_str(), app_id).await?)
 }
 
+/// The application a path names, or, when there is none and the body carries an
+/// `application`, that application made on the fly (the path's name becomes its uid unless
+/// it is an id): what Svix's message create and portal access do.
+pub(crate) async fn find_or_create(
+    state: &AppState,
+    project: &Project,
+    app_id: &str,
+    given: Option<&ApplicationIn>,
+) -> SvixResult<ApplicationRow> {
+    match find(state, project, app_id).await {
+        Err(SvixError(ApiError::NotFound(_))) if given.is_some() => {
+            let mut create = given.map(ApplicationIn::native).unwrap_or_default();
+            if create.uid.is_none() && !app_id.starts_with("app_") {
+                create.uid = Some(app_id.to_owned());
+            }
+            native::insert(state, project.id.as_str(), &create).await?;
+            state.senders.invalidate();
+            find(state, project, app_id).await
+        }
+        found => found,
+    }
+}
+
 #[derive(Deserialize, utoipa::IntoParams)]
 pub struct CreateQuery {
     /// Answer with the application of the same uid instead of 409, if there is one.

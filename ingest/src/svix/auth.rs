@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::applications::{ApplicationIn, find as find_app};
-use super::{SvixError, SvixResult};
+use super::SvixResult;
+use super::applications::{ApplicationIn, find as find_app, find_or_create};
 use crate::auth::Project;
 use crate::problem::ApiError;
 use crate::routes::portal::{PortalAccessIn, issue};
@@ -58,23 +58,7 @@ pub async fn app_portal_access(
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::validation("body", e.to_string()))?
     };
-    let app = match find_app(&state, &project, &app_id).await {
-        Ok(app) => app,
-        Err(SvixError(ApiError::NotFound(_))) if body.application.is_some() => {
-            let mut create = body
-                .application
-                .as_ref()
-                .map(ApplicationIn::native)
-                .unwrap_or_default();
-            if create.uid.is_none() && !app_id.starts_with("app_") {
-                create.uid = Some(app_id.clone());
-            }
-            crate::routes::applications::insert(&state, project.id.as_str(), &create).await?;
-            state.senders.invalidate();
-            find_app(&state, &project, &app_id).await?
-        }
-        Err(e) => return Err(e),
-    };
+    let app = find_or_create(&state, &project, &app_id, body.application.as_ref()).await?;
     let access = issue(
         &state,
         &project,

@@ -13,8 +13,8 @@ use serde_json::value::RawValue;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::applications::{ApplicationIn, find as find_app};
-use super::{ListResponse, Page, SvixError, SvixJson, SvixQuery, SvixResult, comma_list};
+use super::applications::{ApplicationIn, find as find_app, find_or_create};
+use super::{ListResponse, Page, SvixJson, SvixQuery, SvixResult, comma_list};
 use crate::auth::{Project, Sender};
 use crate::problem::{ApiError, InternalError};
 use crate::routes::events::{accept_one, audience, idempotency_key, validate_event};
@@ -139,23 +139,7 @@ pub async fn create(
         check_event_uid(uid)?;
     }
     let project = &sender.project;
-    let app = match find_app(&state, project, &app_id).await {
-        Ok(app) => app,
-        Err(SvixError(ApiError::NotFound(_))) if body.application.is_some() => {
-            let mut create = body
-                .application
-                .as_ref()
-                .map(ApplicationIn::native)
-                .unwrap_or_default();
-            if create.uid.is_none() && !app_id.starts_with("app_") {
-                create.uid = Some(app_id.clone());
-            }
-            crate::routes::applications::insert(&state, project.id.as_str(), &create).await?;
-            state.senders.invalidate();
-            find_app(&state, project, &app_id).await?
-        }
-        Err(e) => return Err(e),
-    };
+    let app = find_or_create(&state, project, &app_id, body.application.as_ref()).await?;
     let key = idempotency_key(&headers)?;
     // The answer is built from the request, not read back: an Event answered under its
     // Idempotency-Key has this request's type, payload and application (else 409).
