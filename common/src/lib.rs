@@ -28,6 +28,7 @@ pub mod slot_status;
 pub mod status;
 pub mod telemetry;
 pub mod trace_context;
+pub mod transport;
 pub mod vocabulary;
 
 pub use event_type::{EventType, EventTypePattern};

@@ -94,6 +94,9 @@ crate::words! {
         Reset,
         Request,
         TargetRefused,
+        BrokerUnavailable,
+        BrokerThrottled,
+        BrokerRefused,
     }
 }
 

@@ -8,6 +8,7 @@ if pid_alive "$STATE/railhook.pid"; then
 fi
 if pid_alive "$STATE/receiver.pid"; then kill "$(cat "$STATE/receiver.pid")" || true; fi
 "$ROOT/deploy/local/tls.sh" down
+"$ROOT/deploy/local/rabbitmq.sh" down
 "$ROOT/deploy/local/broker.sh" down
 "$ROOT/deploy/local/redis.sh" cluster-down
 "$ROOT/deploy/local/redis.sh" down

@@ -124,6 +124,21 @@ ensure_svix_sdks() {
   return 0
 }
 
+# The receivers' brokers for the transports' tests (tests/it/transports.rs): NATS and
+# RabbitMQ from Debian (RabbitMQ is started by rabbitmq.sh), moto's SQS server and each
+# broker's own Python client from PyPI, pinned in tests/transports/requirements.txt.
+ensure_transport_brokers() {
+  command -v nats-server >/dev/null || apt_install nats-server
+  command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+  local req="$ROOT/tests/transports/requirements.txt"
+  if ! python3 -c "import moto, pika, nats, confluent_kafka, standardwebhooks" 2>/dev/null \
+     || ! command -v moto_server >/dev/null; then
+    log "pip install -r tests/transports/requirements.txt"
+    python3 -m pip install --quiet -r "$req" 2>/dev/null \
+      || python3 -m pip install --quiet --break-system-packages -r "$req"
+  fi
+}
+
 ensure_standardwebhooks() {
   python3 -c 'import standardwebhooks' 2>/dev/null && return 0
   log "pip install standardwebhooks"

@@ -8,6 +8,9 @@ source "$(dirname "$0")/lib.sh"
 # A three-node Redis Cluster (tests/it/redis_cluster.rs).
 "$ROOT/deploy/local/redis.sh" cluster
 ensure_standardwebhooks
+ensure_transport_brokers
+# RabbitMQ for the RabbitMQ transport's tests (NATS and moto are started by the tests).
+"$ROOT/deploy/local/rabbitmq.sh" up
 ensure_provider_signers
 ensure_browser
 ensure_schemathesis

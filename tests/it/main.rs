@@ -34,4 +34,5 @@ mod relay;
 mod retention;
 mod secrets;
 mod svix_sdk;
+mod transports;
 mod worker;

@@ -66,6 +66,9 @@ pub struct Target {
     pub tracestate: Option<String>,
     /// The Delivery's Event is not stored (its row is gone): nothing can be sent.
     pub event_gone: bool,
+    /// The endpoint's transport settings, sealed (`None`: HTTP to `url`); opened by the turn
+    /// right before the Attempt (common/src/transport.rs).
+    pub transport_secret: Option<String>,
 }
 
 /// One row of [`claim_batch`] or [`swap_batch`]: the Claim and what its Attempt needs.
@@ -102,6 +105,7 @@ struct ClaimRow {
     traceparent: Option<String>,
     tracestate: Option<String>,
     event_gone: bool,
+    transport_secret: Option<String>,
     /// Goes without the ordering gate: the statement checked the order itself.
     gated: bool,
     /// Parked by the statement, not claimed (`claim_batch` only).
@@ -147,6 +151,7 @@ impl ClaimRow {
             traceparent: self.traceparent,
             tracestate: self.tracestate,
             event_gone: self.event_gone,
+            transport_secret: self.transport_secret,
         };
         (claimed, target)
     }
@@ -190,7 +195,7 @@ macro_rules! claim_rows {
                   coalesce(v.created_at, c.ladder_started_at) AS "event_created_at!",
                   v.raw_body, v.forward_headers,
                   v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
-                  v.id IS NULL AS "event_gone!",
+                  v.id IS NULL AS "event_gone!", e.transport_secret,
                   c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id

@@ -1,6 +1,7 @@
 //! The worker: consumes Kafka hints, takes a Claim on the Delivery row, runs the Attempt and
 //! records its outcome behind the Fence; the retry scheduler and the sweeps live here too.
-//! See [`runtime`] for the loop, [`attempt`] for the Attempt Runner's invariants, [`claim`] and [`fence`]
+//! See [`runtime`] for the loop, [`attempt`] for the Attempt's invariants, [`transport`] for
+//! what carries it (HTTP, Kafka, SQS, RabbitMQ, NATS), [`claim`] and [`fence`]
 //! for the SQL that decides, [`retry_policy`] for every retry decision.
 
 pub mod attempt;
@@ -23,6 +24,7 @@ pub mod runtime;
 pub mod ssrf;
 pub mod successes;
 pub mod sweeps;
+pub mod transport;
 mod turn;
 mod warm;
 

@@ -17,6 +17,10 @@
 //! - After a timeout or a 429 (a receiver that says it is overloaded), the next wait is at
 //!   least the overload floor, whatever an endpoint's short ladder says.
 //! - No Attempt starts past the ladder's hard cap after the Delivery's ladder began.
+//! - A broker's acknowledgement is delivered; a broker that refused the message (no such
+//!   topic, queue or exchange, access refused, too large) is not worth another Attempt; an
+//!   unreachable or throttling broker is, and throttling counts as overload, as a 429 does
+//!   ([`classify_broker`]).
 //! - A 429 pauses the whole endpoint for its `Retry-After` (1 s without one), and a 503 with
 //!   one does too; neither counts against the breaker as a failure would, except the 503.
 
@@ -82,7 +86,7 @@ impl RetryPolicy {
         match &report.outcome {
             Outcome::Delivered => Decision::Succeeded,
             Outcome::Failed { gone } => Decision::Failed {
-                reason: failure_reason(*gone, report.status),
+                reason: failure_reason(*gone, report.status, report.error),
                 disable_endpoint: *gone,
             },
             Outcome::Retry { retry_after } => {
@@ -121,7 +125,10 @@ impl RetryPolicy {
         }
         match &report.outcome {
             Outcome::Delivered => (Verdict::Ok, None),
-            Outcome::Retry { retry_after } if report.status == Some(429) => {
+            Outcome::Retry { retry_after }
+                if report.status == Some(429)
+                    || report.error == Some(ErrorClass::BrokerThrottled) =>
+            {
                 let pause = retry_after
                     .unwrap_or(Duration::from_secs(1))
                     .min(self.deferral_max);
@@ -137,14 +144,22 @@ impl RetryPolicy {
 
 /// A receiver that said it is overloaded: it timed out, or answered 429.
 fn overloaded(report: &Report) -> bool {
-    report.error == Some(ErrorClass::Timeout) || report.status == Some(429)
+    matches!(
+        report.error,
+        Some(ErrorClass::Timeout | ErrorClass::BrokerThrottled)
+    ) || report.status == Some(429)
 }
 
-fn failure_reason(gone: bool, status: Option<u16>) -> String {
+fn failure_reason(gone: bool, status: Option<u16>, error: Option<ErrorClass>) -> String {
     match (gone, status) {
         (true, _) => "the endpoint answered 410 Gone; it was disabled".to_owned(),
         (false, Some(code)) => {
             format!("the endpoint answered {code}, which a retry will not change")
+        }
+        (false, None) if error == Some(ErrorClass::BrokerRefused) => {
+            "the broker refused the message (its answer is in the Attempt), which a retry \
+             will not change"
+                .to_owned()
         }
         (false, None) => "the target address is not allowed (private or non-global)".to_owned(),
     }
@@ -176,6 +191,21 @@ pub fn classify(
         (Some(_), _) => Outcome::Failed { gone: false },
         (None, Some(ErrorClass::TargetRefused)) => Outcome::Failed { gone: false },
         (None, _) => Outcome::Retry { retry_after: None },
+    }
+}
+
+/// The one place a broker's answer becomes an outcome: acknowledged is delivered; refused
+/// (no such topic, queue or exchange, access refused, too large) and an address the SSRF
+/// guard refused are not worth another Attempt; unavailable and throttled are, a throttling
+/// broker's hint honoured as a `Retry-After` is.
+pub fn classify_broker(error: Option<ErrorClass>, retry_after: Option<Duration>) -> Outcome {
+    match error {
+        None => Outcome::Delivered,
+        Some(ErrorClass::BrokerRefused | ErrorClass::TargetRefused) => {
+            Outcome::Failed { gone: false }
+        }
+        Some(ErrorClass::BrokerThrottled) => Outcome::Retry { retry_after },
+        Some(_) => Outcome::Retry { retry_after: None },
     }
 }
 

@@ -7,7 +7,7 @@
 //!  retries topic   ─RetryHint────▶ retry lane ─(permit)─▶ swap_batch ───┤ (after the
 //!                                                                       │  statement)
 //!                                                                       ▼
-//!        spawn: gate, limits → re-stamp if the Claim aged → Attempt Runner → decide → finalise
+//!        spawn: gate, limits → re-stamp if the Claim aged → Attempt (transport/) → decide → finalise
 //!  scheduler task, every retry_scheduler_ms: claim_due (SKIP LOCKED) → publish RetryHints,
 //!                 acks awaited together → mark published │ failed → unclaim
 //!  sweeps task, every sweep_ms: PROCESSING too long → PENDING; PENDING unscheduled too long
@@ -46,7 +46,6 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
-use crate::attempt::Runner;
 use crate::config::{WorkerConfig, WorkerError};
 use crate::consumer::{
     AbortOnDrop, LagContext, Seen, orphaned, subscribe, waiting_on, watch_group,
@@ -61,12 +60,13 @@ use crate::metrics::{WakeReason, WorkerMetrics};
 use crate::retry_publisher::run_scheduler;
 use crate::ssrf::Allowlist;
 use crate::sweeps::run_sweeps;
+use crate::transport::Transports;
 
 /// Everything an Attempt task needs; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
-    pub(crate) runner: Runner,
+    pub(crate) transports: Transports,
     pub(crate) metrics: WorkerMetrics,
     /// Every retry decision (retry_policy.rs).
     pub(crate) policy: crate::retry_policy::RetryPolicy,
@@ -235,7 +235,7 @@ fn shared(
     Ok(Shared {
         successes,
         pool,
-        runner: Runner::new(Allowlist::parse(&config.allow_private_targets)?)?,
+        transports: Transports::new(Allowlist::parse(&config.allow_private_targets)?)?,
         metrics,
         policy: crate::retry_policy::RetryPolicy {
             outgoing: config.outgoing.clone(),

@@ -2,6 +2,7 @@
 //! endpoint's limits (or a Deferral), the re-stamp of an aged Claim, the Attempt, the
 //! decision, the outcome behind the Fence, and the ordering hand-off to the next Delivery.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use railhook_common::metrics_http::FinalOutcome;
 use railhook_common::retry::{Ladder, LadderOverride};
 use railhook_common::signing::SigningKey;
 use railhook_common::trace_context::{self, TraceParent};
+use railhook_common::transport::{TransportSettings, sealing_id};
 use railhook_common::vocabulary::InternalError;
 use tracing::Instrument;
 
@@ -249,7 +251,12 @@ async fn prepare(
         return Err(None);
     }
     let Some(mut attempt) = build_attempt(claimed, &target) else {
-        return Err(give_up(shared, claimed, "the endpoint's URL or secret is invalid").await);
+        return Err(give_up(
+            shared,
+            claimed,
+            "the endpoint's URL, secret or transport settings are invalid",
+        )
+        .await);
     };
     attempt.timeout = attempt.timeout.min(shared.endpoint_timeout_max);
     // Inside the Attempt's span: the receiver's parent is this Attempt.
@@ -291,11 +298,20 @@ fn open_secrets(shared: &Shared, claimed: &Claimed, target: &mut claim::Target) 
             let headers = shared
                 .keyring
                 .open_headers(&claimed.endpoint_id, &target.headers)?;
-            Ok((pair, headers))
+            let transport = match &target.transport_secret {
+                Some(sealed) => Some(
+                    shared
+                        .keyring
+                        .open(&sealing_id(&claimed.endpoint_id), sealed)?,
+                ),
+                None => None,
+            };
+            Ok((pair, headers, transport))
         });
     match opened {
-        Ok(((secret, previous), headers)) => {
+        Ok(((secret, previous), headers, transport)) => {
             (target.secret, target.previous_secret, target.headers) = (secret, previous, headers);
+            target.transport_secret = transport;
             true
         }
         Err(e) => {
@@ -342,7 +358,7 @@ async fn send(
             .await;
         return None;
     }
-    let report = shared.runner.run(attempt).await;
+    let report = shared.transports.send(attempt).await;
     let (verdict, pause) = shared.policy.breaker(&report);
     let endpoint = &claimed.endpoint_id;
     if let Some(state) = shared.limits.record(endpoint, lease, verdict, pause).await {
@@ -444,6 +460,13 @@ fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
         keys.push(SigningKey::parse(prev).ok()?);
     }
     let extra = Extra::merge(target.forward_headers.as_ref(), Some(&target.headers));
+    // Opened by `open_secrets`; settings that do not parse were written around the API.
+    let via = match &target.transport_secret {
+        Some(opened) => Some(Arc::new(
+            serde_json::from_str::<TransportSettings>(opened).ok()?,
+        )),
+        None => None,
+    };
     let body = match &target.raw_body {
         Some(raw) => bytes::Bytes::from(raw.clone()),
         None => bytes::Bytes::from(target.payload.clone().into_bytes()),
@@ -460,5 +483,8 @@ fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
         sequence_number: claimed.sequence_number,
         traceparent: None,
         tracestate: None,
+        endpoint_id: claimed.endpoint_id.clone(),
+        application_id: target.application_id.clone(),
+        via,
     })
 }

@@ -58,6 +58,9 @@ fn attempt(url: &str, keys: Vec<SigningKey>, timeout: Duration) -> Attempt {
         sequence_number: Some(7),
         traceparent: None,
         tracestate: None,
+        endpoint_id: "ep_test".into(),
+        application_id: None,
+        via: None,
     }
 }
 

@@ -10,6 +10,10 @@ use railhook_common::ids::EndpointId;
 use railhook_common::keygen::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::sealing::Keyring;
 use railhook_common::signing::SigningKey;
+use railhook_common::transport::{
+    KafkaTarget, NatsTarget, RabbitmqTarget, SqsTarget, TransportKind, TransportSettings,
+    sealing_id,
+};
 use serde::{Deserialize, Serialize};
 
 use utoipa_axum::router::OpenApiRouter;
@@ -34,7 +38,22 @@ pub const DEFAULT_TIMEOUT_MS: i32 = 30_000;
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Endpoint {
     pub id: String,
+    /// What carries its Attempts: `http` (to `url`), `kafka`, `sqs`, `rabbitmq` or `nats`
+    /// (docs/DESTINATIONS.md).
+    #[serde(rename = "type")]
+    pub transport: TransportKind,
+    /// For `http`, where Attempts are POSTed; for a broker, its target as a URL-shaped
+    /// name (`kafka://host:port/topic`), never with a credential.
     pub url: String,
+    /// The broker's settings, credentials left out, under its kind's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sqs: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rabbitmq: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats: Option<serde_json::Value>,
     pub description: String,
     pub enabled: bool,
     /// Why the endpoint was disabled, when it was disabled by Railhook (e.g. after a `410`).
@@ -85,7 +104,18 @@ impl EndpointRow {
             .ok()
             .and_then(|h| serde_json::from_value(h).ok())
             .unwrap_or_default();
+        let transport = TransportKind::parse(&r.transport).unwrap_or(TransportKind::Http);
+        let shown = |kind: TransportKind| {
+            (transport == kind)
+                .then(|| r.transport_settings.clone())
+                .flatten()
+        };
         Endpoint {
+            kafka: shown(TransportKind::Kafka),
+            sqs: shown(TransportKind::Sqs),
+            rabbitmq: shown(TransportKind::Rabbitmq),
+            nats: shown(TransportKind::Nats),
+            transport,
             signing: key.as_ref().map_or("hmac-sha256", SigningKey::scheme),
             public_key: key.as_ref().and_then(SigningKey::public_key),
             id: r.id,
@@ -172,7 +202,17 @@ fn check_description(d: &str) -> ApiResult<()> {
 #[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEndpoint {
+    /// `http` (default), `kafka`, `sqs`, `rabbitmq` or `nats`; a broker kind takes its
+    /// settings in the object of its name, and no `url` (docs/DESTINATIONS.md).
+    #[serde(rename = "type")]
+    pub transport: Option<TransportKind>,
+    /// Where Attempts are POSTed: required for `http`, refused for the other kinds.
+    #[serde(default)]
     pub url: String,
+    pub kafka: Option<KafkaTarget>,
+    pub sqs: Option<SqsTarget>,
+    pub rabbitmq: Option<RabbitmqTarget>,
+    pub nats: Option<NatsTarget>,
     #[serde(default)]
     pub description: String,
     pub enabled: Option<bool>,
@@ -231,7 +271,11 @@ pub(crate) async fn insert(
     body: CreateEndpoint,
     source_id: Option<&str>,
 ) -> ApiResult<CreatedEndpoint> {
-    let url = validate_url(&body.url)?;
+    let transport = transport_of(&body)?;
+    let url = match &transport {
+        None => validate_url(&body.url)?,
+        Some(settings) => settings.display_url(),
+    };
     check_description(&body.description)?;
     // The default, unless the deployment caps endpoints below it.
     let timeout_ms = body
@@ -248,23 +292,7 @@ pub(crate) async fn insert(
         .map(retry_delays)
         .transpose()?;
     check_max_attempts(body.max_attempts)?;
-    let secret = match (body.signing.as_deref(), body.secret.as_deref()) {
-        (None | Some("hmac-sha256"), Some(given)) => check_given_secret(given)?,
-        (None | Some("hmac-sha256"), None) => generate_signing_secret(),
-        (Some("ed25519"), None) => generate_ed25519_secret(),
-        (Some("ed25519"), Some(_)) => {
-            return Err(ApiError::validation(
-                "secret",
-                "secret can be given only for hmac-sha256 signing",
-            ));
-        }
-        (Some(_), _) => {
-            return Err(ApiError::validation(
-                "signing",
-                "signing must be hmac-sha256 or ed25519",
-            ));
-        }
-    };
+    let secret = signing_secret(&body)?;
     let channels = body
         .channels
         .as_deref()
@@ -311,6 +339,16 @@ pub(crate) async fn insert(
         channels: channels.as_deref(),
         uid: body.uid.as_deref(),
         metadata,
+        transport: transport
+            .as_ref()
+            .map_or(TransportKind::Http, TransportSettings::kind)
+            .as_str(),
+        transport_settings: transport.as_ref().map(TransportSettings::shown),
+        // The whole settings, credentials included, sealed like the signing secret.
+        transport_secret: transport.as_ref().map(|t| {
+            let whole = serde_json::to_string(t).unwrap_or_default();
+            state.keyring.seal(&sealing_id(id.as_str()), &whole)
+        }),
     };
     let row = store::insert(&mut *tx, new).await.map_err(uid_conflict)?;
     operational::emit(
@@ -324,6 +362,79 @@ pub(crate) async fn insert(
         endpoint: row.view(&state.keyring),
         secret,
     })
+}
+
+/// The endpoint's signing secret: the caller's own HMAC secret, or a new one of the scheme
+/// asked for.
+fn signing_secret(body: &CreateEndpoint) -> ApiResult<String> {
+    Ok(match (body.signing.as_deref(), body.secret.as_deref()) {
+        (None | Some("hmac-sha256"), Some(given)) => check_given_secret(given)?,
+        (None | Some("hmac-sha256"), None) => generate_signing_secret(),
+        (Some("ed25519"), None) => generate_ed25519_secret(),
+        (Some("ed25519"), Some(_)) => {
+            return Err(ApiError::validation(
+                "secret",
+                "secret can be given only for hmac-sha256 signing",
+            ));
+        }
+        (Some(_), _) => {
+            return Err(ApiError::validation(
+                "signing",
+                "signing must be hmac-sha256 or ed25519",
+            ));
+        }
+    })
+}
+
+/// The endpoint's transport from `type` and its kind's object: `None` for HTTP. Each
+/// mismatch is a 422 naming the field; each setting is checked (common/src/transport.rs).
+fn transport_of(body: &CreateEndpoint) -> ApiResult<Option<TransportSettings>> {
+    let kind = body.transport.unwrap_or(TransportKind::Http);
+    let given: Vec<(TransportKind, bool)> = vec![
+        (TransportKind::Kafka, body.kafka.is_some()),
+        (TransportKind::Sqs, body.sqs.is_some()),
+        (TransportKind::Rabbitmq, body.rabbitmq.is_some()),
+        (TransportKind::Nats, body.nats.is_some()),
+    ];
+    if let Some((other, _)) = given.iter().find(|(k, set)| *set && *k != kind) {
+        return Err(ApiError::validation(
+            other.as_str(),
+            format!(
+                "{} settings were given for an endpoint of type {}",
+                other.as_str(),
+                kind.as_str()
+            ),
+        ));
+    }
+    let settings = match kind {
+        TransportKind::Http => return Ok(None),
+        TransportKind::Kafka => body.kafka.clone().map(TransportSettings::Kafka),
+        TransportKind::Sqs => body.sqs.clone().map(TransportSettings::Sqs),
+        TransportKind::Rabbitmq => body.rabbitmq.clone().map(TransportSettings::Rabbitmq),
+        TransportKind::Nats => body.nats.clone().map(TransportSettings::Nats),
+    };
+    let Some(settings) = settings else {
+        return Err(ApiError::validation(
+            kind.as_str(),
+            format!(
+                "an endpoint of type {0} needs its settings in \"{0}\"",
+                kind.as_str()
+            ),
+        ));
+    };
+    if !body.url.is_empty() {
+        return Err(ApiError::validation(
+            "url",
+            format!(
+                "url applies to http endpoints; a {} endpoint's target is in its settings",
+                kind.as_str()
+            ),
+        ));
+    }
+    settings
+        .validate()
+        .map_err(|e| ApiError::validation(e.field, e.detail))?;
+    Ok(Some(settings))
 }
 
 /// A secret the caller chose: `whsec_` (optional, as Standard Webhooks libraries accept)
@@ -498,6 +609,21 @@ pub async fn update(
     let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
+    if url.is_some() {
+        let current = store::find(&mut *tx, project.id.as_str(), id.as_str(), Kind::Webhook)
+            .await?
+            .ok_or(ApiError::NotFound("endpoint"))?;
+        if current.transport != TransportKind::Http.as_str() {
+            return Err(ApiError::validation(
+                "url",
+                format!(
+                    "url applies to http endpoints; a {} endpoint's settings are changed by \
+                     creating a new endpoint",
+                    current.transport
+                ),
+            ));
+        }
+    }
     let change = store::EndpointChange {
         url: url.as_deref(),
         description: body.description.as_deref(),

@@ -53,6 +53,13 @@ pub struct EndpointRow {
     pub uid: Option<String>,
     /// A JSON object of strings, the sender's.
     pub metadata: serde_json::Value,
+    /// What carries its Attempts (common/src/transport.rs): `http`, `kafka`, `sqs`,
+    /// `rabbitmq` or `nats`.
+    pub transport: String,
+    /// The transport's settings without credentials (shown); `None` for `http`.
+    pub transport_settings: Option<serde_json::Value>,
+    /// The transport's whole settings, sealed; never shown.
+    pub transport_secret: Option<String>,
 }
 
 use railhook_common::Word;
@@ -182,6 +189,10 @@ pub struct NewEndpoint<'a> {
     pub channels: Option<&'a [String]>,
     pub uid: Option<&'a str>,
     pub metadata: serde_json::Value,
+    /// `http`, or a broker kind with its settings shown and sealed.
+    pub transport: &'a str,
+    pub transport_settings: Option<serde_json::Value>,
+    pub transport_secret: Option<String>,
 }
 
 pub async fn insert(
@@ -193,9 +204,10 @@ pub async fn insert(
         r#"INSERT INTO endpoints (id, project_id, url, description, secret, enabled, timeout_ms,
                                   rate_limit_per_second, max_concurrency, headers, retry_delays,
                                   max_attempts, rate_limit_burst, source_id, application_id,
-                                  channels, uid, metadata)
+                                  channels, uid, metadata, transport, transport_settings,
+                                  transport_secret)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                   $18)
+                   $18, $19, $20, $21)
            RETURNING *"#,
         e.id,
         e.project_id,
@@ -214,7 +226,10 @@ pub async fn insert(
         e.application_id,
         e.channels,
         e.uid,
-        e.metadata
+        e.metadata,
+        e.transport,
+        e.transport_settings,
+        e.transport_secret
     )
     .fetch_one(db)
     .await

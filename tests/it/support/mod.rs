@@ -441,6 +441,7 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+pub mod brokers;
 pub mod netns;
 pub mod pipeline;
 pub mod process;

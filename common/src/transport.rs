@@ -1,0 +1,580 @@
+//! Endpoints beyond HTTP (docs/DESTINATIONS.md): what carries an endpoint's Attempts, and
+//! the settings of each kind. Shared by ingest (which validates them at create time and
+//! seals them) and the worker (which opens them when an Attempt is made).
+//!
+//! An endpoint's settings are stored twice: whole, credentials included, sealed with the
+//! keyring that seals signing secrets (`endpoints.transport_secret`), and without their
+//! credentials ([`TransportSettings::shown`], `endpoints.transport_settings`) for the API,
+//! the dashboard and the portal. Credentials are never returned after create.
+
+use serde::{Deserialize, Serialize};
+
+/// The name an endpoint's sealed transport settings are bound to (the sealing's associated
+/// data), distinct from its signing secret's, so neither sealed value opens in the other's
+/// column.
+pub fn sealing_id(endpoint_id: &str) -> String {
+    format!("{endpoint_id}/transport")
+}
+
+/// What carries an endpoint's Attempts: the API's `type`, the column `endpoints.transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    Http,
+    Kafka,
+    Sqs,
+    Rabbitmq,
+    Nats,
+}
+
+impl TransportKind {
+    pub const ALL: &'static [TransportKind] = &[
+        TransportKind::Http,
+        TransportKind::Kafka,
+        TransportKind::Sqs,
+        TransportKind::Rabbitmq,
+        TransportKind::Nats,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportKind::Http => "http",
+            TransportKind::Kafka => "kafka",
+            TransportKind::Sqs => "sqs",
+            TransportKind::Rabbitmq => "rabbitmq",
+            TransportKind::Nats => "nats",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|k| k.as_str() == raw)
+    }
+}
+
+/// What decides a Kafka record's key, and so its partition: `endpoint` (the default: one
+/// partition, so an ordered endpoint stays ordered end to end), `event_id`, `application`
+/// (the endpoint's application, or the endpoint when it has none), or a JSON pointer into
+/// the payload (`/customer/id`; a pointer that finds no string or number falls back to the
+/// endpoint id).
+pub const KAFKA_KEYS: &[&str] = &["endpoint", "event_id", "application"];
+
+/// A Kafka topic on the receiver's cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaTarget {
+    /// Bootstrap brokers, `host:port` each (1–10).
+    pub brokers: Vec<String>,
+    pub topic: String,
+    /// `endpoint` (default), `event_id`, `application`, or a JSON pointer into the payload.
+    #[serde(default = "default_kafka_key")]
+    pub key: String,
+    /// How to reach the cluster: the same choices as Railhook's own Kafka connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<KafkaSecurity>,
+}
+
+fn default_kafka_key() -> String {
+    "endpoint".to_owned()
+}
+
+/// TLS and SASL for a Kafka target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSecurity {
+    /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
+    pub protocol: String,
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` (with a `sasl_` protocol).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl_mechanism: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl_username: Option<String>,
+    /// Write-only: sealed at rest, never returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl_password: Option<String>,
+    /// The CA certificate(s) to trust, PEM; absent: the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssl_ca_pem: Option<String>,
+}
+
+/// An Amazon SQS queue (standard or FIFO).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SqsTarget {
+    /// `https://sqs.<region>.amazonaws.com/<account>/<name>`; a name ending in `.fifo` is a
+    /// FIFO queue (group id: the ordering key; deduplication id: the Delivery id).
+    pub queue_url: String,
+    pub region: String,
+    pub access_key_id: String,
+    /// Write-only: sealed at rest, never returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<String>,
+    /// Where the API is reached instead of `https://sqs.<region>.amazonaws.com` (a VPC
+    /// endpoint, an emulator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_url: Option<String>,
+}
+
+/// A RabbitMQ (AMQP 0-9-1) exchange.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RabbitmqTarget {
+    /// `amqp://user:password@host:port/vhost` or `amqps://…`; the password is sealed and
+    /// shown as `***`.
+    pub url: String,
+    /// The exchange; `""` is the default exchange (the routing key names the queue).
+    #[serde(default)]
+    pub exchange: String,
+    pub routing_key: String,
+}
+
+/// A NATS JetStream subject.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NatsTarget {
+    /// `nats://[user:password@]host:port` or `tls://…`; the password is sealed and shown as
+    /// `***`.
+    pub url: String,
+    /// A subject a JetStream stream captures (no wildcards).
+    pub subject: String,
+    /// Must be `true`: only JetStream acknowledges a publish (docs/DESTINATIONS.md).
+    #[serde(default = "yes")]
+    pub jetstream: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// An endpoint's settings for a kind other than HTTP, as sealed: `{"kafka": {…}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum TransportSettings {
+    Kafka(KafkaTarget),
+    Sqs(SqsTarget),
+    Rabbitmq(RabbitmqTarget),
+    Nats(NatsTarget),
+}
+
+/// A setting that does not hold, with the field it names (`kafka.brokers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub field: String,
+    pub detail: String,
+}
+
+fn invalid(field: &str, detail: impl Into<String>) -> Invalid {
+    Invalid {
+        field: field.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+const MASK: &str = "***";
+
+impl TransportSettings {
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            TransportSettings::Kafka(_) => TransportKind::Kafka,
+            TransportSettings::Sqs(_) => TransportKind::Sqs,
+            TransportSettings::Rabbitmq(_) => TransportKind::Rabbitmq,
+            TransportSettings::Nats(_) => TransportKind::Nats,
+        }
+    }
+
+    /// Checks every setting, naming the first that does not hold.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        match self {
+            TransportSettings::Kafka(k) => validate_kafka(k),
+            TransportSettings::Sqs(s) => validate_sqs(s),
+            TransportSettings::Rabbitmq(r) => validate_rabbitmq(r),
+            TransportSettings::Nats(n) => validate_nats(n),
+        }
+    }
+
+    /// The settings without their credentials: what is stored in the clear and shown.
+    pub fn shown(&self) -> serde_json::Value {
+        let mut shown = self.clone();
+        match &mut shown {
+            TransportSettings::Kafka(k) => {
+                if let Some(s) = &mut k.security {
+                    s.sasl_password = None;
+                }
+            }
+            TransportSettings::Sqs(s) => s.secret_access_key = None,
+            TransportSettings::Rabbitmq(r) => r.url = masked(&r.url),
+            TransportSettings::Nats(n) => n.url = masked(&n.url),
+        }
+        let value = serde_json::to_value(&shown).unwrap_or_default();
+        // `{"kafka": {…}}` → `{…}`: the kind is the endpoint's `type`.
+        value
+            .as_object()
+            .and_then(|o| o.values().next().cloned())
+            .unwrap_or_default()
+    }
+
+    /// A URL-shaped name for the target, stored in `endpoints.url` so every list and log
+    /// that shows an endpoint's URL shows where it delivers (never a credential).
+    pub fn display_url(&self) -> String {
+        match self {
+            TransportSettings::Kafka(k) => {
+                format!(
+                    "kafka://{}/{}",
+                    k.brokers.first().map_or("", String::as_str),
+                    k.topic
+                )
+            }
+            TransportSettings::Sqs(s) => s.queue_url.clone(),
+            TransportSettings::Rabbitmq(r) => {
+                let base = without_credentials(&r.url);
+                format!(
+                    "{}#{}/{}",
+                    base.trim_end_matches('/'),
+                    r.exchange,
+                    r.routing_key
+                )
+            }
+            TransportSettings::Nats(n) => {
+                format!(
+                    "{}/{}",
+                    without_credentials(&n.url).trim_end_matches('/'),
+                    n.subject
+                )
+            }
+        }
+    }
+
+    /// Where the SSRF guard must look before connecting: every `host:port` this target
+    /// names (the Kafka cluster's further brokers are checked as librdkafka meets them).
+    pub fn hosts(&self) -> Vec<(String, u16)> {
+        match self {
+            TransportSettings::Kafka(k) => k.brokers.iter().filter_map(|b| host_port(b)).collect(),
+            TransportSettings::Sqs(s) => {
+                let url = s.endpoint_url.as_deref().unwrap_or(&s.queue_url);
+                url_host(url).into_iter().collect()
+            }
+            TransportSettings::Rabbitmq(r) => url_host(&r.url).into_iter().collect(),
+            TransportSettings::Nats(n) => url_host(&n.url).into_iter().collect(),
+        }
+    }
+}
+
+/// `host:port` (an IPv6 literal in brackets).
+pub fn host_port(raw: &str) -> Option<(String, u16)> {
+    let (host, port) = raw.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_')))
+    .then(|| (host.to_owned(), port))
+}
+
+fn url_host(raw: &str) -> Option<(String, u16)> {
+    let url = url::Url::parse(raw).ok()?;
+    let port = url.port_or_known_default().or(match url.scheme() {
+        "amqp" => Some(5672),
+        "amqps" => Some(5671),
+        "nats" | "tls" => Some(4222),
+        _ => None,
+    })?;
+    let host = url
+        .host_str()?
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    Some((host.to_owned(), port))
+}
+
+fn masked(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut url) if url.password().is_some() => {
+            let _ = url.set_password(Some(MASK));
+            url.into()
+        }
+        _ => raw.to_owned(),
+    }
+}
+
+fn without_credentials(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut url) => {
+            let _ = url.set_password(None);
+            let _ = url.set_username("");
+            url.into()
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// A name of `[A-Za-z0-9._-]`, 1 to `max` characters.
+fn plain_name(raw: &str, max: usize) -> bool {
+    (1..=max).contains(&raw.len())
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn validate_kafka(k: &KafkaTarget) -> Result<(), Invalid> {
+    if k.brokers.is_empty() || k.brokers.len() > 10 {
+        return Err(invalid(
+            "kafka.brokers",
+            "kafka.brokers must list 1 to 10 brokers",
+        ));
+    }
+    if let Some(bad) = k.brokers.iter().find(|b| host_port(b).is_none()) {
+        return Err(invalid(
+            "kafka.brokers",
+            format!("kafka.brokers: '{bad}' is not host:port"),
+        ));
+    }
+    if !plain_name(&k.topic, 249) || k.topic == "." || k.topic == ".." {
+        return Err(invalid(
+            "kafka.topic",
+            "kafka.topic must be 1 to 249 of [A-Za-z0-9._-]",
+        ));
+    }
+    let pointer = k.key.starts_with('/') && k.key.len() <= 256;
+    if !(KAFKA_KEYS.contains(&k.key.as_str()) || pointer) {
+        return Err(invalid(
+            "kafka.key",
+            "kafka.key must be endpoint, event_id, application or a JSON pointer (/a/b)",
+        ));
+    }
+    let Some(s) = &k.security else {
+        return Ok(());
+    };
+    if !matches!(
+        s.protocol.as_str(),
+        "plaintext" | "ssl" | "sasl_plaintext" | "sasl_ssl"
+    ) {
+        return Err(invalid(
+            "kafka.security.protocol",
+            "kafka.security.protocol must be plaintext, ssl, sasl_plaintext or sasl_ssl",
+        ));
+    }
+    let sasl = s.protocol.starts_with("sasl_");
+    match (&s.sasl_mechanism, sasl) {
+        (Some(m), true) if matches!(m.as_str(), "PLAIN" | "SCRAM-SHA-256" | "SCRAM-SHA-512") => {}
+        (_, true) => {
+            return Err(invalid(
+                "kafka.security.sasl_mechanism",
+                "kafka.security.sasl_mechanism must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+            ));
+        }
+        (Some(_), false) => {
+            return Err(invalid(
+                "kafka.security.sasl_mechanism",
+                "kafka.security.sasl_mechanism needs a sasl_ protocol",
+            ));
+        }
+        (None, false) => {}
+    }
+    if sasl && (s.sasl_username.is_none() || s.sasl_password.is_none()) {
+        return Err(invalid(
+            "kafka.security.sasl_username",
+            "a sasl_ protocol needs sasl_username and sasl_password",
+        ));
+    }
+    if let Some(pem) = &s.ssl_ca_pem
+        && (!pem.contains("-----BEGIN CERTIFICATE-----") || pem.len() > 65_536)
+    {
+        return Err(invalid(
+            "kafka.security.ssl_ca_pem",
+            "kafka.security.ssl_ca_pem must be PEM certificates (at most 64 KiB)",
+        ));
+    }
+    Ok(())
+}
+
+fn http_url(raw: &str, field: &str) -> Result<url::Url, Invalid> {
+    let url = url::Url::parse(raw)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+        .filter(|u| u.username().is_empty() && u.password().is_none())
+        .ok_or_else(|| invalid(field, format!("{field} must be an http(s) URL with a host")))?;
+    Ok(url)
+}
+
+fn validate_sqs(s: &SqsTarget) -> Result<(), Invalid> {
+    let queue = http_url(&s.queue_url, "sqs.queue_url")?;
+    let segments: Vec<&str> = queue.path().trim_matches('/').split('/').collect();
+    if segments.len() != 2 || !plain_name(segments[1], 80) {
+        return Err(invalid(
+            "sqs.queue_url",
+            "sqs.queue_url must end in /<account>/<queue name>",
+        ));
+    }
+    if !(1..=32).contains(&s.region.len())
+        || !s
+            .region
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(invalid(
+            "sqs.region",
+            "sqs.region must be a region name (eu-west-1)",
+        ));
+    }
+    if !(1..=128).contains(&s.access_key_id.len())
+        || !s.access_key_id.chars().all(|c| c.is_ascii_alphanumeric())
+    {
+        return Err(invalid(
+            "sqs.access_key_id",
+            "sqs.access_key_id must be 1 to 128 letters and digits",
+        ));
+    }
+    match &s.secret_access_key {
+        Some(k) if (1..=256).contains(&k.len()) && !k.chars().any(char::is_whitespace) => {}
+        _ => {
+            return Err(invalid(
+                "sqs.secret_access_key",
+                "sqs.secret_access_key is required (1 to 256 characters, no spaces)",
+            ));
+        }
+    }
+    if let Some(e) = &s.endpoint_url {
+        http_url(e, "sqs.endpoint_url")?;
+    }
+    Ok(())
+}
+
+fn broker_url(raw: &str, field: &str, schemes: &[&str]) -> Result<(), Invalid> {
+    let ok = url::Url::parse(raw)
+        .ok()
+        .filter(|u| schemes.contains(&u.scheme()))
+        .is_some_and(|u| u.host_str().is_some_and(|h| !h.is_empty()));
+    if ok && raw.len() <= 2048 {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("{field} must be a {} URL with a host", schemes.join(" or ")),
+        ))
+    }
+}
+
+fn validate_rabbitmq(r: &RabbitmqTarget) -> Result<(), Invalid> {
+    broker_url(&r.url, "rabbitmq.url", &["amqp", "amqps"])?;
+    if r.exchange.len() > 255 || (!r.exchange.is_empty() && !plain_name(&r.exchange, 255)) {
+        return Err(invalid(
+            "rabbitmq.exchange",
+            "rabbitmq.exchange must be at most 255 of [A-Za-z0-9._-] (\"\": the default exchange)",
+        ));
+    }
+    if r.routing_key.len() > 255 || r.routing_key.chars().any(char::is_control) {
+        return Err(invalid(
+            "rabbitmq.routing_key",
+            "rabbitmq.routing_key must be at most 255 printable characters",
+        ));
+    }
+    Ok(())
+}
+
+fn validate_nats(n: &NatsTarget) -> Result<(), Invalid> {
+    broker_url(&n.url, "nats.url", &["nats", "tls"])?;
+    let tokens_ok = n.subject.len() <= 255
+        && n.subject.split('.').all(|t| {
+            !t.is_empty() && t != "*" && t != ">" && !t.chars().any(|c| c.is_whitespace())
+        });
+    if !tokens_ok {
+        return Err(invalid(
+            "nats.subject",
+            "nats.subject must be dot-separated tokens without wildcards or spaces",
+        ));
+    }
+    if !n.jetstream {
+        return Err(invalid(
+            "nats.jetstream",
+            "nats.jetstream must be true: core NATS does not acknowledge a publish, and \
+             Railhook never delivers fire-and-forget",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kafka() -> TransportSettings {
+        TransportSettings::Kafka(KafkaTarget {
+            brokers: vec!["127.0.0.1:9092".into()],
+            topic: "orders".into(),
+            key: "endpoint".into(),
+            security: Some(KafkaSecurity {
+                protocol: "sasl_ssl".into(),
+                sasl_mechanism: Some("SCRAM-SHA-256".into()),
+                sasl_username: Some("u".into()),
+                sasl_password: Some("hunter2".into()),
+                ssl_ca_pem: None,
+            }),
+        })
+    }
+
+    #[test]
+    fn shown_settings_carry_no_credential() {
+        let k = kafka();
+        assert!(k.validate().is_ok());
+        assert!(!k.shown().to_string().contains("hunter2"));
+        let r = TransportSettings::Rabbitmq(RabbitmqTarget {
+            url: "amqp://app:hunter2@mq.example.com:5672/prod".into(),
+            exchange: "events".into(),
+            routing_key: "orders".into(),
+        });
+        assert!(r.validate().is_ok());
+        assert!(!r.shown().to_string().contains("hunter2"));
+        assert!(!r.display_url().contains("hunter2"));
+        assert!(!r.display_url().contains("app@"));
+        let s = TransportSettings::Sqs(SqsTarget {
+            queue_url: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo".into(),
+            region: "eu-west-1".into(),
+            access_key_id: "AKIAEXAMPLE".into(),
+            secret_access_key: Some("hunter2".into()),
+            endpoint_url: None,
+        });
+        assert!(s.validate().is_ok());
+        assert!(!s.shown().to_string().contains("hunter2"));
+        assert_eq!(
+            s.hosts(),
+            vec![("sqs.eu-west-1.amazonaws.com".to_owned(), 443)]
+        );
+    }
+
+    #[test]
+    fn each_bad_setting_names_its_field() {
+        let mut bad = kafka();
+        if let TransportSettings::Kafka(k) = &mut bad {
+            k.brokers = vec!["no-port".into()];
+        }
+        assert_eq!(bad.validate().expect_err("invalid").field, "kafka.brokers");
+        let n = TransportSettings::Nats(NatsTarget {
+            url: "nats://127.0.0.1:4222".into(),
+            subject: "orders.*".into(),
+            jetstream: true,
+        });
+        assert_eq!(n.validate().expect_err("invalid").field, "nats.subject");
+        let n = TransportSettings::Nats(NatsTarget {
+            url: "nats://127.0.0.1:4222".into(),
+            subject: "orders".into(),
+            jetstream: false,
+        });
+        assert_eq!(n.validate().expect_err("invalid").field, "nats.jetstream");
+        let r = TransportSettings::Rabbitmq(RabbitmqTarget {
+            url: "http://mq".into(),
+            exchange: String::new(),
+            routing_key: "q".into(),
+        });
+        assert_eq!(r.validate().expect_err("invalid").field, "rabbitmq.url");
+    }
+
+    #[test]
+    fn settings_round_trip_through_their_sealed_form() {
+        let k = kafka();
+        let text = serde_json::to_string(&k).expect("json");
+        assert!(text.starts_with("{\"kafka\":"));
+        assert_eq!(
+            serde_json::from_str::<TransportSettings>(&text).expect("parse"),
+            k
+        );
+    }
+}
