@@ -18,6 +18,7 @@ mod retention;
 mod roles;
 mod setup;
 mod stats;
+mod transports;
 
 use clap::{Parser, Subcommand};
 
@@ -44,6 +45,9 @@ enum Bench {
     /// POST → receiver latency with ingest, relay and worker as separate processes, and
     /// each role's CPU and memory.
     Roles(roles::Args),
+    /// Events/s and CPU per message to each kind of endpoint (HTTP, Kafka, SQS, RabbitMQ,
+    /// NATS), HTTP as the baseline in the same run.
+    Transports(transports::Args),
     /// Simulated months: database size, ingest and the cost of retiring a day by dropping
     /// partitions, against batched DELETEs in the same run.
     Retention(retention::Args),
@@ -68,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::E2e(args) => e2e::run(args).await,
         Bench::Isolation(args) => isolation::run(args).await,
         Bench::Roles(args) => roles::run(args).await,
+        Bench::Transports(args) => transports::run(args).await,
         Bench::Retention(args) => retention::run(args).await,
         Bench::IdleConsumer(args) => idle_consumer::run(args).await,
     }

@@ -17,7 +17,7 @@ use crate::e2e::{Arrivals, receiver};
 use crate::setup::unique;
 use crate::stats::percentiles;
 
-mod cpu;
+pub(crate) mod cpu;
 mod report;
 
 use cpu::{Groups, idle, used};
@@ -69,15 +69,15 @@ pub struct Args {
     history_days: u32,
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-struct Role {
-    name: &'static str,
-    child: Child,
+pub(crate) struct Role {
+    pub(crate) name: &'static str,
+    pub(crate) child: Child,
     /// Its `RAILHOOK_METRICS_ADDR`.
     metrics: String,
 }
@@ -106,14 +106,39 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let hook = receiver(arrivals.clone()).await?;
     let http_addr = format!("127.0.0.1:{}", free_port()?);
     let api = format!("http://{http_addr}");
-    let env: Vec<(String, String)> = vec![
-        ("DATABASE_URL".into(), url.clone()),
+    let mut env = role_env(&settings, &url, &slot, &http_addr);
+    if let Some(ms) = args.fetch_wait_ms {
+        env.push(("RAILHOOK_KAFKA_FETCH_WAIT_MS".into(), ms.to_string()));
+    }
+    if let Some(ms) = args.doze_after_ms {
+        env.push(("RAILHOOK_WORKER_DOZE_AFTER_MS".into(), ms.to_string()));
+    }
+    let roles = spawn_roles(&args.railhook, &env, args.logs.as_deref())?;
+    let result = measure(&args, &api, &hook, &arrivals, &roles).await;
+    drop(roles);
+    let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(&pool)
+        .await;
+    result
+}
+
+/// The environment of the three roles on one bench database and Slot, the API on
+/// `http_addr`.
+pub(crate) fn role_env(
+    settings: &railhook_common::config::Settings,
+    url: &str,
+    slot: &str,
+    http_addr: &str,
+) -> Vec<(String, String)> {
+    vec![
+        ("DATABASE_URL".into(), url.to_owned()),
         ("KAFKA_BROKERS".into(), settings.kafka_brokers.clone()),
         (
             "REDIS_URL".into(),
             settings.redis_url.expose_secret().to_owned(),
         ),
-        ("RAILHOOK_SLOT".into(), slot.clone()),
+        ("RAILHOOK_SLOT".into(), slot.to_owned()),
         ("RAILHOOK_PUBLICATION".into(), settings.publication.clone()),
         (
             "RAILHOOK_TOPIC_PREFIX".into(),
@@ -128,47 +153,43 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "RAILHOOK_ADMIN_TOKEN".into(),
             crate::setup::ADMIN_TOKEN.into(),
         ),
-        ("RAILHOOK_HTTP_ADDR".into(), http_addr.clone()),
+        ("RAILHOOK_HTTP_ADDR".into(), http_addr.to_owned()),
         ("RAILHOOK_WORKER_MAX_IN_FLIGHT".into(), "256".into()),
         (
             "RUST_LOG".into(),
             std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
         ),
-    ];
-    let mut env = env;
-    if let Some(ms) = args.fetch_wait_ms {
-        env.push(("RAILHOOK_KAFKA_FETCH_WAIT_MS".into(), ms.to_string()));
-    }
-    if let Some(ms) = args.doze_after_ms {
-        env.push(("RAILHOOK_WORKER_DOZE_AFTER_MS".into(), ms.to_string()));
-    }
+    ]
+}
+
+/// `railhook ingest`, `relay` and `worker`, each its own process with `env`; each role's
+/// log goes to `<logs>/<role>.log` when given.
+pub(crate) fn spawn_roles(
+    railhook: &std::path::Path,
+    env: &[(String, String)],
+    logs: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<Role>> {
     let mut roles = Vec::new();
     for name in ["ingest", "relay", "worker"] {
         let metrics = format!("127.0.0.1:{}", free_port()?);
-        let child = Command::new(&args.railhook)
+        let child = Command::new(railhook)
             .arg(name)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RAILHOOK_METRICS_ADDR", &metrics)
-            .stdout(match &args.logs {
+            .stdout(match logs {
                 Some(dir) => Stdio::from(std::fs::File::create(dir.join(format!("{name}.log")))?),
                 None => Stdio::null(),
             })
             .stderr(Stdio::null())
             .spawn()
-            .with_context(|| format!("{} (cargo build --release)", args.railhook.display()))?;
+            .with_context(|| format!("{} (cargo build --release)", railhook.display()))?;
         roles.push(Role {
             name,
             child,
             metrics,
         });
     }
-    let result = measure(&args, &api, &hook, &arrivals, &roles).await;
-    drop(roles);
-    let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
-        .bind(&slot)
-        .execute(&pool)
-        .await;
-    result
+    Ok(roles)
 }
 
 async fn measure(

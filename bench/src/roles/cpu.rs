@@ -27,22 +27,31 @@ fn cpu_of(pids: &[u32]) -> f64 {
 /// Every process the bench accounts for: the three roles, and the broker, Postgres and Redis
 /// found by their process names (every one on the machine: run nothing else beside the
 /// bench). Postgres' backends come and go, so they are looked up again at each reading.
-pub(super) struct Groups {
+pub(crate) struct Groups {
     roles: Vec<(String, Vec<u32>)>,
+    /// Further processes by name (a receiver's broker), each group with its label.
+    named: Vec<(String, Vec<&'static str>)>,
 }
 
 impl Groups {
-    pub(super) fn new(roles: &[(&'static str, u32)]) -> Self {
+    pub(crate) fn new(roles: &[(&'static str, u32)]) -> Self {
         Self {
             roles: roles
                 .iter()
                 .map(|(name, pid)| ((*name).to_owned(), vec![*pid]))
                 .collect(),
+            named: Vec::new(),
         }
     }
 
+    /// Also counts the processes named `names`, as one group labelled `label`.
+    pub(crate) fn with_named(mut self, label: &str, names: &[&'static str]) -> Self {
+        self.named.push((label.to_owned(), names.to_vec()));
+        self
+    }
+
     /// (name, CPU seconds used so far) per group.
-    pub(super) fn read(&self) -> Vec<(String, f64)> {
+    pub(crate) fn read(&self) -> Vec<(String, f64)> {
         let mut groups = self.roles.clone();
         groups.push((
             "broker (tansu, nisshi)".into(),
@@ -53,6 +62,9 @@ impl Groups {
             processes_named(&["postgres"]),
         ));
         groups.push(("Redis".into(), processes_named(&["redis-server"])));
+        for (label, names) in &self.named {
+            groups.push((label.clone(), processes_named(names)));
+        }
         groups
             .into_iter()
             .map(|(name, pids)| (name, cpu_of(&pids)))
@@ -62,7 +74,7 @@ impl Groups {
 
 /// CPU seconds each group used between two readings. A backend that ended in between took
 /// its seconds with it, so Postgres' figure is a lower bound.
-pub(super) fn used(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
+pub(crate) fn used(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
     after
         .iter()
         .zip(before)
@@ -72,7 +84,7 @@ pub(super) fn used(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(St
 
 /// Every process's CPU while nothing is sent, as % of one core: what an idle Railhook costs
 /// itself and the services it talks to.
-pub(super) async fn idle(groups: &Groups, settle: Duration, window: Duration) {
+pub(crate) async fn idle(groups: &Groups, settle: Duration, window: Duration) {
     let before = groups.read();
     eprintln!("roles: idle for {} s", window.as_secs());
     tokio::time::sleep(window).await;
