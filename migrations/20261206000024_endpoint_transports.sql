@@ -18,3 +18,7 @@ ALTER TABLE endpoints
         NOT VALID;
 ALTER TABLE endpoints VALIDATE CONSTRAINT endpoints_transport_kind;
 ALTER TABLE endpoints VALIDATE CONSTRAINT endpoints_transport_settings;
+
+-- The broker kinds a project's customer portal offers beside HTTP (none by default: a
+-- project chooses which of its customers' queues it is willing to deliver into).
+ALTER TABLE portal_settings ADD COLUMN endpoint_types text[] NOT NULL DEFAULT '{}';

@@ -861,3 +861,100 @@ async fn a_customer_uses_the_portal_framed_by_another_origin_in_chromium() {
     );
     p.stop().await;
 }
+
+/// The add form offers the broker kinds the project chose (docs/DESTINATIONS.md), and only
+/// those: a kind it does not offer is refused even from a forged form, and a broker
+/// endpoint's credentials never show on a page or in the API afterwards.
+#[tokio::test]
+async fn the_portal_adds_the_broker_kinds_its_project_offers() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let base = open(&app, &path).await;
+    let (_, page, _) = get(&app, &format!("{base}/endpoints/new")).await;
+    assert!(
+        !page.contains("name=\"type\""),
+        "nothing offered by default"
+    );
+    let csrf = csrf_of(&page);
+    let sqs = |csrf: &str| {
+        vec![
+            ("csrf", csrf.to_owned()),
+            ("type", "sqs".to_owned()),
+            (
+                "sqs.queue_url",
+                "https://sqs.eu-west-1.amazonaws.com/123456789012/orders".to_owned(),
+            ),
+            ("sqs.region", "eu-west-1".to_owned()),
+            ("sqs.access_key_id", "AKIAEXAMPLE".to_owned()),
+            ("sqs.secret_access_key", "hunter2".to_owned()),
+            ("description", "orders queue".to_owned()),
+        ]
+    };
+    let form = sqs(&csrf);
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (status, _) = post(&app, &format!("{base}/endpoints"), &form).await;
+    assert!(status.is_client_error(), "{status}");
+    assert!(
+        listed(&app, &key, &a).await.is_empty(),
+        "a kind not offered made nothing"
+    );
+
+    let r = app
+        .call(
+            Method::PUT,
+            "/v1/portal/settings",
+            Some(&key),
+            Some(json!({"endpoint_types": ["sqs", "http", "sqs"]})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["endpoint_types"], json!(["sqs"]));
+    let (_, page, _) = get(&app, &format!("{base}/endpoints/new")).await;
+    assert!(page.contains("value=\"sqs\""), "{page}");
+    assert!(page.contains("name=\"sqs.secret_access_key\""));
+    assert!(!page.contains("value=\"kafka\""));
+    let form = sqs(&csrf_of(&page));
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (status, to) = post(&app, &format!("{base}/endpoints"), &form).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{to}");
+    assert!(to.ends_with("?notice=created"), "{to}");
+    let endpoints = listed(&app, &key, &a).await;
+    assert_eq!(endpoints.len(), 1, "{endpoints:?}");
+    let e = &endpoints[0];
+    assert_eq!(e["type"], "sqs");
+    assert_eq!(e["sqs"]["region"], "eu-west-1");
+    assert_eq!(e["description"], "orders queue");
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+    let (_, shown, _) = get(&app, to.split('?').next().expect("path")).await;
+    assert!(shown.contains("sqs.eu-west-1.amazonaws.com"), "{shown}");
+    assert!(!shown.contains("hunter2"));
+    // A kind the project does not offer, from a forged form: refused, nothing made.
+    let (_, page, _) = get(&app, &format!("{base}/endpoints/new")).await;
+    let csrf = csrf_of(&page);
+    let kafka = [
+        ("csrf", csrf.as_str()),
+        ("type", "kafka"),
+        ("kafka.brokers", "127.0.0.1:9092"),
+        ("kafka.topic", "orders"),
+    ];
+    let (status, _) = post(&app, &format!("{base}/endpoints"), &kafka).await;
+    assert!(status.is_client_error(), "{status}");
+    assert_eq!(listed(&app, &key, &a).await.len(), 1);
+}
+
+/// An application's endpoints, as the API lists them.
+async fn listed(app: &TestApp, key: &str, application: &str) -> Vec<Value> {
+    app.call(
+        Method::GET,
+        &format!("/v1/endpoints?application={application}"),
+        Some(key),
+        None,
+    )
+    .await
+    .body["data"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}

@@ -47,6 +47,7 @@ pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageR
                     @let (health, disable_at) = endpoint_state::streak_state(e.enabled, e.failing_since, &state.streak, now);
                     tr {
                         td {
+                            @if e.transport != "http" { span.status { (e.transport) } " " }
                             (e.url) br; code.muted { (e.id) }
                             @if e.source_id.is_some() { " " span.muted { "destination" } }
                             @if let Some(app) = &e.application_id { br; span.muted { "application: " (applications.get(app).map_or(app.as_str(), String::as_str)) } }

@@ -61,6 +61,12 @@ pub(super) fn endpoint_form(
         .and_then(|c| c.types.map(<[String]>::to_vec))
         .unwrap_or_default();
     let url = current.map(|c| c.row.url.as_str());
+    // Broker kinds are offered when adding, as the project allows (editing keeps the kind).
+    let offered: Vec<String> = if current.is_none() && !session.read_only {
+        session.settings.endpoint_types.clone()
+    } else {
+        Vec::new()
+    };
     let description = current.map(|c| c.row.description.as_str());
     let channels = current
         .and_then(|c| c.row.channels.as_ref())
@@ -77,7 +83,19 @@ pub(super) fn endpoint_form(
     html! {
         form.card #endpoint-form method="post" action=(action) {
             input type="hidden" name="csrf" value=(session.csrf());
-            label { "Endpoint URL" input #url type="url" name="url" required value=[url] placeholder="https://example.com/webhooks"; }
+            @if offered.is_empty() {
+                label { "Endpoint URL" input #url type="url" name="url" required value=[url] placeholder="https://example.com/webhooks"; }
+            } @else {
+                fieldset #endpoint-type {
+                    legend { "Where to deliver" }
+                    label.check { input type="radio" name="type" value="http" checked; " an HTTPS endpoint (URL below)" }
+                    @for kind in &offered {
+                        label.check { input type="radio" name="type" value=(kind); " " (kind_label(kind)) " (settings below)" }
+                    }
+                }
+                label { "Endpoint URL (HTTP)" input #url type="url" name="url" value=[url] placeholder="https://example.com/webhooks"; }
+                @for kind in &offered { (broker_fields(kind)) }
+            }
             label { "Description" input #description name="description" value=[description]; }
             fieldset #event-types {
                 legend { "Event types (none ticked: every type)" }
@@ -101,6 +119,89 @@ pub(super) fn endpoint_form(
     }
 }
 
+fn kind_label(kind: &str) -> &'static str {
+    match kind {
+        "kafka" => "a Kafka topic",
+        "sqs" => "an Amazon SQS queue",
+        "rabbitmq" => "a RabbitMQ exchange",
+        "nats" => "a NATS JetStream subject",
+        _ => "an HTTPS endpoint",
+    }
+}
+
+/// A broker kind's settings, named `kind.field` (docs/DESTINATIONS.md). Secrets are
+/// write-only inputs: never drawn with a value.
+fn broker_fields(kind: &str) -> Markup {
+    let fields: &[(&str, &str, &str)] = match kind {
+        "kafka" => &[
+            ("brokers", "Brokers (host:port, comma-separated)", "text"),
+            ("topic", "Topic", "text"),
+            (
+                "key",
+                "Record key: endpoint, event_id, application or /json/pointer",
+                "text",
+            ),
+        ],
+        "sqs" => &[
+            ("queue_url", "Queue URL", "url"),
+            ("region", "Region", "text"),
+            ("access_key_id", "Access key id", "text"),
+            ("secret_access_key", "Secret access key", "password"),
+        ],
+        "rabbitmq" => &[
+            ("url", "URL (amqps://user:password@host/vhost)", "password"),
+            ("exchange", "Exchange (empty: the default exchange)", "text"),
+            ("routing_key", "Routing key", "text"),
+        ],
+        "nats" => &[
+            ("url", "URL (tls://user:password@host:4222)", "password"),
+            (
+                "subject",
+                "Subject (a JetStream stream must capture it)",
+                "text",
+            ),
+        ],
+        _ => &[],
+    };
+    html! {
+        fieldset id={ "settings-" (kind) } {
+            legend { (kind_label(kind)) }
+            @for (name, label, input_type) in fields {
+                label { (label) input name={ (kind) "." (name) } type=(input_type) autocomplete="off"; }
+            }
+        }
+    }
+}
+
+/// The broker settings a submitted add form carries for `kind`, in the API's shape.
+pub(super) fn broker_settings(f: &Fields, kind: &str) -> serde_json::Value {
+    let get = |name: &str| f.get(&format!("{kind}.{name}")).map(str::to_owned);
+    match kind {
+        "kafka" => serde_json::json!({
+            "brokers": get("brokers").unwrap_or_default().split(',')
+                .map(str::trim).filter(|b| !b.is_empty()).collect::<Vec<_>>(),
+            "topic": get("topic").unwrap_or_default(),
+            "key": get("key").unwrap_or_else(|| "endpoint".to_owned()),
+        }),
+        "sqs" => serde_json::json!({
+            "queue_url": get("queue_url").unwrap_or_default(),
+            "region": get("region").unwrap_or_default(),
+            "access_key_id": get("access_key_id").unwrap_or_default(),
+            "secret_access_key": get("secret_access_key"),
+        }),
+        "rabbitmq" => serde_json::json!({
+            "url": get("url").unwrap_or_default(),
+            "exchange": get("exchange").unwrap_or_default(),
+            "routing_key": get("routing_key").unwrap_or_default(),
+        }),
+        _ => serde_json::json!({
+            "url": get("url").unwrap_or_default(),
+            "subject": get("subject").unwrap_or_default(),
+            "jetstream": true,
+        }),
+    }
+}
+
 /// The first example of a type's schema, pretty-printed.
 fn first_example(t: &EventTypeRow) -> Option<String> {
     let example = t.schema.as_ref()?.get("examples")?.as_array()?.first()?;
@@ -118,10 +219,12 @@ pub(super) struct Submitted {
 }
 
 pub(super) fn submitted(f: &Fields) -> Result<Submitted, PortalError> {
-    let url = f
-        .get("url")
-        .ok_or_else(|| ApiError::validation("url", "the endpoint needs a URL"))?
-        .to_owned();
+    let broker = f.get("type").is_some_and(|t| t != "http");
+    let url = match f.get("url") {
+        Some(url) => url.to_owned(),
+        None if broker => String::new(),
+        None => return Err(ApiError::validation("url", "the endpoint needs a URL").into()),
+    };
     let channels: Vec<String> = f
         .get("channels")
         .unwrap_or_default()

@@ -12,11 +12,14 @@ use chrono::{Duration, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::endpoint_form::{Current, Fields, endpoint_form, submitted};
+use railhook_common::transport::TransportKind;
+
+use super::endpoint_form::{Current, Fields, Submitted, broker_settings, endpoint_form, submitted};
 use super::{PortalError, PortalResult, PortalSession, page};
 use crate::dashboard::pages::{parse_time, when, when_opt};
 use crate::problem::ApiError;
 use crate::routes::endpoint_state;
+use crate::routes::endpoints::CreateEndpoint;
 use crate::state::AppState;
 use crate::store::deliveries::{self as delivery_store, DeliveryFilter};
 use crate::store::endpoints::{self as store, EndpointRow, Kind};
@@ -122,6 +125,9 @@ pub async fn create(
     let f = Fields::parse(&body);
     session.check(f.csrf())?;
     let s = submitted(&f)?;
+    if let Some(kind) = f.get("type").filter(|t| *t != "http") {
+        return create_broker(&state, &session, &f, kind, s).await;
+    }
     let input = EndpointIn {
         url: s.url,
         description: Some(s.description),
@@ -139,6 +145,69 @@ pub async fn create(
         State(state.clone()),
         Path(session.application_id.clone()),
         SvixJson(input),
+    )
+    .await?;
+    state.senders.invalidate();
+    session.log("endpoint.create", &created.id);
+    Ok(
+        Redirect::to(&session.href(&format!("endpoints/{}?notice=created", created.id)))
+            .into_response(),
+    )
+}
+
+/// The add form for a broker kind the project offers in its portal (docs/DESTINATIONS.md):
+/// the same endpoint as the API makes, in the session's application.
+async fn create_broker(
+    state: &AppState,
+    session: &PortalSession,
+    f: &Fields,
+    kind: &str,
+    s: Submitted,
+) -> PortalResult {
+    let offered = session.settings.endpoint_types.iter().any(|k| k == kind);
+    let Some(transport) = TransportKind::parse(kind).filter(|_| offered) else {
+        return Err(
+            ApiError::validation("type", "this kind of endpoint is not offered here").into(),
+        );
+    };
+    let settings = broker_settings(f, kind);
+    let mut create = CreateEndpoint {
+        transport: Some(transport),
+        description: s.description,
+        rate_limit_per_second: s.rate,
+        headers: s.headers,
+        channels: s.channels,
+        ..CreateEndpoint::default()
+    };
+    let parsed = |field: &str| {
+        ApiError::validation(
+            field.to_owned(),
+            format!("the {kind} settings are incomplete"),
+        )
+    };
+    match transport {
+        TransportKind::Kafka => {
+            create.kafka = Some(serde_json::from_value(settings).map_err(|_| parsed("kafka"))?)
+        }
+        TransportKind::Sqs => {
+            create.sqs = Some(serde_json::from_value(settings).map_err(|_| parsed("sqs"))?)
+        }
+        TransportKind::Rabbitmq => {
+            create.rabbitmq =
+                Some(serde_json::from_value(settings).map_err(|_| parsed("rabbitmq"))?)
+        }
+        TransportKind::Nats => {
+            create.nats = Some(serde_json::from_value(settings).map_err(|_| parsed("nats"))?)
+        }
+        TransportKind::Http => {}
+    }
+    let types = (!s.types.is_empty()).then_some(s.types);
+    let created = svix::create_in_application(
+        state,
+        &session.project,
+        session.application_id.clone(),
+        create,
+        types,
     )
     .await?;
     state.senders.invalidate();

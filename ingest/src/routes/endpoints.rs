@@ -568,7 +568,6 @@ pub async fn update(
     ApiJson(body): ApiJson<UpdateEndpoint>,
 ) -> ApiResult<Json<Endpoint>> {
     let id = parse_id(&id)?;
-    let url = body.url.as_deref().map(validate_url).transpose()?;
     if let Some(d) = &body.description {
         check_description(d)?;
     }
@@ -609,21 +608,10 @@ pub async fn update(
     let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    if url.is_some() {
-        let current = store::find(&mut *tx, project.id.as_str(), id.as_str(), Kind::Webhook)
-            .await?
-            .ok_or(ApiError::NotFound("endpoint"))?;
-        if current.transport != TransportKind::Http.as_str() {
-            return Err(ApiError::validation(
-                "url",
-                format!(
-                    "url applies to http endpoints; a {} endpoint's settings are changed by \
-                     creating a new endpoint",
-                    current.transport
-                ),
-            ));
-        }
-    }
+    let url = match body.url.as_deref() {
+        Some(raw) => changed_url(&mut tx, &project, &id, raw).await?,
+        None => None,
+    };
     let change = store::EndpointChange {
         url: url.as_deref(),
         description: body.description.as_deref(),
@@ -652,6 +640,34 @@ pub async fn update(
     operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row).await?;
     tx.commit().await?;
     Ok(Json(row.view(&state.keyring)))
+}
+
+/// A PATCH's `url`, checked: an HTTP endpoint's new URL; for a broker endpoint, its own
+/// display name again (what a form or a Svix `PUT` sends back unchanged) is no change, and
+/// any other value is refused (its settings are changed by creating a new endpoint).
+async fn changed_url(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    project: &Project,
+    id: &EndpointId,
+    raw: &str,
+) -> ApiResult<Option<String>> {
+    let current = store::find(&mut **tx, project.id.as_str(), id.as_str(), Kind::Webhook)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
+    if current.transport == TransportKind::Http.as_str() {
+        return validate_url(raw).map(Some);
+    }
+    if raw == current.url {
+        return Ok(None);
+    }
+    Err(ApiError::validation(
+        "url",
+        format!(
+            "url applies to http endpoints; a {} endpoint's settings are changed by creating \
+             a new endpoint",
+            current.transport
+        ),
+    ))
 }
 
 /// Deleting keeps the row (its Deliveries and Attempts stay readable) but removes it and its

@@ -7,6 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use chrono::{DateTime, Utc};
 use railhook_common::keygen::hash_api_key;
+use railhook_common::transport::TransportKind;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -182,6 +183,10 @@ pub struct PortalSettings {
     pub allowed_origins: Vec<String>,
     #[serde(default)]
     pub theme: Theme,
+    /// The broker kinds (`kafka`, `sqs`, `rabbitmq`, `nats`) a customer may add in the
+    /// portal beside HTTP endpoints; none by default (docs/DESTINATIONS.md).
+    #[serde(default)]
+    pub endpoint_types: Vec<TransportKind>,
     #[serde(default, skip_deserializing)]
     pub updated_at: Option<DateTime<Utc>>,
 }
@@ -291,7 +296,17 @@ fn check_settings(given: &PortalSettings) -> ApiResult<Settings> {
         background_color: check_color("theme.background_color", t.background_color.as_ref())?,
         color_scheme: color_scheme.to_owned(),
         updated_at: None,
+        endpoint_types: offered_types(&given.endpoint_types),
     })
+}
+
+/// The broker kinds offered, each once, in a fixed order (HTTP is always offered).
+fn offered_types(given: &[TransportKind]) -> Vec<String> {
+    TransportKind::ALL
+        .iter()
+        .filter(|k| **k != TransportKind::Http && given.contains(k))
+        .map(|k| k.as_str().to_owned())
+        .collect()
 }
 
 fn view(s: Settings) -> PortalSettings {
@@ -304,6 +319,11 @@ fn view(s: Settings) -> PortalSettings {
             background_color: s.background_color,
             color_scheme: Some(s.color_scheme),
         },
+        endpoint_types: s
+            .endpoint_types
+            .iter()
+            .filter_map(|k| TransportKind::parse(k))
+            .collect(),
         updated_at: s.updated_at,
     }
 }

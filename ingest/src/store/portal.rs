@@ -144,7 +144,8 @@ pub async fn find_session(
                   t.primary_color AS "primary_color?",
                   t.background_color AS "background_color?",
                   coalesce(t.color_scheme, 'auto') AS "color_scheme!",
-                  t.updated_at AS "updated_at?"
+                  t.updated_at AS "updated_at?",
+                  coalesce(t.endpoint_types, '{}') AS "endpoint_types!"
            FROM portal_sessions s
            JOIN applications a ON a.id = s.application_id AND a.deleted_at IS NULL
            JOIN projects p ON p.id = s.project_id
@@ -174,6 +175,7 @@ pub async fn find_session(
             background_color: r.background_color,
             color_scheme: r.color_scheme,
             updated_at: r.updated_at,
+            endpoint_types: r.endpoint_types,
         },
     }))
 }
@@ -257,12 +259,14 @@ pub struct Settings {
     /// `light`, `dark` or `auto`.
     pub color_scheme: String,
     pub updated_at: Option<DateTime<Utc>>,
+    /// The broker kinds (common/src/transport.rs) the portal offers beside HTTP.
+    pub endpoint_types: Vec<String>,
 }
 
 pub async fn settings(pool: &PgPool, project_id: &str) -> Result<Settings, sqlx::Error> {
     let row = sqlx::query!(
         "SELECT allowed_origins, display_name, logo_url, primary_color, background_color,
-                color_scheme, updated_at
+                color_scheme, updated_at, endpoint_types
          FROM portal_settings WHERE project_id = $1",
         project_id
     )
@@ -281,6 +285,7 @@ pub async fn settings(pool: &PgPool, project_id: &str) -> Result<Settings, sqlx:
             background_color: r.background_color,
             color_scheme: r.color_scheme,
             updated_at: Some(r.updated_at),
+            endpoint_types: r.endpoint_types,
         },
     ))
 }
@@ -293,13 +298,15 @@ pub async fn put_settings(
 ) -> Result<DateTime<Utc>, sqlx::Error> {
     sqlx::query_scalar!(
         "INSERT INTO portal_settings (project_id, allowed_origins, display_name, logo_url,
-                                      primary_color, background_color, color_scheme)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+                                      primary_color, background_color, color_scheme,
+                                      endpoint_types)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (project_id) DO UPDATE SET
              allowed_origins = EXCLUDED.allowed_origins, display_name = EXCLUDED.display_name,
              logo_url = EXCLUDED.logo_url, primary_color = EXCLUDED.primary_color,
              background_color = EXCLUDED.background_color,
-             color_scheme = EXCLUDED.color_scheme, updated_at = now()
+             color_scheme = EXCLUDED.color_scheme, endpoint_types = EXCLUDED.endpoint_types,
+             updated_at = now()
          RETURNING updated_at",
         project_id,
         &s.allowed_origins,
@@ -307,7 +314,8 @@ pub async fn put_settings(
         s.logo_url,
         s.primary_color,
         s.background_color,
-        s.color_scheme
+        s.color_scheme,
+        &s.endpoint_types
     )
     .fetch_one(pool)
     .await

@@ -164,8 +164,6 @@ pub async fn create(
     SvixJson(body): SvixJson<EndpointIn>,
 ) -> SvixResult<(StatusCode, Json<EndpointOut>)> {
     let app = find_app(&state, &project, &app_id).await?;
-    // Checked before anything is written, so a bad filter leaves no endpoint behind.
-    let patterns = patterns(body.filter_types.as_deref())?;
     let create = CreateEndpoint {
         url: body.url,
         description: body.description.unwrap_or_default(),
@@ -173,19 +171,36 @@ pub async fn create(
         rate_limit_per_second: body.throttle_rate,
         headers: body.headers.unwrap_or_default(),
         secret: body.secret,
-        application: Some(app.id),
         channels: body.channels.filter(|c| !c.is_empty()),
         uid: body.uid,
         metadata: body.metadata.unwrap_or_default(),
         ..CreateEndpoint::default()
     };
-    let created = native::insert(&state, &project, create, None).await?;
+    let created =
+        create_in_application(&state, &project, app.id, create, body.filter_types).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Creates an endpoint of the application `app_id` from the native shape (any `type`) with
+/// one subscription to `filter_types` (none: every type), as this surface does: Svix's
+/// create, and the portal's add form.
+pub(crate) async fn create_in_application(
+    state: &AppState,
+    project: &Project,
+    app_id: String,
+    mut create: CreateEndpoint,
+    filter_types: Option<Vec<String>>,
+) -> SvixResult<EndpointOut> {
+    // Checked before anything is written, so a bad filter leaves no endpoint behind.
+    let patterns = patterns(filter_types.as_deref())?;
+    create.application = Some(app_id);
+    let created = native::insert(state, project, create, None).await?;
     let id = created.endpoint.id;
-    subscribe(&state, project.id.as_str(), &id, &patterns).await?;
+    subscribe(state, project.id.as_str(), &id, &patterns).await?;
     let row = store::find(&state.pool, project.id.as_str(), &id, Kind::Webhook)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    Ok((StatusCode::CREATED, Json(view(&state, row).await?)))
+    view(state, row).await
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
