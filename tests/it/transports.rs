@@ -341,6 +341,14 @@ async fn kafka_endpoints() {
     // The default key is the endpoint: one partition, in order.
     let (settings, target) = topic("ordered", "endpoint");
     ordered_in_order(&p, "kafka", settings, &target).await;
+    // A topic that does not exist: the cluster's metadata says so, and it is refused.
+    let later = unique("later-");
+    let settings = json!({"brokers": [brokers], "topic": later, "key": "event_id"});
+    let missing = json!({"brokers": [brokers], "topic": later, "partitions": 3});
+    refused_then_retried(&p, "kafka", settings, &missing, || {
+        brokers::setup("kafka", &missing);
+    })
+    .await;
     let (settings, target) = topic("outage", "event_id");
     let stop = async || broker.lock().expect("broker").kill();
     let start = async || broker.lock().expect("broker").restart();

@@ -289,6 +289,59 @@ mod tests {
     }
 
     #[test]
+    fn a_brokers_answer_is_classified_in_one_place() {
+        assert_eq!(classify_broker(None, None), Outcome::Delivered);
+        for class in [ErrorClass::BrokerRefused, ErrorClass::TargetRefused] {
+            assert_eq!(
+                classify_broker(Some(class), None),
+                Outcome::Failed { gone: false }
+            );
+        }
+        assert_eq!(
+            classify_broker(
+                Some(ErrorClass::BrokerUnavailable),
+                Some(Duration::from_secs(9))
+            ),
+            RETRY,
+            "only throttling carries a hint"
+        );
+        let hint = Some(Duration::from_secs(4));
+        assert_eq!(
+            classify_broker(Some(ErrorClass::BrokerThrottled), hint),
+            Outcome::Retry { retry_after: hint }
+        );
+        // Throttling is overload (the floor applies) and pauses the endpoint without
+        // counting against the breaker; a refusal ends the Delivery with the broker's reason.
+        let throttled = report(
+            None,
+            Some(ErrorClass::BrokerThrottled),
+            Outcome::Retry { retry_after: None },
+        );
+        let p = policy();
+        assert_eq!(
+            p.breaker(&throttled),
+            (Verdict::Neutral, Some(Duration::from_secs(1)))
+        );
+        let Decision::RetryAfter(wait) =
+            p.decide(&throttled, &Ladder::outgoing(), climb(1, Duration::ZERO))
+        else {
+            panic!("a throttled Attempt is retried");
+        };
+        assert!(wait >= p.overload_floor);
+        let refused = report(
+            None,
+            Some(ErrorClass::BrokerRefused),
+            Outcome::Failed { gone: false },
+        );
+        let Decision::Failed { reason, .. } =
+            p.decide(&refused, &Ladder::outgoing(), climb(1, Duration::ZERO))
+        else {
+            panic!("a refusal fails the Delivery");
+        };
+        assert!(reason.contains("broker refused"), "{reason}");
+    }
+
+    #[test]
     fn retry_after_is_read_only_on_429_and_503() {
         let mut h = HeaderMap::new();
         h.insert(RETRY_AFTER, HeaderValue::from_static("120"));

@@ -136,6 +136,8 @@ async fn open(
             timeout.as_millis().max(1000).to_string(),
         )
         .set("linger.ms", "0")
+        // Railhook never creates a receiver's topics: a missing one is refused (below).
+        .set("allow.auto.create.topics", "false")
         .set("topic.metadata.refresh.interval.ms", "60000")
         .set("log_level", "3");
     if let Some(s) = &k.security {
@@ -160,12 +162,20 @@ async fn open(
     let probe = producer.clone();
     let topic = k.topic.clone();
     let wait = timeout.max(Duration::from_secs(1));
-    let brokers = tokio::task::spawn_blocking(move || {
+    let (brokers, topic_error) = tokio::task::spawn_blocking(move || {
         probe.client().fetch_metadata(Some(&topic), wait).map(|m| {
-            m.brokers()
+            let brokers = m
+                .brokers()
                 .iter()
                 .map(|b| (b.host().to_owned(), u16::try_from(b.port()).unwrap_or(0)))
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            let topic_error = m
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic)
+                .and_then(|t| t.error())
+                .map(RDKafkaErrorCode::from);
+            (brokers, topic_error)
         })
     })
     .await
@@ -173,6 +183,11 @@ async fn open(
     .map_err(|e| classify(&e))?;
     for (host, port) in brokers {
         guard(allow, &host, port).await?;
+    }
+    // A topic the cluster says it does not have (and does not create) is refused here: a
+    // produce to it would wait out its timeout on every Attempt of the ladder instead.
+    if let Some(code) = topic_error {
+        return Err(classify(&KafkaError::MetadataFetch(code)));
     }
     Ok(producer)
 }
