@@ -3,6 +3,11 @@
 # it, in release mode. Options go to railhook-bench (see `railhook-bench relay --help`).
 source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/up.sh"
+if [ "${1:-}" = transports ]; then
+  # The receivers' brokers and their clients (tests/transports/requirements.txt).
+  ensure_transport_brokers
+  "$ROOT/deploy/local/rabbitmq.sh" up
+fi
 source "$ENV_FILE"
 cd "$ROOT"
 # The relay-memory bench runs the real `railhook relay` binary as its own process.
