@@ -1,5 +1,5 @@
 //! `railhook secrets rotate-key`: seals every endpoint signing secret, endpoint custom header
-//! value and Source secret with
+//! value, broker endpoint's transport settings (docs/DESTINATIONS.md) and Source secret with
 //! the first key of `RAILHOOK_ENCRYPTION_KEYS` (common/src/sealing.rs), in batches.
 //!
 //! Run it after putting a new key first (`new,old`); when it reports nothing left, `old` can
@@ -44,6 +44,13 @@ pub async fn run(settings: &Settings, action: SecretsAction) -> anyhow::Result<(
             }
             let (resealed, raced) = reseal_headers(&pool, &keyring).await?;
             println!("endpoint headers: {resealed} rows sealed again, {raced} changed meanwhile");
+            if raced > 0 {
+                println!("  run `railhook secrets rotate-key` again for those");
+            }
+            let (resealed, raced) = reseal_transports(&pool, &keyring).await?;
+            println!(
+                "endpoint transport settings: {resealed} rows sealed again, {raced} changed meanwhile"
+            );
             if raced > 0 {
                 println!("  run `railhook secrets rotate-key` again for those");
             }
@@ -155,6 +162,52 @@ async fn reseal_headers(pool: &PgPool, keyring: &Keyring) -> anyhow::Result<(u64
             .execute(pool)
             .await
             .with_context(|| format!("writing endpoint {} headers", row.id))?
+            .rows_affected();
+            if wrote == 1 {
+                resealed += 1;
+            } else {
+                raced += 1;
+            }
+        }
+    }
+}
+
+/// Re-seals broker endpoints' transport settings that need it (each bound to the endpoint's
+/// transport sealing id, common/src/transport.rs), as [`reseal_table`] does the secrets:
+/// each row only if its settings are still what was read.
+async fn reseal_transports(pool: &PgPool, keyring: &Keyring) -> anyhow::Result<(u64, u64)> {
+    let (mut cursor, mut resealed, mut raced) = (String::new(), 0, 0);
+    loop {
+        let rows = sqlx::query!(
+            r#"SELECT id, transport_secret AS "sealed!" FROM endpoints
+               WHERE id > $1 AND transport_secret IS NOT NULL ORDER BY id LIMIT $2"#,
+            cursor,
+            BATCH
+        )
+        .fetch_all(pool)
+        .await
+        .context("reading endpoint transport settings")?;
+        let Some(last) = rows.last() else {
+            return Ok((resealed, raced));
+        };
+        cursor = last.id.clone();
+        for row in rows {
+            if !keyring.needs_reseal(&row.sealed) {
+                continue;
+            }
+            let aad = railhook_common::transport::sealing_id(&row.id);
+            let sealed = keyring
+                .reseal(&aad, &row.sealed)
+                .with_context(|| format!("endpoint {} transport settings", row.id))?;
+            let wrote = sqlx::query!(
+                "UPDATE endpoints SET transport_secret = $2 WHERE id = $1 AND transport_secret = $3",
+                row.id,
+                sealed,
+                row.sealed
+            )
+            .execute(pool)
+            .await
+            .with_context(|| format!("writing endpoint {} transport settings", row.id))?
             .rows_affected();
             if wrote == 1 {
                 resealed += 1;

@@ -430,6 +430,19 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
             .as_str()
             .is_some_and(|k| k.starts_with("whpk_"))
     );
+    // A broker endpoint's credentials (docs/DESTINATIONS.md): its whole settings sealed.
+    let (status, broker) = call(
+        &key,
+        "/v1/endpoints",
+        Some(json!({"type": "nats", "nats": {
+            "url": "nats://app:broker-password-3c9e1b@127.0.0.1:4222", "subject": "hooks"}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{broker}");
+    assert!(
+        !broker.to_string().contains("broker-password-3c9e1b"),
+        "{broker}"
+    );
     let source_secret = "whsec_c2VhbGVkLXNvdXJjZS1zZWNyZXQtMDk4Nw==";
     let (_, src) = call(
         &key,
@@ -506,6 +519,7 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         ed_secret.trim_start_matches("whsk_"),
         source_secret.trim_start_matches("whsec_"),
         "receiver-credential-6f1d0a93c2",
+        "broker-password-3c9e1b",
     ];
     let before = dump(&db);
     for b in bodies {
@@ -517,28 +531,36 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
     let sealed_b = format!("rhenc1:{}:", key_b.sealing_key_id().expect("id"));
     assert_eq!(
         before.matches(&sealed_a).count(),
-        4,
-        "two endpoints, a header value and a Source, sealed"
+        6,
+        "three endpoints' secrets, a header value, a broker's settings and a Source, sealed"
     );
 
     // Rotation: B first, A still opens; every value moves to B.
     let out = rotate_key(&env, &format!("{KEY_B},{KEY_A}"));
-    assert!(out.contains("endpoints: 2 rows sealed again"), "{out}");
+    assert!(out.contains("endpoints: 3 rows sealed again"), "{out}");
     assert!(out.contains("sources: 1 rows sealed again"), "{out}");
     assert!(
         out.contains("endpoint headers: 1 rows sealed again"),
         "{out}"
     );
+    assert!(
+        out.contains("endpoint transport settings: 1 rows sealed again"),
+        "{out}"
+    );
     // Run again with B alone: nothing is left to seal (nothing needs A any more).
     let out = rotate_key(&env, KEY_B);
     assert!(out.contains("endpoints: 0 rows sealed again"), "{out}");
+    assert!(
+        out.contains("endpoint transport settings: 0 rows sealed again"),
+        "{out}"
+    );
     let after = dump(&db);
     assert_eq!(
         after.matches(&sealed_a).count(),
         0,
         "nothing left under the old key"
     );
-    assert_eq!(after.matches(&sealed_b).count(), 4);
+    assert_eq!(after.matches(&sealed_b).count(), 6);
     for b in bodies {
         assert!(!after.contains(b), "a secret is in the dump");
     }
