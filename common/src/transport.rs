@@ -191,6 +191,35 @@ impl TransportSettings {
         }
     }
 
+    /// Takes `old`'s credentials where these settings leave them out (a PATCH cannot send
+    /// back what the API never returns): Kafka's `sasl_password`, SQS's
+    /// `secret_access_key`, and the password of a RabbitMQ or NATS URL whose user is the
+    /// same.
+    pub fn keep_credentials_of(&mut self, old: &TransportSettings) {
+        match (self, old) {
+            (TransportSettings::Kafka(new), TransportSettings::Kafka(old)) => {
+                if let (Some(n), Some(o)) = (&mut new.security, &old.security)
+                    && n.sasl_password.is_none()
+                    && n.sasl_username == o.sasl_username
+                {
+                    n.sasl_password.clone_from(&o.sasl_password);
+                }
+            }
+            (TransportSettings::Sqs(new), TransportSettings::Sqs(old))
+                if new.secret_access_key.is_none() && new.access_key_id == old.access_key_id =>
+            {
+                new.secret_access_key.clone_from(&old.secret_access_key);
+            }
+            (TransportSettings::Rabbitmq(new), TransportSettings::Rabbitmq(old)) => {
+                new.url = with_password_of(&new.url, &old.url);
+            }
+            (TransportSettings::Nats(new), TransportSettings::Nats(old)) => {
+                new.url = with_password_of(&new.url, &old.url);
+            }
+            _ => {}
+        }
+    }
+
     /// The settings without their credentials: what is stored in the clear and shown.
     pub fn shown(&self) -> serde_json::Value {
         let mut shown = self.clone();
@@ -283,6 +312,20 @@ fn url_host(raw: &str) -> Option<(String, u16)> {
         .trim_start_matches('[')
         .trim_end_matches(']');
     Some((host.to_owned(), port))
+}
+
+/// `new` with `old`'s password when `new` has none (or shows the mask) and names the same
+/// user.
+fn with_password_of(new: &str, old: &str) -> String {
+    let (Ok(mut n), Ok(o)) = (url::Url::parse(new), url::Url::parse(old)) else {
+        return new.to_owned();
+    };
+    let missing = n.password().is_none_or(|p| p == MASK);
+    if missing && !n.username().is_empty() && n.username() == o.username() {
+        let _ = n.set_password(o.password());
+        return n.into();
+    }
+    new.to_owned()
 }
 
 fn masked(raw: &str) -> String {
@@ -565,6 +608,57 @@ mod tests {
             routing_key: "q".into(),
         });
         assert_eq!(r.validate().expect_err("invalid").field, "rabbitmq.url");
+    }
+
+    #[test]
+    fn a_patch_keeps_the_credentials_it_leaves_out() {
+        let old = TransportSettings::Nats(NatsTarget {
+            url: "tls://app:hunter2@nats.example.com:4222".into(),
+            subject: "a".into(),
+            jetstream: true,
+        });
+        let mut same_user = TransportSettings::Nats(NatsTarget {
+            url: "tls://app@nats2.example.com:4222".into(),
+            subject: "b".into(),
+            jetstream: true,
+        });
+        same_user.keep_credentials_of(&old);
+        assert!(same_user.display_url().contains("nats2.example.com"));
+        let TransportSettings::Nats(n) = &same_user else {
+            panic!("nats");
+        };
+        assert_eq!(n.url, "tls://app:hunter2@nats2.example.com:4222");
+        let mut other_user = TransportSettings::Nats(NatsTarget {
+            url: "tls://ops@nats.example.com:4222".into(),
+            subject: "a".into(),
+            jetstream: true,
+        });
+        other_user.keep_credentials_of(&old);
+        assert!(
+            !serde_json::to_string(&other_user)
+                .expect("json")
+                .contains("hunter2")
+        );
+        let old_sqs = TransportSettings::Sqs(SqsTarget {
+            queue_url: "https://sqs.eu-west-1.amazonaws.com/1/q".into(),
+            region: "eu-west-1".into(),
+            access_key_id: "AK1".into(),
+            secret_access_key: Some("s1".into()),
+            endpoint_url: None,
+        });
+        let mut new_key = old_sqs.clone();
+        if let TransportSettings::Sqs(s) = &mut new_key {
+            s.access_key_id = "AK2".into();
+            s.secret_access_key = None;
+        }
+        new_key.keep_credentials_of(&old_sqs);
+        assert_eq!(
+            new_key
+                .validate()
+                .expect_err("a new key id needs its secret")
+                .field,
+            "sqs.secret_access_key"
+        );
     }
 
     #[test]

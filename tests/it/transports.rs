@@ -462,4 +462,86 @@ async fn broker_settings_are_validated_and_credentials_never_shown() {
         "{:?}",
         patch.body
     );
+    assert_eq!(patch.body["field"], "url");
+    // Its own display name sent back unchanged (a form, a Svix PUT) is no change.
+    let same = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/endpoints/{id}"),
+            Some(&key),
+            Some(json!({"url": stored.0, "description": "orders"})),
+        )
+        .await;
+    assert_eq!(same.status, StatusCode::OK, "{:?}", same.body);
+    assert_eq!(same.body["type"], "rabbitmq");
+    assert_eq!(same.body["description"], "orders");
+    // New settings of its own kind: a password left out is kept (the API never returns it).
+    let moved = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/endpoints/{id}"),
+            Some(&key),
+            Some(
+                json!({"rabbitmq": {"url": "amqp://app@mq2.example.com/prod",
+                                     "exchange": "events2", "routing_key": "orders"}}),
+            ),
+        )
+        .await;
+    assert_eq!(moved.status, StatusCode::OK, "{:?}", moved.body);
+    assert_eq!(moved.body["rabbitmq"]["exchange"], "events2");
+    assert!(
+        moved.body["url"]
+            .as_str()
+            .is_some_and(|u| u.contains("mq2.example.com"))
+    );
+    assert!(
+        !moved.body.to_string().contains("hunter2"),
+        "{}",
+        moved.body
+    );
+    let sealed: String = sqlx::query_scalar("SELECT transport_secret FROM endpoints WHERE id = $1")
+        .bind(&id)
+        .fetch_one(&app.pool)
+        .await
+        .expect("row");
+    let keyring = railhook_common::sealing::Keyring::parse(SEALING_KEY).expect("key");
+    let opened = keyring
+        .open(&railhook_common::transport::sealing_id(&id), &sealed)
+        .expect("opens");
+    assert!(opened.contains("app:hunter2@mq2.example.com"), "{opened}");
+    // Another kind's settings, or a bad setting of its own kind: refused, naming the field.
+    for (body, field) in [
+        (
+            json!({"nats": {"url": "nats://h:4222", "subject": "a"}}),
+            "nats",
+        ),
+        (
+            json!({"rabbitmq": {"url": "http://h", "routing_key": "q"}}),
+            "rabbitmq.url",
+        ),
+    ] {
+        let r = app
+            .call(
+                Method::PATCH,
+                &format!("/v1/endpoints/{id}"),
+                Some(&key),
+                Some(body),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+        assert_eq!(r.body["field"], field, "{:?}", r.body);
+    }
+    // An HTTP endpoint's type does not change.
+    let http = post(json!({"url": "https://example.com/hook"})).await;
+    let http_id = http.body["id"].as_str().expect("id");
+    let r = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/endpoints/{http_id}"),
+            Some(&key),
+            Some(json!({"kafka": {"brokers": ["h:1"], "topic": "t"}})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+    assert_eq!(r.body["field"], "kafka");
 }

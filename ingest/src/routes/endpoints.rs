@@ -524,7 +524,16 @@ pub async fn get(
 #[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateEndpoint {
+    /// An HTTP endpoint's new URL (a broker endpoint's own URL-shaped name may be sent back
+    /// unchanged).
     pub url: Option<String>,
+    /// A broker endpoint's new settings, whole, for its own kind (the type does not change).
+    /// A credential left out is kept: `sasl_password`, `secret_access_key`, or the password
+    /// of a URL whose user is unchanged.
+    pub kafka: Option<KafkaTarget>,
+    pub sqs: Option<SqsTarget>,
+    pub rabbitmq: Option<RabbitmqTarget>,
+    pub nats: Option<NatsTarget>,
     pub description: Option<String>,
     /// `true` re-enables an endpoint and clears its `disabled_reason`.
     pub enabled: Option<bool>,
@@ -608,12 +617,11 @@ pub async fn update(
     let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    let url = match body.url.as_deref() {
-        Some(raw) => changed_url(&mut tx, &project, &id, raw).await?,
-        None => None,
-    };
+    let target = changed_target(&state, &mut tx, &project, &id, &body).await?;
     let change = store::EndpointChange {
-        url: url.as_deref(),
+        url: target.url.as_deref(),
+        transport_settings: target.shown,
+        transport_secret: target.sealed,
         description: body.description.as_deref(),
         enabled: body.enabled,
         timeout_ms: body.timeout_ms,
@@ -642,32 +650,102 @@ pub async fn update(
     Ok(Json(row.view(&state.keyring)))
 }
 
-/// A PATCH's `url`, checked: an HTTP endpoint's new URL; for a broker endpoint, its own
-/// display name again (what a form or a Svix `PUT` sends back unchanged) is no change, and
-/// any other value is refused (its settings are changed by creating a new endpoint).
-async fn changed_url(
+/// What a PATCH changes of an endpoint's target: its URL, and a broker endpoint's settings.
+#[derive(Default)]
+struct TargetChange {
+    url: Option<String>,
+    shown: Option<serde_json::Value>,
+    sealed: Option<String>,
+}
+
+/// A PATCH's `url` and broker settings, checked against the endpoint's type: an HTTP
+/// endpoint takes a new URL and no broker settings; a broker endpoint takes new settings of
+/// its own kind (credentials left out are kept) and its own URL-shaped name back unchanged
+/// (what a form or a Svix `PUT` sends), nothing else as `url`. The type never changes.
+async fn changed_target(
+    state: &AppState,
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     project: &Project,
     id: &EndpointId,
-    raw: &str,
-) -> ApiResult<Option<String>> {
+    body: &UpdateEndpoint,
+) -> ApiResult<TargetChange> {
+    let given = patched_settings(body)?;
+    if given.is_none() && body.url.is_none() {
+        return Ok(TargetChange::default());
+    }
     let current = store::find(&mut **tx, project.id.as_str(), id.as_str(), Kind::Webhook)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    if current.transport == TransportKind::Http.as_str() {
-        return validate_url(raw).map(Some);
+    let kind = TransportKind::parse(&current.transport).unwrap_or(TransportKind::Http);
+    if kind == TransportKind::Http {
+        if let Some(new) = &given {
+            return Err(ApiError::validation(
+                new.kind().as_str(),
+                "an http endpoint's type does not change; create a new endpoint",
+            ));
+        }
+        let url = body.url.as_deref().map(validate_url).transpose()?;
+        return Ok(TargetChange {
+            url,
+            ..TargetChange::default()
+        });
     }
-    if raw == current.url {
-        return Ok(None);
+    if body.url.as_deref().is_some_and(|raw| raw != current.url) {
+        return Err(ApiError::validation(
+            "url",
+            format!(
+                "url applies to http endpoints; a {} endpoint's target is in its settings",
+                kind.as_str()
+            ),
+        ));
     }
-    Err(ApiError::validation(
-        "url",
-        format!(
-            "url applies to http endpoints; a {} endpoint's settings are changed by creating \
-             a new endpoint",
-            current.transport
-        ),
-    ))
+    let Some(mut new) = given else {
+        return Ok(TargetChange::default());
+    };
+    if new.kind() != kind {
+        return Err(ApiError::validation(
+            new.kind().as_str(),
+            format!(
+                "this endpoint's type is {}; it does not change",
+                kind.as_str()
+            ),
+        ));
+    }
+    let sealing = sealing_id(id.as_str());
+    if let Some(sealed) = &current.transport_secret {
+        let old: TransportSettings = serde_json::from_str(&state.keyring.open(&sealing, sealed)?)
+            .map_err(|_| {
+            ApiError::validation(kind.as_str(), "the stored settings do not parse")
+        })?;
+        new.keep_credentials_of(&old);
+    }
+    new.validate()
+        .map_err(|e| ApiError::validation(e.field, e.detail))?;
+    let whole = serde_json::to_string(&new).unwrap_or_default();
+    Ok(TargetChange {
+        url: Some(new.display_url()),
+        shown: Some(new.shown()),
+        sealed: Some(state.keyring.seal(&sealing, &whole)),
+    })
+}
+
+/// The broker settings a PATCH carries (at most one kind).
+fn patched_settings(body: &UpdateEndpoint) -> ApiResult<Option<TransportSettings>> {
+    let all = [
+        body.kafka.clone().map(TransportSettings::Kafka),
+        body.sqs.clone().map(TransportSettings::Sqs),
+        body.rabbitmq.clone().map(TransportSettings::Rabbitmq),
+        body.nats.clone().map(TransportSettings::Nats),
+    ];
+    let mut given = all.into_iter().flatten();
+    let first = given.next();
+    if let Some(second) = given.next() {
+        return Err(ApiError::validation(
+            second.kind().as_str(),
+            "settings of one kind only: the endpoint's own",
+        ));
+    }
+    Ok(first)
 }
 
 /// Deleting keeps the row (its Deliveries and Attempts stay readable) but removes it and its

@@ -252,6 +252,9 @@ pub struct EndpointChange<'a> {
     pub channels: Option<Option<Vec<String>>>,
     pub uid: Option<Option<String>>,
     pub metadata: Option<serde_json::Value>,
+    /// A broker endpoint's new settings: shown, and whole sealed (same kind).
+    pub transport_settings: Option<serde_json::Value>,
+    pub transport_secret: Option<String>,
 }
 
 /// Applies `c` to the project's live webhook endpoint `id` (enabling it clears its disabled
@@ -280,6 +283,8 @@ pub async fn update(
                channels = CASE WHEN $18 THEN $19 ELSE channels END,
                uid = CASE WHEN $20 THEN $21 ELSE uid END,
                metadata = coalesce($22, metadata),
+               transport_settings = coalesce($23, transport_settings),
+               transport_secret = coalesce($24, transport_secret),
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
            RETURNING *"#,
@@ -304,7 +309,9 @@ pub async fn update(
         channels.as_deref(),
         c.uid.is_some(),
         c.uid.flatten(),
-        c.metadata
+        c.metadata,
+        c.transport_settings,
+        c.transport_secret
     )
     .fetch_optional(db)
     .await
