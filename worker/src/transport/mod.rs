@@ -12,7 +12,8 @@
 //! - The SSRF guard sees every address a transport connects to before it connects
 //!   (`guard`; the Kafka cluster's own brokers as its metadata names them, kafka.rs).
 //! - Connections are pooled per target (one connection per endpoint's settings, so a
-//!   broker keeps one endpoint's publish order) and closed after [`IDLE`] unused.
+//!   broker keeps one endpoint's publish order) and closed once unused for [`IDLE`]
+//!   (checked when an Attempt of that kind is made, at most once a minute).
 
 pub mod amqp;
 pub mod http;
