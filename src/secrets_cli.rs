@@ -1,5 +1,6 @@
 //! `railhook secrets rotate-key`: seals every endpoint signing secret, endpoint custom header
-//! value, broker endpoint's transport settings (docs/DESTINATIONS.md) and Source secret with
+//! value, broker endpoint's transport settings (docs/DESTINATIONS.md), endpoint authentication
+//! (common/src/endpoint_auth.rs) and Source secret with
 //! the first key of `RAILHOOK_ENCRYPTION_KEYS` (common/src/sealing.rs), in batches.
 //!
 //! Run it after putting a new key first (`new,old`); when it reports nothing left, `old` can
@@ -47,13 +48,7 @@ pub async fn run(settings: &Settings, action: SecretsAction) -> anyhow::Result<(
             if raced > 0 {
                 println!("  run `railhook secrets rotate-key` again for those");
             }
-            let (resealed, raced) = reseal_transports(&pool, &keyring).await?;
-            println!(
-                "endpoint transport settings: {resealed} rows sealed again, {raced} changed meanwhile"
-            );
-            if raced > 0 {
-                println!("  run `railhook secrets rotate-key` again for those");
-            }
+            reseal_columns(&pool, &keyring).await?;
             Ok(())
         }
     }
@@ -172,42 +167,75 @@ async fn reseal_headers(pool: &PgPool, keyring: &Keyring) -> anyhow::Result<(u64
     }
 }
 
-/// Re-seals broker endpoints' transport settings that need it (each bound to the endpoint's
-/// transport sealing id, common/src/transport.rs), as [`reseal_table`] does the secrets:
-/// each row only if its settings are still what was read.
-async fn reseal_transports(pool: &PgPool, keyring: &Keyring) -> anyhow::Result<(u64, u64)> {
+/// The name a sealed value of an endpoint is bound to, from the endpoint's id.
+type SealingId = fn(&str) -> String;
+
+/// The endpoint columns that hold a whole sealed JSON value, each bound to its own sealing
+/// id: a broker endpoint's transport settings and an HTTP endpoint's authentication.
+const SEALED_COLUMNS: &[(&str, &str, SealingId)] = &[
+    (
+        "transport_secret",
+        "endpoint transport settings",
+        railhook_common::transport::sealing_id,
+    ),
+    (
+        "authentication_secret",
+        "endpoint authentication",
+        railhook_common::endpoint_auth::sealing_id,
+    ),
+];
+
+/// Re-seals each of [`SEALED_COLUMNS`] that needs it, as [`reseal_table`] does the secrets:
+/// each row only if its value is still what was read.
+async fn reseal_columns(pool: &PgPool, keyring: &Keyring) -> anyhow::Result<()> {
+    for (column, label, sealing) in SEALED_COLUMNS {
+        let (resealed, raced) = reseal_column(pool, keyring, column, *sealing).await?;
+        println!("{label}: {resealed} rows sealed again, {raced} changed meanwhile");
+        if raced > 0 {
+            println!("  run `railhook secrets rotate-key` again for those");
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::disallowed_methods)] // composed: the same re-seal runs over each sealed column
+async fn reseal_column(
+    pool: &PgPool,
+    keyring: &Keyring,
+    column: &str,
+    sealing: SealingId,
+) -> anyhow::Result<(u64, u64)> {
     let (mut cursor, mut resealed, mut raced) = (String::new(), 0, 0);
     loop {
-        let rows = sqlx::query!(
-            r#"SELECT id, transport_secret AS "sealed!" FROM endpoints
-               WHERE id > $1 AND transport_secret IS NOT NULL ORDER BY id LIMIT $2"#,
-            cursor,
-            BATCH
-        )
+        let rows: Vec<(String, String)> = sqlx::query_as(&format!(
+            "SELECT id, {column} FROM endpoints
+             WHERE id > $1 AND {column} IS NOT NULL ORDER BY id LIMIT $2"
+        ))
+        .bind(&cursor)
+        .bind(BATCH)
         .fetch_all(pool)
         .await
-        .context("reading endpoint transport settings")?;
+        .with_context(|| format!("reading endpoints.{column}"))?;
         let Some(last) = rows.last() else {
             return Ok((resealed, raced));
         };
-        cursor = last.id.clone();
-        for row in rows {
-            if !keyring.needs_reseal(&row.sealed) {
+        cursor = last.0.clone();
+        for (id, stored) in rows {
+            if !keyring.needs_reseal(&stored) {
                 continue;
             }
-            let aad = railhook_common::transport::sealing_id(&row.id);
             let sealed = keyring
-                .reseal(&aad, &row.sealed)
-                .with_context(|| format!("endpoint {} transport settings", row.id))?;
-            let wrote = sqlx::query!(
-                "UPDATE endpoints SET transport_secret = $2 WHERE id = $1 AND transport_secret = $3",
-                row.id,
-                sealed,
-                row.sealed
-            )
+                .reseal(&sealing(&id), &stored)
+                .with_context(|| format!("endpoint {id} {column}"))?;
+            let wrote = sqlx::query(&format!(
+                "UPDATE endpoints SET {column} = $2 WHERE id = $1 AND {column} = $3"
+            ))
+            .bind(&id)
+            .bind(&sealed)
+            .bind(&stored)
             .execute(pool)
             .await
-            .with_context(|| format!("writing endpoint {} transport settings", row.id))?
+            .with_context(|| format!("writing endpoint {id} {column}"))?
             .rows_affected();
             if wrote == 1 {
                 resealed += 1;

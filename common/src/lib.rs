@@ -8,6 +8,7 @@ pub mod announcement;
 pub mod config;
 pub mod db;
 pub mod doorbell;
+pub mod endpoint_auth;
 pub mod event_type;
 pub mod headers;
 pub mod health;

@@ -10,6 +10,7 @@ mod support;
 mod api;
 mod applications;
 mod auth_isolation;
+mod authentication;
 mod claim_fence;
 mod connectivity;
 mod dashboard;

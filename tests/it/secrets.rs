@@ -418,7 +418,9 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
     let (_, ed) = call(
         &key,
         "/v1/endpoints",
-        Some(json!({"url": receiver.url, "signing": "ed25519"})),
+        Some(json!({"url": receiver.url, "signing": "ed25519",
+                    "authentication": {"type": "basic", "username": "railhook",
+                                       "password": "basic-password-5e2a"}})),
     )
     .await;
     assert_eq!(
@@ -520,6 +522,7 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         source_secret.trim_start_matches("whsec_"),
         "receiver-credential-6f1d0a93c2",
         "broker-password-3c9e1b",
+        "basic-password-5e2a",
     ];
     let before = dump(&db);
     for b in bodies {
@@ -531,8 +534,9 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
     let sealed_b = format!("rhenc1:{}:", key_b.sealing_key_id().expect("id"));
     assert_eq!(
         before.matches(&sealed_a).count(),
-        6,
-        "three endpoints' secrets, a header value, a broker's settings and a Source, sealed"
+        7,
+        "three endpoints' secrets, a header value, a broker's settings, an endpoint's \
+         authentication and a Source, sealed"
     );
 
     // Rotation: B first, A still opens; every value moves to B.
@@ -545,6 +549,10 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
     );
     assert!(
         out.contains("endpoint transport settings: 1 rows sealed again"),
+        "{out}"
+    );
+    assert!(
+        out.contains("endpoint authentication: 1 rows sealed again"),
         "{out}"
     );
     // Run again with B alone: nothing is left to seal (nothing needs A any more).
@@ -560,7 +568,7 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         0,
         "nothing left under the old key"
     );
-    assert_eq!(after.matches(&sealed_b).count(), 6);
+    assert_eq!(after.matches(&sealed_b).count(), 7);
     for b in bodies {
         assert!(!after.contains(b), "a secret is in the dump");
     }

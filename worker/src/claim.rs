@@ -69,6 +69,9 @@ pub struct Target {
     /// The endpoint's transport settings, sealed (`None`: HTTP to `url`); opened by the turn
     /// right before the Attempt (common/src/transport.rs).
     pub transport_secret: Option<String>,
+    /// The endpoint's HTTP authentication, sealed (common/src/endpoint_auth.rs); opened by
+    /// the turn like the transport settings.
+    pub authentication_secret: Option<String>,
 }
 
 /// One row of [`claim_batch`] or [`swap_batch`]: the Claim and what its Attempt needs.
@@ -106,6 +109,7 @@ struct ClaimRow {
     tracestate: Option<String>,
     event_gone: bool,
     transport_secret: Option<String>,
+    authentication_secret: Option<String>,
     /// Goes without the ordering gate: the statement checked the order itself.
     gated: bool,
     /// Parked by the statement, not claimed (`claim_batch` only).
@@ -152,6 +156,7 @@ impl ClaimRow {
             tracestate: self.tracestate,
             event_gone: self.event_gone,
             transport_secret: self.transport_secret,
+            authentication_secret: self.authentication_secret,
         };
         (claimed, target)
     }
@@ -196,7 +201,7 @@ macro_rules! claim_rows {
                   v.raw_body, v.forward_headers,
                   v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
                   v.id IS NULL AS "event_gone!", e.transport_secret,
-                  c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
+                  e.authentication_secret, c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            LEFT JOIN LATERAL (

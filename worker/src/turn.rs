@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use railhook_common::Word;
+use railhook_common::endpoint_auth::{self, Authentication};
 use railhook_common::headers::Extra;
 use railhook_common::metrics_http::FinalOutcome;
 use railhook_common::retry::{Ladder, LadderOverride};
@@ -306,12 +307,21 @@ fn open_secrets(shared: &Shared, claimed: &Claimed, target: &mut claim::Target) 
                 ),
                 None => None,
             };
-            Ok((pair, headers, transport))
+            let authentication = match &target.authentication_secret {
+                Some(sealed) => Some(
+                    shared
+                        .keyring
+                        .open(&endpoint_auth::sealing_id(&claimed.endpoint_id), sealed)?,
+                ),
+                None => None,
+            };
+            Ok((pair, headers, transport, authentication))
         });
     match opened {
-        Ok(((secret, previous), headers, transport)) => {
+        Ok(((secret, previous), headers, transport, authentication)) => {
             (target.secret, target.previous_secret, target.headers) = (secret, previous, headers);
             target.transport_secret = transport;
+            target.authentication_secret = authentication;
             true
         }
         Err(e) => {
@@ -459,7 +469,18 @@ fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
     if let Some(prev) = &target.previous_secret {
         keys.push(SigningKey::parse(prev).ok()?);
     }
-    let extra = Extra::merge(target.forward_headers.as_ref(), Some(&target.headers));
+    let mut extra = Extra::merge(target.forward_headers.as_ref(), Some(&target.headers));
+    // The endpoint's authentication (opened by `open_secrets`): its Authorization header
+    // replaces any other (the API refuses a custom one beside it; a forwarded one yields).
+    if let Some(opened) = &target.authentication_secret {
+        let auth: Authentication = serde_json::from_str(opened).ok()?;
+        extra
+            .headers
+            .retain(|(name, _)| !name.eq_ignore_ascii_case("authorization"));
+        extra
+            .headers
+            .push(("authorization".to_owned(), auth.header_value()?));
+    }
     // Opened by `open_secrets`; settings that do not parse were written around the API.
     let via = match &target.transport_secret {
         Some(opened) => Some(Arc::new(

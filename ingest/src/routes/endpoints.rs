@@ -6,6 +6,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
+use railhook_common::endpoint_auth::{self, Authentication};
 use railhook_common::ids::EndpointId;
 use railhook_common::keygen::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::sealing::Keyring;
@@ -54,6 +55,9 @@ pub struct Endpoint {
     pub rabbitmq: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nats: Option<serde_json::Value>,
+    /// HTTP authentication beyond the signature (`{"type": "basic", "username"}`); its
+    /// secret is never returned.
+    pub authentication: Option<serde_json::Value>,
     pub description: String,
     pub enabled: bool,
     /// Why the endpoint was disabled, when it was disabled by Railhook (e.g. after a `410`).
@@ -111,6 +115,7 @@ impl EndpointRow {
                 .flatten()
         };
         Endpoint {
+            authentication: r.authentication.clone(),
             kafka: shown(TransportKind::Kafka),
             sqs: shown(TransportKind::Sqs),
             rabbitmq: shown(TransportKind::Rabbitmq),
@@ -213,6 +218,9 @@ pub struct CreateEndpoint {
     pub sqs: Option<SqsTarget>,
     pub rabbitmq: Option<RabbitmqTarget>,
     pub nats: Option<NatsTarget>,
+    /// HTTP authentication beyond the signature: `{"type": "basic", "username",
+    /// "password"}` (docs/RECEIVERS.md); the password is write-only.
+    pub authentication: Option<Authentication>,
     #[serde(default)]
     pub description: String,
     pub enabled: Option<bool>,
@@ -272,6 +280,9 @@ pub(crate) async fn insert(
     source_id: Option<&str>,
 ) -> ApiResult<CreatedEndpoint> {
     let transport = transport_of(&body)?;
+    if let Some(auth) = &body.authentication {
+        check_authentication(auth, transport.is_none(), &body.headers)?;
+    }
     let url = match &transport {
         None => validate_url(&body.url)?,
         Some(settings) => settings.display_url(),
@@ -349,6 +360,11 @@ pub(crate) async fn insert(
             let whole = serde_json::to_string(t).unwrap_or_default();
             state.keyring.seal(&sealing_id(id.as_str()), &whole)
         }),
+        authentication: body.authentication.as_ref().map(Authentication::shown),
+        authentication_secret: body
+            .authentication
+            .as_ref()
+            .map(|a| seal_authentication(state, id.as_str(), a)),
     };
     let row = store::insert(&mut *tx, new).await.map_err(uid_conflict)?;
     operational::emit(
@@ -384,6 +400,39 @@ fn signing_secret(body: &CreateEndpoint) -> ApiResult<String> {
             ));
         }
     })
+}
+
+/// Authentication applies to HTTP endpoints, and is refused beside a custom `Authorization`
+/// header (two sources for one header).
+fn check_authentication(
+    auth: &Authentication,
+    http: bool,
+    headers: &BTreeMap<String, String>,
+) -> ApiResult<()> {
+    if !http {
+        return Err(ApiError::validation(
+            "authentication",
+            "authentication applies to http endpoints (a broker's credentials are in its settings)",
+        ));
+    }
+    if headers
+        .keys()
+        .any(|h| h.eq_ignore_ascii_case("authorization"))
+    {
+        return Err(ApiError::validation(
+            "authentication",
+            "authentication and a custom Authorization header cannot both be set",
+        ));
+    }
+    auth.validate()
+        .map_err(|e| ApiError::validation(e.field, e.detail))
+}
+
+fn seal_authentication(state: &AppState, endpoint_id: &str, auth: &Authentication) -> String {
+    let whole = serde_json::to_string(auth).unwrap_or_default();
+    state
+        .keyring
+        .seal(&endpoint_auth::sealing_id(endpoint_id), &whole)
 }
 
 /// The endpoint's transport from `type` and its kind's object: `None` for HTTP. Each
@@ -534,6 +583,11 @@ pub struct UpdateEndpoint {
     pub sqs: Option<SqsTarget>,
     pub rabbitmq: Option<RabbitmqTarget>,
     pub nats: Option<NatsTarget>,
+    /// Replaces the endpoint's authentication (a password left out under the same username
+    /// is kept); `null` removes it.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<Authentication>)]
+    pub authentication: Option<Option<Authentication>>,
     pub description: Option<String>,
     /// `true` re-enables an endpoint and clears its `disabled_reason`.
     pub enabled: Option<bool>,
@@ -618,10 +672,35 @@ pub async fn update(
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
     let target = changed_target(&state, &mut tx, &project, &id, &body).await?;
+    let authentication = match &body.authentication {
+        None => None,
+        Some(None) => Some(None),
+        Some(Some(auth)) => Some(Some(
+            changed_authentication(&state, &mut tx, &project, &id, auth, body.headers.as_ref())
+                .await?,
+        )),
+    };
+    let adds_authorization = body
+        .headers
+        .as_ref()
+        .is_some_and(|h| h.keys().any(|k| k.eq_ignore_ascii_case("authorization")));
+    if adds_authorization && body.authentication.is_none() {
+        let current = store::find(&mut *tx, project.id.as_str(), id.as_str(), Kind::Webhook)
+            .await?
+            .ok_or(ApiError::NotFound("endpoint"))?;
+        if current.authentication.is_some() {
+            return Err(ApiError::validation(
+                "headers",
+                "the endpoint has authentication: remove it (\"authentication\": null) before \
+                 setting a custom Authorization header",
+            ));
+        }
+    }
     let change = store::EndpointChange {
         url: target.url.as_deref(),
         transport_settings: target.shown,
         transport_secret: target.sealed,
+        authentication,
         description: body.description.as_deref(),
         enabled: body.enabled,
         timeout_ms: body.timeout_ms,
@@ -727,6 +806,47 @@ async fn changed_target(
         shown: Some(new.shown()),
         sealed: Some(state.keyring.seal(&sealing, &whole)),
     })
+}
+
+/// A PATCH's new authentication, checked against the endpoint (HTTP only; no custom
+/// `Authorization` header, the PATCH's own if it sets headers) and completed with the
+/// stored password when left out under the same username. Returns (shown, sealed).
+async fn changed_authentication(
+    state: &AppState,
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    project: &Project,
+    id: &EndpointId,
+    auth: &Authentication,
+    new_headers: Option<&BTreeMap<String, String>>,
+) -> ApiResult<(serde_json::Value, String)> {
+    let current = store::find(&mut **tx, project.id.as_str(), id.as_str(), Kind::Webhook)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
+    let headers = match new_headers {
+        Some(h) => h.clone(),
+        None => state
+            .keyring
+            .open_headers(id.as_str(), &current.headers)
+            .ok()
+            .and_then(|h| serde_json::from_value(h).ok())
+            .unwrap_or_default(),
+    };
+    let mut auth = auth.clone();
+    if let Some(sealed) = &current.authentication_secret {
+        let old: Authentication = serde_json::from_str(
+            &state
+                .keyring
+                .open(&endpoint_auth::sealing_id(id.as_str()), sealed)?,
+        )
+        .map_err(|_| ApiError::validation("authentication", "the stored value does not parse"))?;
+        auth.keep_credentials_of(&old);
+    }
+    check_authentication(
+        &auth,
+        current.transport == TransportKind::Http.as_str(),
+        &headers,
+    )?;
+    Ok((auth.shown(), seal_authentication(state, id.as_str(), &auth)))
 }
 
 /// The broker settings a PATCH carries (at most one kind).

@@ -60,6 +60,10 @@ pub struct EndpointRow {
     pub transport_settings: Option<serde_json::Value>,
     /// The transport's whole settings, sealed; never shown.
     pub transport_secret: Option<String>,
+    /// HTTP authentication beyond the signature, without its secret (shown).
+    pub authentication: Option<serde_json::Value>,
+    /// The same, whole, sealed; never shown.
+    pub authentication_secret: Option<String>,
 }
 
 use railhook_common::Word;
@@ -193,6 +197,9 @@ pub struct NewEndpoint<'a> {
     pub transport: &'a str,
     pub transport_settings: Option<serde_json::Value>,
     pub transport_secret: Option<String>,
+    /// HTTP authentication: shown, and whole sealed.
+    pub authentication: Option<serde_json::Value>,
+    pub authentication_secret: Option<String>,
 }
 
 pub async fn insert(
@@ -205,9 +212,9 @@ pub async fn insert(
                                   rate_limit_per_second, max_concurrency, headers, retry_delays,
                                   max_attempts, rate_limit_burst, source_id, application_id,
                                   channels, uid, metadata, transport, transport_settings,
-                                  transport_secret)
+                                  transport_secret, authentication, authentication_secret)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                   $18, $19, $20, $21)
+                   $18, $19, $20, $21, $22, $23)
            RETURNING *"#,
         e.id,
         e.project_id,
@@ -229,7 +236,9 @@ pub async fn insert(
         e.metadata,
         e.transport,
         e.transport_settings,
-        e.transport_secret
+        e.transport_secret,
+        e.authentication,
+        e.authentication_secret
     )
     .fetch_one(db)
     .await
@@ -255,6 +264,9 @@ pub struct EndpointChange<'a> {
     /// A broker endpoint's new settings: shown, and whole sealed (same kind).
     pub transport_settings: Option<serde_json::Value>,
     pub transport_secret: Option<String>,
+    /// `Some(None)` removes the endpoint's authentication; `Some(Some((shown, sealed)))`
+    /// replaces it.
+    pub authentication: Option<Option<(serde_json::Value, String)>>,
 }
 
 /// Applies `c` to the project's live webhook endpoint `id` (enabling it clears its disabled
@@ -266,6 +278,7 @@ pub async fn update(
     c: EndpointChange<'_>,
 ) -> Result<Option<EndpointRow>, sqlx::Error> {
     let channels = c.channels.clone().flatten();
+    let (auth_shown, auth_sealed) = c.authentication.clone().flatten().unzip();
     sqlx::query_as!(
         EndpointRow,
         r#"UPDATE endpoints SET
@@ -285,6 +298,8 @@ pub async fn update(
                metadata = coalesce($22, metadata),
                transport_settings = coalesce($23, transport_settings),
                transport_secret = coalesce($24, transport_secret),
+               authentication = CASE WHEN $25 THEN $26 ELSE authentication END,
+               authentication_secret = CASE WHEN $25 THEN $27 ELSE authentication_secret END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
            RETURNING *"#,
@@ -311,7 +326,10 @@ pub async fn update(
         c.uid.flatten(),
         c.metadata,
         c.transport_settings,
-        c.transport_secret
+        c.transport_secret,
+        c.authentication.is_some(),
+        auth_shown,
+        auth_sealed
     )
     .fetch_optional(db)
     .await
