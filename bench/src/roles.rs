@@ -123,6 +123,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     result
 }
 
+/// Waits up to 30 s for the API at `api` to answer `/readyz`.
+pub(crate) async fn wait_ready(http: &reqwest::Client, api: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http
+        .get(format!("{api}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        if Instant::now() > deadline {
+            bail!("ingest did not become ready");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
 /// The environment of the three roles on one bench database and Slot, the API on
 /// `http_addr`.
 pub(crate) fn role_env(
@@ -202,18 +219,7 @@ async fn measure(
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !http
-        .get(format!("{api}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        if Instant::now() > deadline {
-            bail!("ingest did not become ready");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_ready(&http, api).await?;
     let post = |path: &str, token: &str, body: Value| {
         http.post(format!("{api}{path}"))
             .bearer_auth(token)

@@ -274,18 +274,7 @@ async fn load(
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !http
-        .get(format!("{api}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        if Instant::now() > deadline {
-            bail!("ingest did not become ready");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::roles::wait_ready(&http, api).await?;
     let (_, key) = crate::setup::tenant(api, &[endpoint]).await?;
     let post = |seq: u64| {
         http.post(format!("{api}/v1/events"))

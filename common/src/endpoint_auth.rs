@@ -2,7 +2,7 @@
 //! endpoint's `authentication` object. This release has HTTP Basic; OAuth2 client
 //! credentials will be another variant of [`Authentication`].
 //!
-//! Stored like a broker endpoint's settings (common/src/transport.rs): whole, with its
+//! Stored like a broker endpoint's settings (common/src/transport/): whole, with its
 //! secret, sealed with the signing secrets' keyring (`endpoints.authentication_secret`,
 //! bound to [`sealing_id`]), and without its secret (`endpoints.authentication`) for the
 //! API, the dashboard and the portal. The password is write-only: never returned.

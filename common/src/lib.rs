@@ -18,6 +18,7 @@ pub mod kafka;
 pub mod kafka_producer;
 pub mod keygen;
 pub mod metrics_http;
+pub mod names;
 pub mod postgres_url;
 pub mod redis_client;
 pub mod retention;

@@ -67,7 +67,7 @@ pub struct Target {
     /// The Delivery's Event is not stored (its row is gone): nothing can be sent.
     pub event_gone: bool,
     /// The endpoint's transport settings, sealed (`None`: HTTP to `url`); opened by the turn
-    /// right before the Attempt (common/src/transport.rs).
+    /// right before the Attempt (common/src/transport/).
     pub transport_secret: Option<String>,
     /// The endpoint's HTTP authentication, sealed (common/src/endpoint_auth.rs); opened by
     /// the turn like the transport settings.

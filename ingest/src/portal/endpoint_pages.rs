@@ -25,7 +25,8 @@ use crate::store::deliveries::{self as delivery_store, DeliveryFilter};
 use crate::store::endpoints::{self as store, EndpointRow, Kind};
 use crate::store::event_types::{self as types_store, EventTypeRow};
 use crate::svix::SvixJson;
-use crate::svix::endpoints::{self as svix, EndpointHeaders, EndpointIn, EndpointPatch};
+use crate::svix::endpoint_headers::{EndpointHeaders, set_headers};
+use crate::svix::endpoints::{self as svix, EndpointIn, EndpointPatch};
 
 /// The most endpoints the list shows (an application has a handful).
 const MAX_LISTED: i64 = 100;
@@ -445,7 +446,7 @@ pub async fn update(
         SvixJson(patch),
     )
     .await?;
-    svix::set_headers(
+    set_headers(
         session.project.clone(),
         State(state.clone()),
         Path(path),

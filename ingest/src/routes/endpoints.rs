@@ -5,11 +5,9 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use chrono::{DateTime, Utc};
-use railhook_common::endpoint_auth::{self, Authentication};
+use railhook_common::endpoint_auth::Authentication;
 use railhook_common::ids::EndpointId;
 use railhook_common::keygen::{generate_ed25519_secret, generate_signing_secret};
-use railhook_common::sealing::Keyring;
 use railhook_common::signing::SigningKey;
 use railhook_common::transport::{
     KafkaTarget, NatsTarget, RabbitmqTarget, SqsTarget, TransportKind, TransportSettings,
@@ -28,6 +26,7 @@ use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::applications::{
     check_channels, check_metadata, check_uid, resolve as resolve_application,
 };
+use crate::routes::endpoint_target as target;
 use crate::routes::{double_option, validate_headers, validate_url};
 use crate::state::AppState;
 pub(crate) use crate::store::endpoints::EndpointRow;
@@ -36,118 +35,7 @@ use railhook_common::retry::RetryDelays;
 
 pub const DEFAULT_TIMEOUT_MS: i32 = 30_000;
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Endpoint {
-    pub id: String,
-    /// What carries its Attempts: `http` (to `url`), `kafka`, `sqs`, `rabbitmq` or `nats`
-    /// (docs/DESTINATIONS.md).
-    #[serde(rename = "type")]
-    pub transport: TransportKind,
-    /// For `http`, where Attempts are POSTed; for a broker, its target as a URL-shaped
-    /// name (`kafka://host:port/topic`), never with a credential.
-    pub url: String,
-    /// The broker's settings, credentials left out, under its kind's name.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kafka: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sqs: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rabbitmq: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nats: Option<serde_json::Value>,
-    /// HTTP authentication beyond the signature (`{"type": "basic", "username"}`); its
-    /// secret is never returned.
-    pub authentication: Option<serde_json::Value>,
-    pub description: String,
-    pub enabled: bool,
-    /// Why the endpoint was disabled, when it was disabled by Railhook (e.g. after a `410`).
-    pub disabled_reason: Option<String>,
-    pub timeout_ms: i32,
-    /// Requests per second across all workers (a token bucket); absent: unlimited.
-    pub rate_limit_per_second: Option<i32>,
-    /// Requests the bucket lets through at once; absent: one second's worth.
-    pub rate_limit_burst: Option<i32>,
-    /// Requests in flight at once across all workers; absent: unlimited.
-    pub max_concurrency: Option<i32>,
-    pub headers: BTreeMap<String, String>,
-    /// This endpoint's own retry waits in seconds; absent: the default ladder.
-    pub retry_delays_seconds: Option<Vec<f64>>,
-    /// This endpoint's own number of Attempts; absent: the default (7 outgoing).
-    pub max_attempts: Option<i32>,
-    /// Set when this endpoint is a Destination of an incoming-webhook Source.
-    pub source_id: Option<String>,
-    /// `hmac-sha256` (Standard Webhooks v1) or `ed25519` (v1a).
-    pub signing: &'static str,
-    /// For `ed25519`: `whpk_…`, the public key receivers verify v1a signatures with.
-    pub public_key: Option<String>,
-    /// The application it belongs to (for life); absent: a project endpoint, which receives
-    /// the Events sent without an application.
-    pub application_id: Option<String>,
-    /// It receives only Events sent on one of these channels; absent: every channel.
-    pub channels: Option<Vec<String>>,
-    pub uid: Option<String>,
-    pub metadata: BTreeMap<String, String>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
-
-impl EndpointRow {
-    /// The API's view. The scheme and the public key are read from the secret itself,
-    /// opened with `keyring` (a secret it cannot open shows as HMAC without a public key;
-    /// reading the secret itself fails loudly instead).
-    pub(crate) fn view(self, keyring: &Keyring) -> Endpoint {
-        let r = self;
-        let key = keyring
-            .open(&r.id, &r.secret)
-            .ok()
-            .and_then(|s| SigningKey::parse(&s).ok());
-        // A value this process cannot open shows as empty (the worker defers such a
-        // Delivery and says why, as for the signing secret).
-        let headers = keyring
-            .open_headers(&r.id, &r.headers)
-            .ok()
-            .and_then(|h| serde_json::from_value(h).ok())
-            .unwrap_or_default();
-        let transport = TransportKind::parse(&r.transport).unwrap_or(TransportKind::Http);
-        let shown = |kind: TransportKind| {
-            (transport == kind)
-                .then(|| r.transport_settings.clone())
-                .flatten()
-        };
-        Endpoint {
-            authentication: r.authentication.clone(),
-            kafka: shown(TransportKind::Kafka),
-            sqs: shown(TransportKind::Sqs),
-            rabbitmq: shown(TransportKind::Rabbitmq),
-            nats: shown(TransportKind::Nats),
-            transport,
-            signing: key.as_ref().map_or("hmac-sha256", SigningKey::scheme),
-            public_key: key.as_ref().and_then(SigningKey::public_key),
-            id: r.id,
-            url: r.url,
-            description: r.description,
-            enabled: r.enabled,
-            disabled_reason: r.disabled_reason,
-            timeout_ms: r.timeout_ms,
-            rate_limit_per_second: r.rate_limit_per_second,
-            rate_limit_burst: r.rate_limit_burst,
-            max_concurrency: r.max_concurrency,
-            headers,
-            retry_delays_seconds: r
-                .retry_delays
-                .and_then(|d| RetryDelays::parse(&d).ok())
-                .map(|d| d.seconds()),
-            max_attempts: r.max_attempts,
-            source_id: r.source_id,
-            application_id: r.application_id,
-            channels: r.channels.filter(|c| !c.is_empty()),
-            uid: r.uid,
-            metadata: serde_json::from_value(r.metadata).unwrap_or_default(),
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-        }
-    }
-}
+pub use super::endpoint_view::Endpoint;
 
 pub(crate) fn parse_id(raw: &str) -> ApiResult<EndpointId> {
     EndpointId::parse(raw).map_err(|_| ApiError::NotFound("endpoint"))
@@ -279,9 +167,9 @@ pub(crate) async fn insert(
     body: CreateEndpoint,
     source_id: Option<&str>,
 ) -> ApiResult<CreatedEndpoint> {
-    let transport = transport_of(&body)?;
+    let transport = target::transport_of(&body)?;
     if let Some(auth) = &body.authentication {
-        check_authentication(auth, transport.is_none(), &body.headers)?;
+        target::check_authentication(auth, transport.is_none(), &body.headers)?;
     }
     let url = match &transport {
         None => validate_url(&body.url)?,
@@ -364,7 +252,7 @@ pub(crate) async fn insert(
         authentication_secret: body
             .authentication
             .as_ref()
-            .map(|a| seal_authentication(state, id.as_str(), a)),
+            .map(|a| target::seal_authentication(state, id.as_str(), a)),
     };
     let row = store::insert(&mut *tx, new).await.map_err(uid_conflict)?;
     operational::emit(
@@ -400,90 +288,6 @@ fn signing_secret(body: &CreateEndpoint) -> ApiResult<String> {
             ));
         }
     })
-}
-
-/// Authentication applies to HTTP endpoints, and is refused beside a custom `Authorization`
-/// header (two sources for one header).
-fn check_authentication(
-    auth: &Authentication,
-    http: bool,
-    headers: &BTreeMap<String, String>,
-) -> ApiResult<()> {
-    if !http {
-        return Err(ApiError::validation(
-            "authentication",
-            "authentication applies to http endpoints (a broker's credentials are in its settings)",
-        ));
-    }
-    if headers
-        .keys()
-        .any(|h| h.eq_ignore_ascii_case("authorization"))
-    {
-        return Err(ApiError::validation(
-            "authentication",
-            "authentication and a custom Authorization header cannot both be set",
-        ));
-    }
-    auth.validate()
-        .map_err(|e| ApiError::validation(e.field, e.detail))
-}
-
-fn seal_authentication(state: &AppState, endpoint_id: &str, auth: &Authentication) -> String {
-    let whole = serde_json::to_string(auth).unwrap_or_default();
-    state
-        .keyring
-        .seal(&endpoint_auth::sealing_id(endpoint_id), &whole)
-}
-
-/// The endpoint's transport from `type` and its kind's object: `None` for HTTP. Each
-/// mismatch is a 422 naming the field; each setting is checked (common/src/transport.rs).
-fn transport_of(body: &CreateEndpoint) -> ApiResult<Option<TransportSettings>> {
-    let kind = body.transport.unwrap_or(TransportKind::Http);
-    let given: Vec<(TransportKind, bool)> = vec![
-        (TransportKind::Kafka, body.kafka.is_some()),
-        (TransportKind::Sqs, body.sqs.is_some()),
-        (TransportKind::Rabbitmq, body.rabbitmq.is_some()),
-        (TransportKind::Nats, body.nats.is_some()),
-    ];
-    if let Some((other, _)) = given.iter().find(|(k, set)| *set && *k != kind) {
-        return Err(ApiError::validation(
-            other.as_str(),
-            format!(
-                "{} settings were given for an endpoint of type {}",
-                other.as_str(),
-                kind.as_str()
-            ),
-        ));
-    }
-    let settings = match kind {
-        TransportKind::Http => return Ok(None),
-        TransportKind::Kafka => body.kafka.clone().map(TransportSettings::Kafka),
-        TransportKind::Sqs => body.sqs.clone().map(TransportSettings::Sqs),
-        TransportKind::Rabbitmq => body.rabbitmq.clone().map(TransportSettings::Rabbitmq),
-        TransportKind::Nats => body.nats.clone().map(TransportSettings::Nats),
-    };
-    let Some(settings) = settings else {
-        return Err(ApiError::validation(
-            kind.as_str(),
-            format!(
-                "an endpoint of type {0} needs its settings in \"{0}\"",
-                kind.as_str()
-            ),
-        ));
-    };
-    if !body.url.is_empty() {
-        return Err(ApiError::validation(
-            "url",
-            format!(
-                "url applies to http endpoints; a {} endpoint's target is in its settings",
-                kind.as_str()
-            ),
-        ));
-    }
-    settings
-        .validate()
-        .map_err(|e| ApiError::validation(e.field, e.detail))?;
-    Ok(Some(settings))
 }
 
 /// A secret the caller chose: `whsec_` (optional, as Standard Webhooks libraries accept)
@@ -671,31 +475,12 @@ pub async fn update(
     let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    let target = changed_target(&state, &mut tx, &project, &id, &body).await?;
-    let authentication = match &body.authentication {
-        None => None,
-        Some(None) => Some(None),
-        Some(Some(auth)) => Some(Some(
-            changed_authentication(&state, &mut tx, &project, &id, auth, body.headers.as_ref())
-                .await?,
-        )),
-    };
-    let adds_authorization = body
-        .headers
-        .as_ref()
-        .is_some_and(|h| h.keys().any(|k| k.eq_ignore_ascii_case("authorization")));
-    if adds_authorization && body.authentication.is_none() {
-        let current = store::find(&mut *tx, project.id.as_str(), id.as_str(), Kind::Webhook)
-            .await?
-            .ok_or(ApiError::NotFound("endpoint"))?;
-        if current.authentication.is_some() {
-            return Err(ApiError::validation(
-                "headers",
-                "the endpoint has authentication: remove it (\"authentication\": null) before \
-                 setting a custom Authorization header",
-            ));
-        }
-    }
+    // Read once: what the type, the URL and the authentication are checked against.
+    let current = store::find(&mut *tx, project.id.as_str(), id.as_str(), Kind::Webhook)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
+    let target = target::changed_target(&state, &current, &body)?;
+    let authentication = target::changed_authentication(&state, &current, &body)?;
     let change = store::EndpointChange {
         url: target.url.as_deref(),
         transport_settings: target.shown,
@@ -727,145 +512,6 @@ pub async fn update(
     operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row).await?;
     tx.commit().await?;
     Ok(Json(row.view(&state.keyring)))
-}
-
-/// What a PATCH changes of an endpoint's target: its URL, and a broker endpoint's settings.
-#[derive(Default)]
-struct TargetChange {
-    url: Option<String>,
-    shown: Option<serde_json::Value>,
-    sealed: Option<String>,
-}
-
-/// A PATCH's `url` and broker settings, checked against the endpoint's type: an HTTP
-/// endpoint takes a new URL and no broker settings; a broker endpoint takes new settings of
-/// its own kind (credentials left out are kept) and its own URL-shaped name back unchanged
-/// (what a form or a Svix `PUT` sends), nothing else as `url`. The type never changes.
-async fn changed_target(
-    state: &AppState,
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    project: &Project,
-    id: &EndpointId,
-    body: &UpdateEndpoint,
-) -> ApiResult<TargetChange> {
-    let given = patched_settings(body)?;
-    if given.is_none() && body.url.is_none() {
-        return Ok(TargetChange::default());
-    }
-    let current = store::find(&mut **tx, project.id.as_str(), id.as_str(), Kind::Webhook)
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
-    let kind = TransportKind::parse(&current.transport).unwrap_or(TransportKind::Http);
-    if kind == TransportKind::Http {
-        if let Some(new) = &given {
-            return Err(ApiError::validation(
-                new.kind().as_str(),
-                "an http endpoint's type does not change; create a new endpoint",
-            ));
-        }
-        let url = body.url.as_deref().map(validate_url).transpose()?;
-        return Ok(TargetChange {
-            url,
-            ..TargetChange::default()
-        });
-    }
-    if body.url.as_deref().is_some_and(|raw| raw != current.url) {
-        return Err(ApiError::validation(
-            "url",
-            format!(
-                "url applies to http endpoints; a {} endpoint's target is in its settings",
-                kind.as_str()
-            ),
-        ));
-    }
-    let Some(mut new) = given else {
-        return Ok(TargetChange::default());
-    };
-    if new.kind() != kind {
-        return Err(ApiError::validation(
-            new.kind().as_str(),
-            format!(
-                "this endpoint's type is {}; it does not change",
-                kind.as_str()
-            ),
-        ));
-    }
-    let sealing = sealing_id(id.as_str());
-    if let Some(sealed) = &current.transport_secret {
-        let old: TransportSettings = serde_json::from_str(&state.keyring.open(&sealing, sealed)?)
-            .map_err(|_| {
-            ApiError::validation(kind.as_str(), "the stored settings do not parse")
-        })?;
-        new.keep_credentials_of(&old);
-    }
-    new.validate()
-        .map_err(|e| ApiError::validation(e.field, e.detail))?;
-    let whole = serde_json::to_string(&new).unwrap_or_default();
-    Ok(TargetChange {
-        url: Some(new.display_url()),
-        shown: Some(new.shown()),
-        sealed: Some(state.keyring.seal(&sealing, &whole)),
-    })
-}
-
-/// A PATCH's new authentication, checked against the endpoint (HTTP only; no custom
-/// `Authorization` header, the PATCH's own if it sets headers) and completed with the
-/// stored password when left out under the same username. Returns (shown, sealed).
-async fn changed_authentication(
-    state: &AppState,
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    project: &Project,
-    id: &EndpointId,
-    auth: &Authentication,
-    new_headers: Option<&BTreeMap<String, String>>,
-) -> ApiResult<(serde_json::Value, String)> {
-    let current = store::find(&mut **tx, project.id.as_str(), id.as_str(), Kind::Webhook)
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
-    let headers = match new_headers {
-        Some(h) => h.clone(),
-        None => state
-            .keyring
-            .open_headers(id.as_str(), &current.headers)
-            .ok()
-            .and_then(|h| serde_json::from_value(h).ok())
-            .unwrap_or_default(),
-    };
-    let mut auth = auth.clone();
-    if let Some(sealed) = &current.authentication_secret {
-        let old: Authentication = serde_json::from_str(
-            &state
-                .keyring
-                .open(&endpoint_auth::sealing_id(id.as_str()), sealed)?,
-        )
-        .map_err(|_| ApiError::validation("authentication", "the stored value does not parse"))?;
-        auth.keep_credentials_of(&old);
-    }
-    check_authentication(
-        &auth,
-        current.transport == TransportKind::Http.as_str(),
-        &headers,
-    )?;
-    Ok((auth.shown(), seal_authentication(state, id.as_str(), &auth)))
-}
-
-/// The broker settings a PATCH carries (at most one kind).
-fn patched_settings(body: &UpdateEndpoint) -> ApiResult<Option<TransportSettings>> {
-    let all = [
-        body.kafka.clone().map(TransportSettings::Kafka),
-        body.sqs.clone().map(TransportSettings::Sqs),
-        body.rabbitmq.clone().map(TransportSettings::Rabbitmq),
-        body.nats.clone().map(TransportSettings::Nats),
-    ];
-    let mut given = all.into_iter().flatten();
-    let first = given.next();
-    if let Some(second) = given.next() {
-        return Err(ApiError::validation(
-            second.kind().as_str(),
-            "settings of one kind only: the endpoint's own",
-        ));
-    }
-    Ok(first)
 }
 
 /// Deleting keeps the row (its Deliveries and Attempts stay readable) but removes it and its

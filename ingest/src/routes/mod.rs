@@ -11,6 +11,8 @@ pub mod applications;
 pub mod deliveries;
 pub mod endpoint_secret;
 pub mod endpoint_state;
+pub mod endpoint_target;
+pub mod endpoint_view;
 pub mod endpoints;
 pub mod event_types;
 pub mod events;
@@ -78,10 +80,7 @@ pub fn validate_name<'a>(field: &'static str, raw: &'a str) -> Result<&'a str, A
 /// position (a cursor's id, a Svix `iterator`) may hold: bound as parameters, never spliced,
 /// but kept to what a real one can be.
 pub fn is_plain_name(raw: &str) -> bool {
-    (1..=256).contains(&raw.len())
-        && raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    railhook_common::names::is_plain_name(raw, 256)
 }
 
 /// An endpoint URL: absolute http(s), with a host, no credentials, at most 2048 bytes.

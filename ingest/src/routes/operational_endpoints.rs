@@ -27,6 +27,7 @@ use crate::routes::endpoints::parse_id;
 use crate::routes::validate_url;
 use crate::state::AppState;
 use crate::store::endpoints::{self as store, EndpointRow, Kind};
+use crate::store::operational_endpoints as operational_store;
 use railhook_common::Word;
 
 /// The operational ladder: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h (8 Attempts over ~17.5 h).
@@ -136,7 +137,7 @@ pub async fn create(
     let secret = generate_signing_secret();
     let id = EndpointId::generate();
     let sealed_secret = state.keyring.seal(id.as_str(), &secret);
-    let new = store::NewOperational {
+    let new = operational_store::NewOperational {
         id: id.as_str(),
         project_id: project.id.as_str(),
         url: &url,
@@ -147,7 +148,7 @@ pub async fn create(
         max_attempts: MAX_ATTEMPTS,
         types: &types,
     };
-    let row = store::insert_operational(&state.pool, new).await?;
+    let row = operational_store::insert_operational(&state.pool, new).await?;
     Ok((
         StatusCode::CREATED,
         Json(CreatedOperationalEndpoint {
@@ -231,15 +232,20 @@ pub async fn update(
     let url = body.url.as_deref().map(validate_url).transpose()?;
     let description = description(body.description)?;
     let types = body.event_types.map(|t| event_types(Some(t))).transpose()?;
-    let change = store::OperationalChange {
+    let change = operational_store::OperationalChange {
         url: url.as_deref(),
         description: description.as_deref(),
         types: types.as_deref(),
         enabled: body.enabled,
     };
-    let row = store::update_operational(&state.pool, id.as_str(), project.id.as_str(), change)
-        .await?
-        .ok_or(ApiError::NotFound("operational endpoint"))?;
+    let row = operational_store::update_operational(
+        &state.pool,
+        id.as_str(),
+        project.id.as_str(),
+        change,
+    )
+    .await?
+    .ok_or(ApiError::NotFound("operational endpoint"))?;
     Ok(Json(row.into()))
 }
 
@@ -252,7 +258,8 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
-    if !store::delete_operational(&state.pool, id.as_str(), project.id.as_str()).await? {
+    if !operational_store::delete_operational(&state.pool, id.as_str(), project.id.as_str()).await?
+    {
         return Err(ApiError::NotFound("operational endpoint"));
     }
     Ok(StatusCode::NO_CONTENT)

@@ -7,6 +7,7 @@ pub mod endpoints;
 pub mod event_types;
 pub mod events;
 pub mod failed;
+pub mod operational_endpoints;
 pub mod portal;
 pub mod replays;
 pub mod sessions;

@@ -259,7 +259,7 @@ pub struct Settings {
     /// `light`, `dark` or `auto`.
     pub color_scheme: String,
     pub updated_at: Option<DateTime<Utc>>,
-    /// The broker kinds (common/src/transport.rs) the portal offers beside HTTP.
+    /// The broker kinds (common/src/transport/) the portal offers beside HTTP.
     pub endpoint_types: Vec<String>,
 }
 

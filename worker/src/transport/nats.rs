@@ -1,7 +1,7 @@
 //! NATS JetStream as a transport: one client per endpoint's settings; an Attempt is
 //! delivered when JetStream acknowledges the publish (the stream and its sequence are the
 //! evidence). Core NATS has no acknowledgement, so an endpoint must say `jetstream: true`
-//! (common/src/transport.rs refuses the other).
+//! (common/src/transport/ refuses the other).
 //!
 //! `Nats-Msg-Id` is the Delivery id, so JetStream's own duplicate window drops an Attempt
 //! re-sent after a lost ack; the Standard Webhooks headers travel as NATS headers. One

@@ -1,0 +1,252 @@
+//! What an endpoint delivers to and how it proves itself, as the API checks them on create
+//! and on a PATCH: a broker endpoint's transport settings (common/src/transport/,
+//! docs/DESTINATIONS.md) and an HTTP endpoint's authentication
+//! (common/src/endpoint_auth.rs), each sealed whole and shown without its secret.
+
+use std::collections::BTreeMap;
+
+use railhook_common::endpoint_auth::{self, Authentication};
+use railhook_common::transport::{TransportKind, TransportSettings, sealing_id};
+
+use super::endpoints::{CreateEndpoint, EndpointRow, UpdateEndpoint};
+use super::validate_url;
+use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
+
+/// Authentication applies to HTTP endpoints, and is refused beside a custom `Authorization`
+/// header (two sources for one header).
+pub(crate) fn check_authentication(
+    auth: &Authentication,
+    http: bool,
+    headers: &BTreeMap<String, String>,
+) -> ApiResult<()> {
+    if !http {
+        return Err(ApiError::validation(
+            "authentication",
+            "authentication applies to http endpoints (a broker's credentials are in its settings)",
+        ));
+    }
+    if headers
+        .keys()
+        .any(|h| h.eq_ignore_ascii_case("authorization"))
+    {
+        return Err(ApiError::validation(
+            "authentication",
+            "authentication and a custom Authorization header cannot both be set",
+        ));
+    }
+    auth.validate()
+        .map_err(|e| ApiError::validation(e.field, e.detail))
+}
+
+pub(crate) fn seal_authentication(
+    state: &AppState,
+    endpoint_id: &str,
+    auth: &Authentication,
+) -> String {
+    let whole = serde_json::to_string(auth).unwrap_or_default();
+    state
+        .keyring
+        .seal(&endpoint_auth::sealing_id(endpoint_id), &whole)
+}
+
+/// The endpoint's transport from `type` and its kind's object: `None` for HTTP. Each
+/// mismatch is a 422 naming the field; each setting is checked (common/src/transport/).
+pub(crate) fn transport_of(body: &CreateEndpoint) -> ApiResult<Option<TransportSettings>> {
+    let kind = body.transport.unwrap_or(TransportKind::Http);
+    let given: Vec<(TransportKind, bool)> = vec![
+        (TransportKind::Kafka, body.kafka.is_some()),
+        (TransportKind::Sqs, body.sqs.is_some()),
+        (TransportKind::Rabbitmq, body.rabbitmq.is_some()),
+        (TransportKind::Nats, body.nats.is_some()),
+    ];
+    if let Some((other, _)) = given.iter().find(|(k, set)| *set && *k != kind) {
+        return Err(ApiError::validation(
+            other.as_str(),
+            format!(
+                "{} settings were given for an endpoint of type {}",
+                other.as_str(),
+                kind.as_str()
+            ),
+        ));
+    }
+    let settings = match kind {
+        TransportKind::Http => return Ok(None),
+        TransportKind::Kafka => body.kafka.clone().map(TransportSettings::Kafka),
+        TransportKind::Sqs => body.sqs.clone().map(TransportSettings::Sqs),
+        TransportKind::Rabbitmq => body.rabbitmq.clone().map(TransportSettings::Rabbitmq),
+        TransportKind::Nats => body.nats.clone().map(TransportSettings::Nats),
+    };
+    let Some(settings) = settings else {
+        return Err(ApiError::validation(
+            kind.as_str(),
+            format!(
+                "an endpoint of type {0} needs its settings in \"{0}\"",
+                kind.as_str()
+            ),
+        ));
+    };
+    if !body.url.is_empty() {
+        return Err(ApiError::validation(
+            "url",
+            format!(
+                "url applies to http endpoints; a {} endpoint's target is in its settings",
+                kind.as_str()
+            ),
+        ));
+    }
+    settings
+        .validate()
+        .map_err(|e| ApiError::validation(e.field, e.detail))?;
+    Ok(Some(settings))
+}
+
+/// What a PATCH changes of an endpoint's target: its URL, and a broker endpoint's settings.
+#[derive(Default)]
+pub(crate) struct TargetChange {
+    pub(crate) url: Option<String>,
+    pub(crate) shown: Option<serde_json::Value>,
+    pub(crate) sealed: Option<String>,
+}
+
+/// A PATCH's `url` and broker settings, checked against the endpoint's type: an HTTP
+/// endpoint takes a new URL and no broker settings; a broker endpoint takes new settings of
+/// its own kind (credentials left out are kept) and its own URL-shaped name back unchanged
+/// (what a form or a Svix `PUT` sends), nothing else as `url`. The type never changes.
+pub(crate) fn changed_target(
+    state: &AppState,
+    current: &EndpointRow,
+    body: &UpdateEndpoint,
+) -> ApiResult<TargetChange> {
+    let given = patched_settings(body)?;
+    if given.is_none() && body.url.is_none() {
+        return Ok(TargetChange::default());
+    }
+    let kind = TransportKind::parse(&current.transport).unwrap_or(TransportKind::Http);
+    if kind == TransportKind::Http {
+        if let Some(new) = &given {
+            return Err(ApiError::validation(
+                new.kind().as_str(),
+                "an http endpoint's type does not change; create a new endpoint",
+            ));
+        }
+        let url = body.url.as_deref().map(validate_url).transpose()?;
+        return Ok(TargetChange {
+            url,
+            ..TargetChange::default()
+        });
+    }
+    if body.url.as_deref().is_some_and(|raw| raw != current.url) {
+        return Err(ApiError::validation(
+            "url",
+            format!(
+                "url applies to http endpoints; a {} endpoint's target is in its settings",
+                kind.as_str()
+            ),
+        ));
+    }
+    let Some(mut new) = given else {
+        return Ok(TargetChange::default());
+    };
+    if new.kind() != kind {
+        return Err(ApiError::validation(
+            new.kind().as_str(),
+            format!(
+                "this endpoint's type is {}; it does not change",
+                kind.as_str()
+            ),
+        ));
+    }
+    let sealing = sealing_id(&current.id);
+    if let Some(sealed) = &current.transport_secret {
+        let old: TransportSettings = serde_json::from_str(&state.keyring.open(&sealing, sealed)?)
+            .map_err(|_| {
+            ApiError::validation(kind.as_str(), "the stored settings do not parse")
+        })?;
+        new.keep_credentials_of(&old);
+    }
+    new.validate()
+        .map_err(|e| ApiError::validation(e.field, e.detail))?;
+    let whole = serde_json::to_string(&new).unwrap_or_default();
+    Ok(TargetChange {
+        url: Some(new.display_url()),
+        shown: Some(new.shown()),
+        sealed: Some(state.keyring.seal(&sealing, &whole)),
+    })
+}
+
+/// What a PATCH does to the endpoint's authentication: `None` leaves it, `Some(None)`
+/// removes it, `Some(Some((shown, sealed)))` replaces it. A new one is checked against the
+/// endpoint (HTTP only; no custom `Authorization` header, the PATCH's own if it sets
+/// headers) and completed with the stored password when left out under the same username;
+/// a custom `Authorization` header is refused while the endpoint keeps one.
+pub(crate) fn changed_authentication(
+    state: &AppState,
+    current: &EndpointRow,
+    body: &UpdateEndpoint,
+) -> ApiResult<Option<Option<(serde_json::Value, String)>>> {
+    let Some(Some(given)) = &body.authentication else {
+        let adds_authorization = body.headers.as_ref().is_some_and(has_authorization);
+        if adds_authorization && body.authentication.is_none() && current.authentication.is_some() {
+            return Err(ApiError::validation(
+                "headers",
+                "the endpoint has authentication: remove it (\"authentication\": null) before \
+                 setting a custom Authorization header",
+            ));
+        }
+        return Ok(body.authentication.as_ref().map(|_| None));
+    };
+    let headers = match &body.headers {
+        Some(h) => h.clone(),
+        None => state
+            .keyring
+            .open_headers(&current.id, &current.headers)
+            .ok()
+            .and_then(|h| serde_json::from_value(h).ok())
+            .unwrap_or_default(),
+    };
+    let mut auth = given.clone();
+    if let Some(sealed) = &current.authentication_secret {
+        let opened = state
+            .keyring
+            .open(&endpoint_auth::sealing_id(&current.id), sealed)?;
+        let old: Authentication = serde_json::from_str(&opened).map_err(|_| {
+            ApiError::validation("authentication", "the stored value does not parse")
+        })?;
+        auth.keep_credentials_of(&old);
+    }
+    check_authentication(
+        &auth,
+        current.transport == TransportKind::Http.as_str(),
+        &headers,
+    )?;
+    Ok(Some(Some((
+        auth.shown(),
+        seal_authentication(state, &current.id, &auth),
+    ))))
+}
+
+fn has_authorization(headers: &BTreeMap<String, String>) -> bool {
+    headers
+        .keys()
+        .any(|h| h.eq_ignore_ascii_case("authorization"))
+}
+
+/// The broker settings a PATCH carries (at most one kind).
+fn patched_settings(body: &UpdateEndpoint) -> ApiResult<Option<TransportSettings>> {
+    let all = [
+        body.kafka.clone().map(TransportSettings::Kafka),
+        body.sqs.clone().map(TransportSettings::Sqs),
+        body.rabbitmq.clone().map(TransportSettings::Rabbitmq),
+        body.nats.clone().map(TransportSettings::Nats),
+    ];
+    let mut given = all.into_iter().flatten();
+    let first = given.next();
+    if let Some(second) = given.next() {
+        return Err(ApiError::validation(
+            second.kind().as_str(),
+            "settings of one kind only: the endpoint's own",
+        ));
+    }
+    Ok(first)
+}
