@@ -183,6 +183,11 @@ const SEALED_COLUMNS: &[(&str, &str, SealingId)] = &[
         "endpoint authentication",
         railhook_common::endpoint_auth::sealing_id,
     ),
+    (
+        "client_certificate_secret",
+        "endpoint client certificates",
+        railhook_common::endpoint_auth::certificate_sealing_id,
+    ),
 ];
 
 /// Re-seals each of [`SEALED_COLUMNS`] that needs it, as [`reseal_table`] does the secrets:

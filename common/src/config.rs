@@ -107,6 +107,16 @@ pub struct Settings {
     keyring: crate::sealing::Keyring,
     /// CIDRs that the SSRF guard lets through, comma-separated (e.g. `127.0.0.0/8` in tests).
     pub allow_private_targets: String,
+    /// Trust roots added to the system's for endpoints' TLS (`RAILHOOK_EGRESS_CA_FILE`): a
+    /// PEM bundle, e.g. the private CA a receiver's server certificate chains to.
+    #[serde(default)]
+    pub egress_ca_file: Option<PathBuf>,
+    /// The forward proxy every HTTP Attempt leaves through (`RAILHOOK_EGRESS_PROXY`):
+    /// `http://[user:password@]host:port`, or `https://…` for TLS to the proxy. The worker
+    /// checks the target's address first and asks the proxy to CONNECT to that address
+    /// (docs/EGRESS.md). Ambient `HTTP(S)_PROXY` is never used.
+    #[serde(default, deserialize_with = "connections::opt_secret")]
+    pub egress_proxy: Option<SecretString>,
     pub slot: String,
     pub publication: String,
     pub topic_prefix: String,

@@ -97,6 +97,10 @@ crate::words! {
         BrokerUnavailable,
         BrokerThrottled,
         BrokerRefused,
+        #[strum(serialize = "oauth_token_unavailable")]
+        OAuthTokenUnavailable,
+        #[strum(serialize = "oauth_token_refused")]
+        OAuthTokenRefused,
     }
 }
 

@@ -139,6 +139,25 @@ ensure_transport_brokers() {
   fi
 }
 
+# Egress tests (tests/it/egress.rs): Debian's tinyproxy as the egress proxy, stunnel (also
+# used by tls.sh) in front of a receiver requiring a client certificate, and
+# oauth2-mock-server pinned by tests/egress/package-lock.json.
+ensure_egress_servers() {
+  command -v tinyproxy >/dev/null || apt_install tinyproxy
+  command -v stunnel4 >/dev/null || apt_install stunnel4
+  command -v node >/dev/null || apt_install nodejs npm
+  local dir="$ROOT/tests/egress"
+  if [ ! -d "$dir/node_modules/oauth2-mock-server" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+    log "npm ci (tests/egress)"
+    (cd "$dir" && npm ci --no-audit --no-fund --silent) && touch "$dir/node_modules"
+  fi
+  # Debian starts a system-wide tinyproxy on 8888 at install; the tests run their own.
+  if command -v systemctl >/dev/null && systemctl is-active --quiet tinyproxy 2>/dev/null; then
+    systemctl stop tinyproxy || true
+  fi
+  return 0
+}
+
 ensure_standardwebhooks() {
   python3 -c 'import standardwebhooks' 2>/dev/null && return 0
   log "pip install standardwebhooks"

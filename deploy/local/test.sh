@@ -9,6 +9,7 @@ source "$(dirname "$0")/lib.sh"
 "$ROOT/deploy/local/redis.sh" cluster
 ensure_standardwebhooks
 ensure_transport_brokers
+ensure_egress_servers
 # RabbitMQ for the RabbitMQ transport's tests (NATS and moto are started by the tests).
 "$ROOT/deploy/local/rabbitmq.sh" up
 ensure_provider_signers

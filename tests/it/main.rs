@@ -16,6 +16,7 @@ mod connectivity;
 mod dashboard;
 mod deferrals;
 mod doze;
+mod egress;
 mod event_types;
 mod fuzz;
 mod group_commit;

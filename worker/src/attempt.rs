@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use railhook_common::endpoint_auth::{ClientCertificate, OAuth2Client};
 use railhook_common::headers::{self, Extra};
 use railhook_common::signing::{SigningKey, signature_header};
 use railhook_common::transport::TransportSettings;
@@ -66,6 +67,10 @@ pub struct Attempt {
     /// What carries it: `None` is HTTP to `url`; otherwise the endpoint's opened settings
     /// (`url` is then only the target's display name).
     pub via: Option<Arc<TransportSettings>>,
+    /// HTTP: the client certificate to present (mutual TLS), when the endpoint has one.
+    pub identity: Option<Arc<ClientCertificate>>,
+    /// HTTP: the OAuth2 client whose bearer token goes with the request.
+    pub oauth: Option<Arc<OAuth2Client>>,
 }
 
 impl Attempt {
@@ -129,6 +134,12 @@ pub enum ErrorClass {
     /// A broker refused the message in a way a retry will not change (no such topic,
     /// queue or exchange, access refused, too large).
     BrokerRefused,
+    /// The endpoint's OAuth2 token endpoint could not be reached, timed out or answered
+    /// 5xx/429: no token, so nothing went to the receiver; worth another Attempt.
+    OAuthTokenUnavailable,
+    /// The token endpoint refused the client (4xx: a wrong or revoked secret): retried on
+    /// the ladder, so a fixed client still gets every Delivery.
+    OAuthTokenRefused,
 }
 
 impl ErrorClass {
@@ -143,6 +154,8 @@ impl ErrorClass {
             ErrorClass::BrokerUnavailable => AttemptResult::BrokerUnavailable,
             ErrorClass::BrokerThrottled => AttemptResult::BrokerThrottled,
             ErrorClass::BrokerRefused => AttemptResult::BrokerRefused,
+            ErrorClass::OAuthTokenUnavailable => AttemptResult::OAuthTokenUnavailable,
+            ErrorClass::OAuthTokenRefused => AttemptResult::OAuthTokenRefused,
         }
     }
 

@@ -72,6 +72,8 @@ pub struct Target {
     /// The endpoint's HTTP authentication, sealed (common/src/endpoint_auth.rs); opened by
     /// the turn like the transport settings.
     pub authentication_secret: Option<String>,
+    /// The endpoint's client certificate and key for mutual TLS, sealed; opened likewise.
+    pub client_certificate_secret: Option<String>,
 }
 
 /// One row of [`claim_batch`] or [`swap_batch`]: the Claim and what its Attempt needs.
@@ -110,6 +112,7 @@ struct ClaimRow {
     event_gone: bool,
     transport_secret: Option<String>,
     authentication_secret: Option<String>,
+    client_certificate_secret: Option<String>,
     /// Goes without the ordering gate: the statement checked the order itself.
     gated: bool,
     /// Parked by the statement, not claimed (`claim_batch` only).
@@ -157,6 +160,7 @@ impl ClaimRow {
             event_gone: self.event_gone,
             transport_secret: self.transport_secret,
             authentication_secret: self.authentication_secret,
+            client_certificate_secret: self.client_certificate_secret,
         };
         (claimed, target)
     }
@@ -201,7 +205,8 @@ macro_rules! claim_rows {
                   v.raw_body, v.forward_headers,
                   v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
                   v.id IS NULL AS "event_gone!", e.transport_secret,
-                  e.authentication_secret, c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
+                  e.authentication_secret, e.client_certificate_secret,
+                  c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id
            LEFT JOIN LATERAL (

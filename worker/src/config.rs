@@ -45,6 +45,8 @@ pub struct WorkerConfig {
     /// Claim from the doorbell's express hints (`RAILHOOK_WORKER_EXPRESS_HINTS`).
     pub express_hints: bool,
     pub allow_private_targets: String,
+    /// Endpoint TLS and the egress proxy (transport/http.rs, transport/tunnel.rs).
+    pub egress: crate::transport::http::EgressConfig,
     pub message_timeout: Duration,
     pub redis: railhook_common::redis_client::RedisClient,
     pub breaker: BreakerPolicy,
@@ -92,6 +94,13 @@ impl WorkerConfig {
                 .then(|| Duration::from_millis(s.worker_doze_after_ms)),
             express_hints: s.worker_express_hints,
             allow_private_targets: s.allow_private_targets.clone(),
+            egress: crate::transport::http::EgressConfig {
+                ca_file: s.egress_ca_file.clone(),
+                proxy: s
+                    .egress_proxy
+                    .as_ref()
+                    .map(|p| secrecy::ExposeSecret::expose_secret(p).to_owned()),
+            },
             message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
             redis: s.redis_client()?,
             breaker: BreakerPolicy {

@@ -235,7 +235,10 @@ fn shared(
     Ok(Shared {
         successes,
         pool,
-        transports: Transports::new(Allowlist::parse(&config.allow_private_targets)?)?,
+        transports: Transports::new(
+            Allowlist::parse(&config.allow_private_targets)?,
+            &config.egress,
+        )?,
         metrics,
         policy: crate::retry_policy::RetryPolicy {
             outgoing: config.outgoing.clone(),

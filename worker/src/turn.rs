@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use railhook_common::Word;
-use railhook_common::endpoint_auth::{self, Authentication};
+use railhook_common::endpoint_auth::{self, Authentication, ClientCertificate};
 use railhook_common::headers::Extra;
 use railhook_common::metrics_http::FinalOutcome;
 use railhook_common::retry::{Ladder, LadderOverride};
@@ -315,13 +315,21 @@ fn open_secrets(shared: &Shared, claimed: &Claimed, target: &mut claim::Target) 
                 ),
                 None => None,
             };
-            Ok((pair, headers, transport, authentication))
+            let certificate = match &target.client_certificate_secret {
+                Some(sealed) => Some(shared.keyring.open(
+                    &endpoint_auth::certificate_sealing_id(&claimed.endpoint_id),
+                    sealed,
+                )?),
+                None => None,
+            };
+            Ok((pair, headers, transport, authentication, certificate))
         });
     match opened {
-        Ok(((secret, previous), headers, transport, authentication)) => {
+        Ok(((secret, previous), headers, transport, authentication, certificate)) => {
             (target.secret, target.previous_secret, target.headers) = (secret, previous, headers);
             target.transport_secret = transport;
             target.authentication_secret = authentication;
+            target.client_certificate_secret = certificate;
             true
         }
         Err(e) => {
@@ -472,15 +480,26 @@ fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
     let mut extra = Extra::merge(target.forward_headers.as_ref(), Some(&target.headers));
     // The endpoint's authentication (opened by `open_secrets`): its Authorization header
     // replaces any other (the API refuses a custom one beside it; a forwarded one yields).
+    // OAuth2's bearer token is fetched by the HTTP transport (transport/oauth.rs).
+    let mut oauth = None;
     if let Some(opened) = &target.authentication_secret {
         let auth: Authentication = serde_json::from_str(opened).ok()?;
         extra
             .headers
             .retain(|(name, _)| !name.eq_ignore_ascii_case("authorization"));
-        extra
-            .headers
-            .push(("authorization".to_owned(), auth.header_value()?));
+        match auth {
+            Authentication::OAuth2ClientCredentials(client) => oauth = Some(Arc::new(client)),
+            basic => extra
+                .headers
+                .push(("authorization".to_owned(), basic.basic_header()?)),
+        }
     }
+    let identity = match &target.client_certificate_secret {
+        Some(opened) => Some(Arc::new(
+            serde_json::from_str::<ClientCertificate>(opened).ok()?,
+        )),
+        None => None,
+    };
     // Opened by `open_secrets`; settings that do not parse were written around the API.
     let via = match &target.transport_secret {
         Some(opened) => Some(Arc::new(
@@ -507,5 +526,7 @@ fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
         endpoint_id: claimed.endpoint_id.clone(),
         application_id: target.application_id.clone(),
         via,
+        identity,
+        oauth,
     })
 }

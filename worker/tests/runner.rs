@@ -61,6 +61,8 @@ fn attempt(url: &str, keys: Vec<SigningKey>, timeout: Duration) -> Attempt {
         endpoint_id: "ep_test".into(),
         application_id: None,
         via: None,
+        identity: None,
+        oauth: None,
     }
 }
 

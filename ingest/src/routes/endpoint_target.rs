@@ -5,13 +5,14 @@
 
 use std::collections::BTreeMap;
 
-use railhook_common::endpoint_auth::{self, Authentication};
+use railhook_common::endpoint_auth::{self, Authentication, ClientCertificate};
 use railhook_common::transport::{TransportKind, TransportSettings, sealing_id};
 
 use super::endpoints::{CreateEndpoint, EndpointRow, UpdateEndpoint};
 use super::validate_url;
 use crate::problem::{ApiError, ApiResult};
 use crate::state::AppState;
+use crate::store::endpoints::Credentials;
 
 /// Authentication applies to HTTP endpoints, and is refused beside a custom `Authorization`
 /// header (two sources for one header).
@@ -48,6 +49,83 @@ pub(crate) fn seal_authentication(
     state
         .keyring
         .seal(&endpoint_auth::sealing_id(endpoint_id), &whole)
+}
+
+/// A new endpoint's authentication and client certificate, checked against its kind.
+pub(crate) fn check_credentials(body: &CreateEndpoint, http: bool) -> ApiResult<()> {
+    if let Some(auth) = &body.authentication {
+        check_authentication(auth, http, &body.headers)?;
+    }
+    if let Some(cert) = &body.client_certificate {
+        check_client_certificate(cert, http)?;
+    }
+    Ok(())
+}
+
+/// A new endpoint's authentication and client certificate, as the store keeps them.
+pub(crate) fn seal_credentials(
+    state: &AppState,
+    endpoint_id: &str,
+    body: &CreateEndpoint,
+) -> Credentials {
+    let auth = body.authentication.as_ref();
+    let cert = body.client_certificate.as_ref();
+    Credentials {
+        authentication: auth.map(Authentication::shown),
+        authentication_secret: auth.map(|a| seal_authentication(state, endpoint_id, a)),
+        client_certificate: cert.map(ClientCertificate::shown),
+        client_certificate_secret: cert.map(|c| seal_client_certificate(state, endpoint_id, c)),
+    }
+}
+
+/// A client certificate applies to HTTP endpoints (mutual TLS); its key must be the leaf's.
+pub(crate) fn check_client_certificate(cert: &ClientCertificate, http: bool) -> ApiResult<()> {
+    if !http {
+        return Err(ApiError::validation(
+            "client_certificate",
+            "client_certificate applies to http endpoints (a broker's TLS settings are in its settings)",
+        ));
+    }
+    cert.validate()
+        .map_err(|e| ApiError::validation(e.field, e.detail))
+}
+
+pub(crate) fn seal_client_certificate(
+    state: &AppState,
+    endpoint_id: &str,
+    cert: &ClientCertificate,
+) -> String {
+    let whole = serde_json::to_string(cert).unwrap_or_default();
+    state
+        .keyring
+        .seal(&endpoint_auth::certificate_sealing_id(endpoint_id), &whole)
+}
+
+/// What a PATCH does to the client certificate, as [`changed_authentication`] does to the
+/// authentication: a key left out with the same certificate is the stored one.
+pub(crate) fn changed_client_certificate(
+    state: &AppState,
+    current: &EndpointRow,
+    body: &UpdateEndpoint,
+) -> ApiResult<Option<Option<(serde_json::Value, String)>>> {
+    let Some(Some(given)) = &body.client_certificate else {
+        return Ok(body.client_certificate.as_ref().map(|_| None));
+    };
+    let mut cert = given.clone();
+    if let Some(sealed) = &current.client_certificate_secret {
+        let opened = state
+            .keyring
+            .open(&endpoint_auth::certificate_sealing_id(&current.id), sealed)?;
+        let old: ClientCertificate = serde_json::from_str(&opened).map_err(|_| {
+            ApiError::validation("client_certificate", "the stored value does not parse")
+        })?;
+        cert.keep_key_of(&old);
+    }
+    check_client_certificate(&cert, current.transport == TransportKind::Http.as_str())?;
+    Ok(Some(Some((
+        cert.shown(),
+        seal_client_certificate(state, &current.id, &cert),
+    ))))
 }
 
 /// The endpoint's transport from `type` and its kind's object: `None` for HTTP. Each

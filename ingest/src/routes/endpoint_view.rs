@@ -36,6 +36,9 @@ pub struct Endpoint {
     /// HTTP authentication beyond the signature (`{"type": "basic", "username"}`); its
     /// secret is never returned.
     pub authentication: Option<serde_json::Value>,
+    /// The client certificate presented for mutual TLS (`{"certificate_pem"}`); its key is
+    /// never returned.
+    pub client_certificate: Option<serde_json::Value>,
     pub description: String,
     pub enabled: bool,
     /// Why the endpoint was disabled, when it was disabled by Railhook (e.g. after a `410`).
@@ -94,6 +97,7 @@ impl EndpointRow {
         };
         Endpoint {
             authentication: r.authentication.clone(),
+            client_certificate: r.client_certificate.clone(),
             kafka: shown(TransportKind::Kafka),
             sqs: shown(TransportKind::Sqs),
             rabbitmq: shown(TransportKind::Rabbitmq),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use railhook_common::endpoint_auth::Authentication;
+use railhook_common::endpoint_auth::{Authentication, ClientCertificate};
 use railhook_common::ids::EndpointId;
 use railhook_common::keygen::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::signing::SigningKey;
@@ -107,8 +107,12 @@ pub struct CreateEndpoint {
     pub rabbitmq: Option<RabbitmqTarget>,
     pub nats: Option<NatsTarget>,
     /// HTTP authentication beyond the signature: `{"type": "basic", "username",
-    /// "password"}` (docs/RECEIVERS.md); the password is write-only.
+    /// "password"}` or `{"type": "oauth2_client_credentials", "token_url", "client_id",
+    /// "client_secret", "scope", "audience"}` (docs/RECEIVERS.md); secrets are write-only.
     pub authentication: Option<Authentication>,
+    /// A client certificate for receivers that require mutual TLS: `{"certificate_pem",
+    /// "private_key_pem"}`; the key is write-only.
+    pub client_certificate: Option<ClientCertificate>,
     #[serde(default)]
     pub description: String,
     pub enabled: Option<bool>,
@@ -168,9 +172,7 @@ pub(crate) async fn insert(
     source_id: Option<&str>,
 ) -> ApiResult<CreatedEndpoint> {
     let transport = target::transport_of(&body)?;
-    if let Some(auth) = &body.authentication {
-        target::check_authentication(auth, transport.is_none(), &body.headers)?;
-    }
+    target::check_credentials(&body, transport.is_none())?;
     let url = match &transport {
         None => validate_url(&body.url)?,
         Some(settings) => settings.display_url(),
@@ -248,11 +250,7 @@ pub(crate) async fn insert(
             let whole = serde_json::to_string(t).unwrap_or_default();
             state.keyring.seal(&sealing_id(id.as_str()), &whole)
         }),
-        authentication: body.authentication.as_ref().map(Authentication::shown),
-        authentication_secret: body
-            .authentication
-            .as_ref()
-            .map(|a| target::seal_authentication(state, id.as_str(), a)),
+        credentials: target::seal_credentials(state, id.as_str(), &body),
     };
     let row = store::insert(&mut *tx, new).await.map_err(uid_conflict)?;
     operational::emit(
@@ -392,6 +390,11 @@ pub struct UpdateEndpoint {
     #[serde(default, deserialize_with = "double_option")]
     #[schema(value_type = Option<Authentication>)]
     pub authentication: Option<Option<Authentication>>,
+    /// Replaces the client certificate (the key left out with the same certificate is
+    /// kept); `null` removes it.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<ClientCertificate>)]
+    pub client_certificate: Option<Option<ClientCertificate>>,
     pub description: Option<String>,
     /// `true` re-enables an endpoint and clears its `disabled_reason`.
     pub enabled: Option<bool>,
@@ -481,7 +484,9 @@ pub async fn update(
         .ok_or(ApiError::NotFound("endpoint"))?;
     let target = target::changed_target(&state, &current, &body)?;
     let authentication = target::changed_authentication(&state, &current, &body)?;
+    let client_certificate = target::changed_client_certificate(&state, &current, &body)?;
     let change = store::EndpointChange {
+        client_certificate,
         url: target.url.as_deref(),
         transport_settings: target.shown,
         transport_secret: target.sealed,

@@ -64,6 +64,10 @@ pub struct EndpointRow {
     pub authentication: Option<serde_json::Value>,
     /// The same, whole, sealed; never shown.
     pub authentication_secret: Option<String>,
+    /// The client certificate for mutual TLS, without its key (shown).
+    pub client_certificate: Option<serde_json::Value>,
+    /// Certificate and key, sealed; never shown.
+    pub client_certificate_secret: Option<String>,
 }
 
 use railhook_common::Word;
@@ -197,9 +201,17 @@ pub struct NewEndpoint<'a> {
     pub transport: &'a str,
     pub transport_settings: Option<serde_json::Value>,
     pub transport_secret: Option<String>,
-    /// HTTP authentication: shown, and whole sealed.
+    pub credentials: Credentials,
+}
+
+/// A new endpoint's HTTP authentication and client certificate (mutual TLS): each shown
+/// without its secret, and whole, sealed.
+#[derive(Default)]
+pub struct Credentials {
     pub authentication: Option<serde_json::Value>,
     pub authentication_secret: Option<String>,
+    pub client_certificate: Option<serde_json::Value>,
+    pub client_certificate_secret: Option<String>,
 }
 
 pub async fn insert(
@@ -212,9 +224,10 @@ pub async fn insert(
                                   rate_limit_per_second, max_concurrency, headers, retry_delays,
                                   max_attempts, rate_limit_burst, source_id, application_id,
                                   channels, uid, metadata, transport, transport_settings,
-                                  transport_secret, authentication, authentication_secret)
+                                  transport_secret, authentication, authentication_secret,
+                                  client_certificate, client_certificate_secret)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                   $18, $19, $20, $21, $22, $23)
+                   $18, $19, $20, $21, $22, $23, $24, $25)
            RETURNING *"#,
         e.id,
         e.project_id,
@@ -237,8 +250,10 @@ pub async fn insert(
         e.transport,
         e.transport_settings,
         e.transport_secret,
-        e.authentication,
-        e.authentication_secret
+        e.credentials.authentication,
+        e.credentials.authentication_secret,
+        e.credentials.client_certificate,
+        e.credentials.client_certificate_secret
     )
     .fetch_one(db)
     .await
@@ -267,6 +282,8 @@ pub struct EndpointChange<'a> {
     /// `Some(None)` removes the endpoint's authentication; `Some(Some((shown, sealed)))`
     /// replaces it.
     pub authentication: Option<Option<(serde_json::Value, String)>>,
+    /// The same for the client certificate.
+    pub client_certificate: Option<Option<(serde_json::Value, String)>>,
 }
 
 /// Applies `c` to the project's live webhook endpoint `id` (enabling it clears its disabled
@@ -279,6 +296,7 @@ pub async fn update(
 ) -> Result<Option<EndpointRow>, sqlx::Error> {
     let channels = c.channels.clone().flatten();
     let (auth_shown, auth_sealed) = c.authentication.clone().flatten().unzip();
+    let (cert_shown, cert_sealed) = c.client_certificate.clone().flatten().unzip();
     sqlx::query_as!(
         EndpointRow,
         r#"UPDATE endpoints SET
@@ -300,6 +318,9 @@ pub async fn update(
                transport_secret = coalesce($24, transport_secret),
                authentication = CASE WHEN $25 THEN $26 ELSE authentication END,
                authentication_secret = CASE WHEN $25 THEN $27 ELSE authentication_secret END,
+               client_certificate = CASE WHEN $28 THEN $29 ELSE client_certificate END,
+               client_certificate_secret =
+                   CASE WHEN $28 THEN $30 ELSE client_certificate_secret END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
            RETURNING *"#,
@@ -329,7 +350,10 @@ pub async fn update(
         c.transport_secret,
         c.authentication.is_some(),
         auth_shown,
-        auth_sealed
+        auth_sealed,
+        c.client_certificate.is_some(),
+        cert_shown,
+        cert_sealed
     )
     .fetch_optional(db)
     .await

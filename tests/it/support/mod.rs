@@ -442,6 +442,7 @@ where
     }
 }
 pub mod brokers;
+pub mod egress;
 pub mod netns;
 pub mod pipeline;
 pub mod process;

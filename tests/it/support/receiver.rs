@@ -51,6 +51,16 @@ pub struct Receiver {
 }
 
 impl Receiver {
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .expect("receiver port")
+    }
+
     /// Answers 500 to every request whose body contains `marker`, whatever the script says.
     pub fn set_poison(&self, marker: &str) {
         *self.poison.lock().expect("lock") = Some(marker.to_owned());

@@ -19,7 +19,9 @@ pub mod amqp;
 pub mod http;
 pub mod kafka;
 pub mod nats;
+pub mod oauth;
 pub mod sqs;
+pub mod tunnel;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -47,8 +49,8 @@ pub struct Transports {
 }
 
 impl Transports {
-    pub fn new(allow: Allowlist) -> Result<Self, http::ClientError> {
-        let http = http::Runner::new(allow.clone())?;
+    pub fn new(allow: Allowlist, egress: &http::EgressConfig) -> Result<Self, http::ClientError> {
+        let http = http::Runner::with_egress(allow.clone(), egress)?;
         Ok(Self {
             sqs: sqs::Queues::new(http.clone()),
             kafka: kafka::Producers::new(allow.clone()),

@@ -72,18 +72,18 @@ impl Queues {
         }
         let body = serde_json::to_vec(&message(a, s)).unwrap_or_default();
         let headers = signed(s, url.as_str(), &body)?;
-        let mut request = self.http.client().post(url).body(body);
-        for (name, value) in headers {
-            request = request.header(name, value);
-        }
-        let response = match tokio::time::timeout(a.timeout, request.send()).await {
+        let exchange = super::http::Exchange {
+            url,
+            headers,
+            body: bytes::Bytes::from(body),
+        };
+        let response = match tokio::time::timeout(a.timeout, self.http.way().send(exchange)).await {
             Err(_) => {
                 return Err(BrokerError::unavailable(
                     "sqs: no answer within the timeout",
                 ));
             }
-            Ok(Err(e)) => {
-                let class = super::http::error_class(&e);
+            Ok(Err(class)) => {
                 let mut error = BrokerError::unavailable(format!("sqs: {}", class.as_str()));
                 if class == ErrorClass::TargetRefused {
                     error.class = class;
@@ -92,12 +92,13 @@ impl Queues {
             }
             Ok(Ok(r)) => r,
         };
-        let status = response.status();
-        let text = tokio::time::timeout(Duration::from_secs(5), response.text())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
+        let status = response.status;
+        let text = String::from_utf8_lossy(
+            &response
+                .read_body(1024 * 1024, Duration::from_secs(5))
+                .await,
+        )
+        .into_owned();
         let answer: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if status.is_success() {
             return match answer.get("MessageId").and_then(Value::as_str) {
