@@ -428,11 +428,34 @@ async fn the_endpoints_page_names_each_endpoints_application_and_channels() {
         )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    // An endpoint with OAuth2 client credentials and a client certificate (issue #40).
+    let tls = std::path::PathBuf::from(crate::support::local_setting("RAILHOOK_TLS_DIR"));
+    let read = |name: &str| std::fs::read_to_string(tls.join(name)).expect("tls file");
+    let secured = app
+        .call(
+            Method::POST,
+            "/v1/endpoints",
+            Some(&key),
+            Some(json!({"url": "https://secured.example/hooks",
+                "authentication": {"type": "oauth2_client_credentials",
+                    "token_url": "https://idp.example/token", "client_id": "railhook-dash",
+                    "client_secret": "dash-s3cret"},
+                "client_certificate": {"certificate_pem": read("client.pem"),
+                    "private_key_pem": read("client.key")}})),
+        )
+        .await;
+    assert_eq!(secured.status, StatusCode::CREATED, "{:?}", secured.body);
     let (cookie, _) = sign_in(&app, &key).await;
     let (status, html, _) = page(&cookie, format!("{}/dashboard/endpoints", app.base)).await;
     assert_eq!(status, StatusCode::OK);
     assert!(html.contains("application: Globex (globex)"), "{html}");
     assert!(html.contains("channels: eu, billing"), "{html}");
+    assert!(
+        html.contains("OAuth2 client railhook-dash at https://idp.example/token"),
+        "{html}"
+    );
+    assert!(html.contains("mutual TLS: client certificate"), "{html}");
+    assert!(!html.contains("dash-s3cret") && !html.contains("PRIVATE KEY"));
 
     // Failed Messages filter by application: one failed message in each scope.
     let app_id =

@@ -396,3 +396,91 @@ async fn oauth2_tokens_are_fetched_cached_renewed_and_retried() {
     unique.dedup();
     assert_eq!((ok.len(), unique.len()), (7, 7), "{:?}", oauth.received());
 }
+
+/// The Svix surface's Railhook calls read, set and remove an endpoint's authentication and
+/// client certificate, never returning a secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_on_the_svix_surface_are_write_only() {
+    let p = Pipeline::start(|_| {}).await;
+    let app = call(
+        &p,
+        Method::POST,
+        "/api/v1/app",
+        json!({"name": "Acme", "uid": "acme"}),
+    )
+    .await;
+    assert_eq!(app.status, StatusCode::CREATED, "{:?}", app.body);
+    let ep = call(
+        &p,
+        Method::POST,
+        "/api/v1/app/acme/endpoint",
+        json!({"url": "https://hooks.example.com/acme"}),
+    )
+    .await;
+    assert_eq!(ep.status, StatusCode::CREATED, "{:?}", ep.body);
+    let base = format!(
+        "/api/v1/app/acme/endpoint/{}",
+        ep.body["id"].as_str().expect("id")
+    );
+    let auth = format!("{base}/authentication");
+    let r = call(&p, Method::GET, &auth, json!(null)).await;
+    assert_eq!(r.body, json!({"authentication": null}));
+    let r = call(
+        &p,
+        Method::PUT,
+        &auth,
+        json!({"type": "oauth2_client_credentials", "token_url": "https://idp.example.com/token",
+               "client_id": "acme", "client_secret": "s3cret-svix-91"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{:?}", r.body);
+    let r = call(&p, Method::GET, &auth, json!(null)).await;
+    assert_eq!(r.body["authentication"]["client_id"], "acme");
+    assert!(!r.body.to_string().contains("s3cret-svix"));
+    let r = call(
+        &p,
+        Method::PUT,
+        &auth,
+        json!({"type": "basic", "username": "a:b", "password": "p"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+
+    let (certificate, key) = client_certificate();
+    let cert = format!("{base}/client-certificate");
+    let r = call(
+        &p,
+        Method::PUT,
+        &cert,
+        json!({"certificate_pem": certificate, "private_key_pem": key}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{:?}", r.body);
+    let r = call(&p, Method::GET, &cert, json!(null)).await;
+    assert_eq!(
+        r.body["client_certificate"]["certificate_pem"],
+        json!(certificate)
+    );
+    assert!(!r.body.to_string().contains("PRIVATE KEY"));
+    let native = call(
+        &p,
+        Method::GET,
+        &format!("/v1/endpoints/{}", ep.body["id"].as_str().expect("id")),
+        json!(null),
+    )
+    .await;
+    assert_eq!(
+        native.body["authentication"]["type"],
+        "oauth2_client_credentials"
+    );
+    assert!(native.body["client_certificate"].is_object());
+
+    for path in [&auth, &cert] {
+        let r = call(&p, Method::DELETE, path, json!(null)).await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{:?}", r.body);
+    }
+    let r = call(&p, Method::GET, &cert, json!(null)).await;
+    assert_eq!(r.body, json!({"client_certificate": null}));
+    let r = call(&p, Method::GET, &auth, json!(null)).await;
+    assert_eq!(r.body, json!({"authentication": null}));
+}

@@ -407,6 +407,11 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
 
     let receiver = Receiver::start(Vec::new(), Behaviour::Status(204)).await;
     // A receiver's credential in a custom header (review #34 item 4): sealed at rest too.
+    // A client certificate's key (mutual TLS): one line of it must never be in the dump.
+    let tls = std::path::PathBuf::from(crate::support::local_setting("RAILHOOK_TLS_DIR"));
+    let client_pem = std::fs::read_to_string(tls.join("client.pem")).expect("client.pem");
+    let client_key = std::fs::read_to_string(tls.join("client.key")).expect("client.key");
+    let key_line = client_key.lines().nth(2).expect("a key line").to_owned();
     let credential = "Bearer receiver-credential-6f1d0a93c2";
     let (_, hmac) = call(
         &key,
@@ -420,9 +425,12 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         "/v1/endpoints",
         Some(json!({"url": receiver.url, "signing": "ed25519",
                     "authentication": {"type": "basic", "username": "railhook",
-                                       "password": "basic-password-5e2a"}})),
+                                       "password": "basic-password-5e2a"},
+                    "client_certificate": {"certificate_pem": client_pem,
+                                           "private_key_pem": client_key}})),
     )
     .await;
+    assert!(!ed.to_string().contains(key_line.as_str()), "{ed}");
     assert_eq!(
         ed["signing"], "ed25519",
         "the scheme is read from the sealed secret"
@@ -523,6 +531,7 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         "receiver-credential-6f1d0a93c2",
         "broker-password-3c9e1b",
         "basic-password-5e2a",
+        key_line.as_str(),
     ];
     let before = dump(&db);
     for b in bodies {
@@ -534,9 +543,9 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
     let sealed_b = format!("rhenc1:{}:", key_b.sealing_key_id().expect("id"));
     assert_eq!(
         before.matches(&sealed_a).count(),
-        7,
+        8,
         "three endpoints' secrets, a header value, a broker's settings, an endpoint's \
-         authentication and a Source, sealed"
+         authentication and client certificate, and a Source, sealed"
     );
 
     // Rotation: B first, A still opens; every value moves to B.
@@ -555,6 +564,10 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         out.contains("endpoint authentication: 1 rows sealed again"),
         "{out}"
     );
+    assert!(
+        out.contains("endpoint client certificates: 1 rows sealed again"),
+        "{out}"
+    );
     // Run again with B alone: nothing is left to seal (nothing needs A any more).
     let out = rotate_key(&env, KEY_B);
     assert!(out.contains("endpoints: 0 rows sealed again"), "{out}");
@@ -568,7 +581,7 @@ async fn secrets_are_sealed_at_rest_still_sign_and_the_key_rotates() {
         0,
         "nothing left under the old key"
     );
-    assert_eq!(after.matches(&sealed_b).count(), 7);
+    assert_eq!(after.matches(&sealed_b).count(), 8);
     for b in bodies {
         assert!(!after.contains(b), "a secret is in the dump");
     }

@@ -52,6 +52,8 @@ pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageR
                             @if e.source_id.is_some() { " " span.muted { "destination" } }
                             @if let Some(app) = &e.application_id { br; span.muted { "application: " (applications.get(app).map_or(app.as_str(), String::as_str)) } }
                             @if let Some(ch) = e.channels.as_ref().filter(|c| !c.is_empty()) { br; span.muted { "channels: " (ch.join(", ")) } }
+                            @if let Some(auth) = authentication_label(e.authentication.as_ref()) { br; span.muted.authentication { (auth) } }
+                            @if e.client_certificate.is_some() { br; span.muted.mtls { "mutual TLS: client certificate" } }
                         }
                         td {
                             span.status class=(health) { (health) }
@@ -81,6 +83,24 @@ pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageR
         }
     };
     Ok(layout(&session, "endpoints", "Endpoints", body))
+}
+
+/// How the endpoint authenticates beyond the signature, in a few words (never a secret:
+/// the shown form has none).
+fn authentication_label(shown: Option<&serde_json::Value>) -> Option<String> {
+    let shown = shown?;
+    match shown["type"].as_str()? {
+        "basic" => Some(format!(
+            "HTTP Basic as {}",
+            shown["username"].as_str().unwrap_or("?")
+        )),
+        "oauth2_client_credentials" => Some(format!(
+            "OAuth2 client {} at {}",
+            shown["client_id"].as_str().unwrap_or("?"),
+            shown["token_url"].as_str().unwrap_or("?")
+        )),
+        other => Some(other.to_owned()),
+    }
 }
 
 #[derive(Deserialize)]

@@ -498,5 +498,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(rotate_secret))
         .routes(routes!(stats))
         .merge(super::endpoint_headers::router())
+        .merge(super::endpoint_credentials::router())
         .merge(super::attempts::endpoint_router())
 }

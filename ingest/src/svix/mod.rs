@@ -21,6 +21,7 @@
 mod applications;
 pub(crate) mod attempts;
 mod auth;
+pub(crate) mod endpoint_credentials;
 pub(crate) mod endpoint_headers;
 pub(crate) mod endpoints;
 mod event_types;

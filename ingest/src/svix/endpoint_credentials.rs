@@ -1,0 +1,165 @@
+//! `/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication` and `…/client-certificate`:
+//! an endpoint's HTTP authentication (Basic, OAuth2 client credentials) and its client
+//! certificate for mutual TLS on the Svix surface. Svix's own SDKs have no such calls;
+//! these are Railhook's, in the native API's shapes (docs/SVIX_COMPATIBILITY.md), written
+//! through the native PATCH (routes/endpoints.rs), which checks and seals them. Secrets
+//! are write-only here as there.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use railhook_common::endpoint_auth::{Authentication, ClientCertificate};
+use serde::Serialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::endpoints::find;
+use super::{SvixJson, SvixResult};
+use crate::auth::Project;
+use crate::extract::ApiJson;
+use crate::routes::endpoints::{self as native, UpdateEndpoint};
+use crate::state::AppState;
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct AuthenticationOut {
+    /// Without its secret; `null` when the endpoint has none.
+    pub authentication: Option<serde_json::Value>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ClientCertificateOut {
+    /// The certificate chain without its key; `null` when the endpoint has none.
+    pub client_certificate: Option<serde_json::Value>,
+}
+
+async fn apply(
+    state: &AppState,
+    project: &Project,
+    endpoint_id: String,
+    change: UpdateEndpoint,
+) -> SvixResult<()> {
+    let _ = native::update(
+        project.clone(),
+        State(state.clone()),
+        Path(endpoint_id),
+        ApiJson(change),
+    )
+    .await?;
+    Ok(())
+}
+
+#[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication",
+    tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
+    responses((status = 200, body = AuthenticationOut), (status = 404)),
+    security(("api_key" = [])))]
+pub async fn get_authentication(
+    project: Project,
+    State(state): State<AppState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> SvixResult<Json<AuthenticationOut>> {
+    let row = find(&state, &project, &app_id, &endpoint_id).await?;
+    Ok(Json(AuthenticationOut {
+        authentication: row.authentication,
+    }))
+}
+
+#[utoipa::path(put, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication",
+    tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
+    request_body = Authentication,
+    responses((status = 204), (status = 404), (status = 422)), security(("api_key" = [])))]
+pub async fn set_authentication(
+    project: Project,
+    State(state): State<AppState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    SvixJson(body): SvixJson<Authentication>,
+) -> SvixResult<StatusCode> {
+    let row = find(&state, &project, &app_id, &endpoint_id).await?;
+    let change = UpdateEndpoint {
+        authentication: Some(Some(body)),
+        ..UpdateEndpoint::default()
+    };
+    apply(&state, &project, row.id, change).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(delete, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication",
+    tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
+    responses((status = 204), (status = 404)), security(("api_key" = [])))]
+pub async fn delete_authentication(
+    project: Project,
+    State(state): State<AppState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> SvixResult<StatusCode> {
+    let row = find(&state, &project, &app_id, &endpoint_id).await?;
+    let change = UpdateEndpoint {
+        authentication: Some(None),
+        ..UpdateEndpoint::default()
+    };
+    apply(&state, &project, row.id, change).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
+    tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
+    responses((status = 200, body = ClientCertificateOut), (status = 404)),
+    security(("api_key" = [])))]
+pub async fn get_client_certificate(
+    project: Project,
+    State(state): State<AppState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> SvixResult<Json<ClientCertificateOut>> {
+    let row = find(&state, &project, &app_id, &endpoint_id).await?;
+    Ok(Json(ClientCertificateOut {
+        client_certificate: row.client_certificate,
+    }))
+}
+
+#[utoipa::path(put, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
+    tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
+    request_body = ClientCertificate,
+    responses((status = 204), (status = 404), (status = 422)), security(("api_key" = [])))]
+pub async fn set_client_certificate(
+    project: Project,
+    State(state): State<AppState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    SvixJson(body): SvixJson<ClientCertificate>,
+) -> SvixResult<StatusCode> {
+    let row = find(&state, &project, &app_id, &endpoint_id).await?;
+    let change = UpdateEndpoint {
+        client_certificate: Some(Some(body)),
+        ..UpdateEndpoint::default()
+    };
+    apply(&state, &project, row.id, change).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(delete, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
+    tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
+    responses((status = 204), (status = 404)), security(("api_key" = [])))]
+pub async fn delete_client_certificate(
+    project: Project,
+    State(state): State<AppState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> SvixResult<StatusCode> {
+    let row = find(&state, &project, &app_id, &endpoint_id).await?;
+    let change = UpdateEndpoint {
+        client_certificate: Some(None),
+        ..UpdateEndpoint::default()
+    };
+    apply(&state, &project, row.id, change).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(
+            get_authentication,
+            set_authentication,
+            delete_authentication
+        ))
+        .routes(routes!(
+            get_client_certificate,
+            set_client_certificate,
+            delete_client_certificate
+        ))
+}
