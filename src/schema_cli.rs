@@ -31,12 +31,19 @@ pub enum SlotAction {
 }
 
 pub async fn slot(settings: &Settings, action: SlotAction) -> anyhow::Result<()> {
-    let mut client = slot::connect(&settings.replication_postgres()?)
+    // A multi-host URL names the primary among its servers (libpq's rule).
+    let primary = settings
+        .replication_postgres()?
+        .primary()
+        .await
+        .context("cannot connect to Postgres")?;
+    let mut client = slot::connect(&primary)
         .await
         .context("cannot connect to Postgres")?;
     let name = &settings.slot;
     match action {
         SlotAction::Create { failover } => {
+            let failover = failover || settings.slot_failover;
             let created = slot::create_with(&mut client, name, failover).await?;
             println!(
                 "slot {name}: {}",
@@ -136,8 +143,9 @@ pub async fn migrate(settings: &Settings) -> anyhow::Result<()> {
     db::ensure_publication(&pool, &settings.publication)
         .await
         .context("creating the outbox publication")?;
-    let mut client = slot::connect(&settings.replication_postgres()?).await?;
-    let created = slot::create(&mut client, &settings.slot).await?;
+    let primary = settings.replication_postgres()?.primary().await?;
+    let mut client = slot::connect(&primary).await?;
+    let created = slot::create_with(&mut client, &settings.slot, settings.slot_failover).await?;
     tracing::info!(publication = %settings.publication, slot = %settings.slot, slot_created = created, "migrations applied");
     Ok(())
 }

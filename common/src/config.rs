@@ -118,6 +118,12 @@ pub struct Settings {
     #[serde(default, deserialize_with = "connections::opt_secret")]
     pub egress_proxy: Option<SecretString>,
     pub slot: String,
+    /// Create the Slot as a failover Slot (`RAILHOOK_SLOT_FAILOVER`, PostgreSQL 17+): a
+    /// standby running `sync_replication_slots` keeps a copy the relay resumes from after
+    /// a promotion (docs/OPERATIONS.md, "Failover"). Used by `railhook migrate` when it
+    /// creates the Slot; `railhook slot create --failover` does the same by hand.
+    #[serde(default)]
+    pub slot_failover: bool,
     pub publication: String,
     pub topic_prefix: String,
     /// Largest accepted request body; larger ones get `413`.

@@ -166,11 +166,11 @@ pub fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
 
 /// [`connect`], with the statements planned as `planning` says.
 pub fn connect_planned(settings: &Settings, planning: Planning) -> Result<PgPool, sqlx::Error> {
-    let options = settings
+    let target = settings
         .postgres()
-        .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?
-        .sqlx_options()?;
-    Ok(PgPoolOptions::new()
+        .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
+    let options = target.sqlx_options()?;
+    let pool = PgPoolOptions::new()
         .max_connections(settings.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .test_before_acquire(false)
@@ -183,7 +183,54 @@ pub fn connect_planned(settings: &Settings, planning: Planning) -> Result<PgPool
                 Ok(true)
             })
         })
-        .connect_lazy_with(options))
+        .connect_lazy_with(options);
+    if target.chooses_server() {
+        follow_primary(pool.clone(), target);
+    }
+    Ok(pool)
+}
+
+/// How often a pool on a multi-host URL checks that its server is still the primary.
+const PRIMARY_CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Keeps a pool on a multi-host `DATABASE_URL` (`postgres://u@h1,h2/db?
+/// target_session_attrs=read-write`, libpq's form) connecting to the primary: every
+/// [`PRIMARY_CHECK_EVERY`] its server is checked with a fresh connection, and when it is
+/// gone or in recovery (a failover: the old primary died, a standby was promoted) the first
+/// server that is a primary becomes the one new connections go to. Connections to the old
+/// server fail their next statement and are closed (see [`connect`]); a transaction in
+/// flight at the failover never committed, so its client retries as after any 5xx.
+fn follow_primary(pool: PgPool, target: crate::postgres_url::PostgresTarget) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut current = (target.host.clone(), target.port);
+        while !pool.is_closed() {
+            let on = target.at(&current.0, current.1);
+            if !matches!(on.check().await, Ok(true)) {
+                match target.primary().await {
+                    Ok(found) if (found.host.as_str(), found.port) != (&*current.0, current.1) => {
+                        match found.sqlx_options() {
+                            Ok(options) => {
+                                tracing::warn!(from = %format!("{}:{}", current.0, current.1),
+                                    to = %format!("{}:{}", found.host, found.port),
+                                    "the database's primary moved; new connections go to it");
+                                pool.set_connect_options(options);
+                                current = (found.host.clone(), found.port);
+                            }
+                            Err(e) => tracing::error!(error = %e, "cannot use the new primary"),
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no primary among the database's hosts yet")
+                    }
+                }
+            }
+            tokio::time::sleep(PRIMARY_CHECK_EVERY).await;
+        }
+    });
 }
 
 /// Creates the publication the relay reads, if missing. Inserts only: the prune job's

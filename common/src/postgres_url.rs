@@ -74,12 +74,28 @@ pub enum RootCerts {
     File(PathBuf),
 }
 
+/// Which server of a multi-host URL a connection may use (libpq's `target_session_attrs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionAttrs {
+    /// The first that accepts the connection (libpq's default).
+    Any,
+    /// The first that is not in recovery: the primary.
+    ReadWrite,
+}
+
 /// A parsed Postgres URL. The password is kept secret; `Debug` never prints it.
 #[derive(Debug, Clone)]
 pub struct PostgresTarget {
     url: SecretString,
+    /// The server this target connects to: the first of [`Self::hosts`] until
+    /// [`Self::primary`] picked another.
     pub host: String,
     pub port: u16,
+    /// Every `host:port` the URL names, in order (libpq's multi-host form,
+    /// `postgres://u@h1:5432,h2:5432/db`): after a failover, the promoted standby is found
+    /// among them ([`Self::primary`]).
+    pub hosts: Vec<(String, u16)>,
+    pub target_session_attrs: SessionAttrs,
     pub user: String,
     password: Option<SecretString>,
     pub dbname: String,
@@ -102,6 +118,8 @@ pub enum PostgresUrlError {
     SslMode(String),
     #[error("has {0} without {1}: a client certificate needs both")]
     HalfClientCert(&'static str, &'static str),
+    #[error("has target_session_attrs={0}; expected any or read-write")]
+    SessionAttrs(String),
     #[error("has {param}={path}, which cannot be read ({problem})")]
     Unreadable {
         param: &'static str,
@@ -130,7 +148,9 @@ impl PostgresTarget {
             return Err(PostgresUrlError::Scheme);
         }
         // The URL's own text never goes into an error: it may hold the password.
-        let parsed = url::Url::parse(raw).map_err(|e| PostgresUrlError::Syntax(e.to_string()))?;
+        let (single, listed) = split_hosts(raw)?;
+        let parsed =
+            url::Url::parse(&single).map_err(|e| PostgresUrlError::Syntax(e.to_string()))?;
         let mut host = parsed
             .host_str()
             .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
@@ -143,6 +163,7 @@ impl PostgresTarget {
         let mut password = parsed.password().map(decode).transpose()?;
         let mut dbname = decode(parsed.path().trim_start_matches('/'))?;
         let (mut mode, mut root, mut cert, mut key) = (None, None, None, None);
+        let mut attrs = SessionAttrs::Any;
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
                 "sslmode" => {
@@ -163,10 +184,24 @@ impl PostgresTarget {
                 "user" => user = v.to_string(),
                 "password" => password = Some(v.to_string()),
                 "dbname" => dbname = v.to_string(),
+                "target_session_attrs" => {
+                    attrs = match v.as_ref() {
+                        "any" => SessionAttrs::Any,
+                        "read-write" | "primary" => SessionAttrs::ReadWrite,
+                        other => return Err(PostgresUrlError::SessionAttrs(other.to_owned())),
+                    }
+                }
                 _ => {}
             }
         }
         let host = host.ok_or(PostgresUrlError::NoHost)?;
+        let hosts = match listed {
+            Some(listed) => listed
+                .into_iter()
+                .map(|(h, p)| (h, p.unwrap_or(port)))
+                .collect(),
+            None => vec![(host.clone(), port)],
+        };
         let root_certs = match root.as_deref() {
             None | Some("system") => RootCerts::System,
             Some(path) => RootCerts::File(readable("sslrootcert", path)?),
@@ -191,10 +226,23 @@ impl PostgresTarget {
         if dbname.is_empty() {
             dbname = user.clone();
         }
+        // What sqlx parses: the first host only, without the parameter it does not know.
+        let mut for_sqlx = parsed.clone();
+        let kept: Vec<(String, String)> = parsed
+            .query_pairs()
+            .filter(|(k, _)| k != "target_session_attrs")
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        for_sqlx.set_query(None);
+        if !kept.is_empty() {
+            for_sqlx.query_pairs_mut().extend_pairs(kept);
+        }
         Ok(Self {
-            url: url.clone(),
-            host,
-            port,
+            url: SecretString::from(for_sqlx.to_string()),
+            host: hosts[0].0.clone(),
+            port: hosts[0].1,
+            hosts,
+            target_session_attrs: attrs,
             user,
             password: password.map(SecretString::from),
             dbname,
@@ -202,6 +250,64 @@ impl PostgresTarget {
             root_certs,
             client_cert,
         })
+    }
+
+    /// True when the URL names more than one server or asks for the primary: connections
+    /// then pick their server with [`Self::primary`].
+    pub fn chooses_server(&self) -> bool {
+        self.hosts.len() > 1 || self.target_session_attrs == SessionAttrs::ReadWrite
+    }
+
+    /// This target, connecting to `host:port`.
+    pub fn at(&self, host: &str, port: u16) -> Self {
+        let mut t = self.clone();
+        t.host = host.to_owned();
+        t.port = port;
+        t
+    }
+
+    /// The first of [`Self::hosts`] that accepts a connection and, with
+    /// `target_session_attrs=read-write`, is not in recovery: libpq's rule, so a
+    /// multi-host URL finds the promoted standby after a failover.
+    pub async fn primary(&self) -> Result<Self, sqlx::Error> {
+        if !self.chooses_server() {
+            return Ok(self.clone());
+        }
+        let mut last = None;
+        for (host, port) in &self.hosts {
+            let candidate = self.at(host, *port);
+            match candidate.check().await {
+                Ok(true) => return Ok(candidate),
+                Ok(false) => {
+                    // Transient, like a refused connection: a standby is promoted in seconds.
+                    last = Some(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionRefused,
+                        format!("{host}:{port} is in recovery (a standby), not the primary"),
+                    )));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(sqlx::Error::PoolTimedOut))
+    }
+
+    /// Whether this server may be used: it accepts a connection within a few seconds and,
+    /// when a primary is asked for, is not in recovery.
+    pub async fn check(&self) -> Result<bool, sqlx::Error> {
+        use sqlx::Connection;
+        let options = self.sqlx_options()?;
+        let probe = async {
+            let mut conn = sqlx::PgConnection::connect_with(&options).await?;
+            let recovering: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                .fetch_one(&mut conn)
+                .await?;
+            let _ = conn.close().await;
+            Ok::<_, sqlx::Error>(recovering)
+        };
+        let recovering = tokio::time::timeout(std::time::Duration::from_secs(5), probe)
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        Ok(self.target_session_attrs == SessionAttrs::Any || !recovering)
     }
 
     pub fn password(&self) -> Option<&str> {
@@ -238,6 +344,51 @@ impl PostgresTarget {
     }
 }
 
+/// A host list as parsed: each name with its own port, when it has one.
+type HostList = Vec<(String, Option<u16>)>;
+
+/// libpq's multi-host form (`postgres://u@h1:5432,h2/db`) is not a URL the `url` crate
+/// reads: returns the URL with only the first host, and every listed host when there are
+/// several.
+fn split_hosts(raw: &str) -> Result<(String, Option<HostList>), PostgresUrlError> {
+    let scheme_end = raw.find("://").map_or(0, |i| i + 3);
+    let rest = &raw[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let hosts_start = authority.rfind('@').map_or(0, |i| i + 1);
+    let hosts = &authority[hosts_start..];
+    if !hosts.contains(',') {
+        return Ok((raw.to_owned(), None));
+    }
+    let mut listed = Vec::new();
+    for entry in hosts.split(',') {
+        let (host, port) = match entry.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || entry.starts_with('[') => (
+                h,
+                Some(
+                    p.parse::<u16>()
+                        .map_err(|_| PostgresUrlError::Syntax("port is not a number".into()))?,
+                ),
+            ),
+            _ => (entry, None),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(PostgresUrlError::NoHost);
+        }
+        listed.push((host.to_owned(), port));
+    }
+    let first = hosts.split(',').next().unwrap_or_default();
+    let single = format!(
+        "{}{}{}{}",
+        &raw[..scheme_end],
+        &authority[..hosts_start],
+        first,
+        &rest[authority_end..]
+    );
+    Ok((single, Some(listed)))
+}
+
 fn percent_decode(s: &str) -> Result<String, std::str::Utf8Error> {
     percent_encoding::percent_decode_str(s)
         .decode_utf8()
@@ -250,6 +401,31 @@ mod tests {
 
     fn parse(url: &str) -> Result<PostgresTarget, PostgresUrlError> {
         PostgresTarget::parse(&SecretString::from(url.to_owned()))
+    }
+
+    #[test]
+    fn multi_host_urls_list_every_server_like_libpq() {
+        let t = parse(
+            "postgres://rh:pw@db1:5433,db2,[::1]:5434/app?target_session_attrs=read-write&port=6000",
+        )
+        .expect("valid");
+        assert_eq!(
+            t.hosts,
+            vec![
+                ("db1".to_owned(), 5433),
+                ("db2".to_owned(), 6000),
+                ("::1".to_owned(), 5434)
+            ]
+        );
+        assert_eq!((t.host.as_str(), t.port), ("db1", 5433));
+        assert_eq!(t.target_session_attrs, SessionAttrs::ReadWrite);
+        assert_eq!((t.user.as_str(), t.dbname.as_str()), ("rh", "app"));
+        assert!(t.chooses_server());
+        let one = parse("postgres://u@h/d").expect("valid");
+        assert_eq!(one.hosts, vec![("h".to_owned(), 5432)]);
+        assert!(!one.chooses_server());
+        assert!(parse("postgres://u@h1,h2/d?target_session_attrs=standby").is_err());
+        assert!(parse("postgres://u@h1,:x/d").is_err());
     }
 
     #[test]

@@ -13,3 +13,7 @@ if pid_alive "$STATE/receiver.pid"; then kill "$(cat "$STATE/receiver.pid")" || 
 "$ROOT/deploy/local/redis.sh" cluster-down
 "$ROOT/deploy/local/redis.sh" down
 "$ROOT/deploy/local/postgres.sh" down
+# The second cluster test.sh starts (PostgreSQL 18), when it ran.
+if [ -d "$STATE/pg18" ]; then
+  RAILHOOK_PG_VERSION=18 RAILHOOK_PG_ENV=RAILHOOK_PG18 "$ROOT/deploy/local/postgres.sh" down
+fi

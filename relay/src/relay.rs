@@ -49,6 +49,7 @@ use railhook_common::announcement::Announcement;
 use railhook_common::doorbell::{Express, Ringer};
 use railhook_common::health::{Backoff, Dependencies};
 use railhook_common::kafka_producer::Producer;
+use railhook_common::postgres_url::PostgresTarget;
 use railhook_common::trace_context::{self, TraceParent};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
@@ -208,8 +209,8 @@ impl Relay {
         }
     }
 
-    fn replication_config(&self) -> ReplicationConfig {
-        let pg = &self.config.postgres;
+    /// The replication stream's settings towards `pg` (the primary this session found).
+    fn replication_config(&self, pg: &PostgresTarget) -> ReplicationConfig {
         ReplicationConfig::new(
             pg.host.clone(),
             pg.user.clone(),
@@ -229,7 +230,20 @@ impl Relay {
     /// One replication session, from connect to whatever ends it (a stop ends it `Ok`).
     #[tracing::instrument(level = "info", name = "relay_session", skip_all)]
     async fn session(&self, stopping: watch::Receiver<bool>) -> Result<(), RelayError> {
-        let mut control = slot::connect(&self.config.postgres).await?;
+        // A multi-host URL (`…@h1,h2/db?target_session_attrs=read-write`): the first server
+        // that is a primary, found again by every session, so after a failover the relay
+        // follows the promoted standby and its synchronized Slot (docs/OPERATIONS.md,
+        // "Failover").
+        let primary = self
+            .config
+            .postgres
+            .primary()
+            .await
+            .map_err(|e| RelayError::Slot(SlotError::Postgres(e)))?;
+        if primary.chooses_server() {
+            tracing::info!(host = %primary.host, port = primary.port, "replicating from this primary");
+        }
+        let mut control = slot::connect(&primary).await?;
         self.deps.up(REPLICATION);
         slot::ensure_usable(&mut control, &self.config.slot, &self.config.publication).await?;
         if self.metrics.slot_unusable.get() == 1 {
@@ -252,7 +266,7 @@ impl Relay {
             self.topic_ready.store(true, Ordering::Relaxed);
         }
         self.deps.up("kafka");
-        let mut stream = ReplicationClient::connect(self.replication_config())
+        let mut stream = ReplicationClient::connect(self.replication_config(&primary))
             .await
             .map_err(stream_error)?;
         stream.wait_started().await.map_err(stream_error)?;
@@ -272,7 +286,7 @@ impl Relay {
         )?;
         let (prune_up_to, confirmed) = watch::channel(None);
         let pruner = Pruner {
-            postgres: self.config.postgres.clone(),
+            postgres: primary.clone(),
             retention: self.config.outbox_retention,
             every: self.config.status_interval,
             metrics: self.metrics.clone(),
@@ -280,8 +294,7 @@ impl Relay {
         let _prune = AbortOnDrop(tokio::spawn(pruner.run(confirmed)));
         // The doorbell (common/src/doorbell.rs), on a connection of its own.
         let ringer = Ringer::spawn(
-            self.config
-                .postgres
+            primary
                 .sqlx_options()
                 .map_err(SlotError::from)?
                 .application_name("railhook-relay-doorbell"),

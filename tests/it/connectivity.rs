@@ -17,10 +17,12 @@ use crate::support::receiver::{Behaviour, Receiver};
 use crate::support::relay::PrivateBroker;
 use crate::support::{eventually, free_port, fresh_database, local_setting};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::support::process::{ADMIN, Process, WAIT, base_env, run_once, unique};
+use crate::support::process::{
+    Process, WAIT, base_env, post_event, project_with_endpoint, run_once, unique,
+};
 
 /// The TLS-only servers that `deploy/local/tls.sh up` started.
 struct TlsStack {
@@ -116,63 +118,6 @@ impl TlsStack {
 }
 
 /// A project with an endpoint at `url` subscribed to everything; returns its API key.
-async fn project_with_endpoint(api: &str, url: &str) -> String {
-    let http = reqwest::Client::new();
-    let post = |path: &str, token: &str, body: Value| {
-        http.post(format!("{api}{path}"))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-    };
-    let org: Value = post(
-        "/v1/organizations",
-        ADMIN,
-        json!({"name": "c", "monthly_quota": 100_000}),
-    )
-    .await
-    .expect("org")
-    .json()
-    .await
-    .expect("org body");
-    let project: Value = post(
-        "/v1/projects",
-        ADMIN,
-        json!({"organization_id": org["id"], "name": "c"}),
-    )
-    .await
-    .expect("project")
-    .json()
-    .await
-    .expect("project body");
-    let key = project["api_key"].as_str().expect("key").to_owned();
-    let ep: Value = post("/v1/endpoints", &key, json!({"url": url}))
-        .await
-        .expect("endpoint")
-        .json()
-        .await
-        .expect("endpoint body");
-    let r = post(
-        "/v1/subscriptions",
-        &key,
-        json!({"endpoint_id": ep["id"], "event_types": ["*"]}),
-    )
-    .await
-    .expect("subscription");
-    assert!(r.status().is_success());
-    key
-}
-
-async fn post_event(api: &str, key: &str, n: usize) -> StatusCode {
-    reqwest::Client::new()
-        .post(format!("{api}/v1/events"))
-        .bearer_auth(key)
-        .json(&json!({"type": "order.paid", "payload": {"n": n}}))
-        .send()
-        .await
-        .expect("post event")
-        .status()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_only_stack_carries_events_end_to_end_on_encrypted_connections() {
     let tls = TlsStack::from_env();

@@ -18,6 +18,7 @@ mod deferrals;
 mod doze;
 mod egress;
 mod event_types;
+mod failover;
 mod fuzz;
 mod group_commit;
 mod hostile;

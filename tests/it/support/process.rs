@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{eventually, free_port};
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 pub const ADMIN: &str = "admin-token-connectivity-0123";
 pub const WAIT: Duration = Duration::from_secs(90);
@@ -163,4 +163,64 @@ impl Process {
         })
         .await
     }
+}
+
+/// An organisation, a project and an endpoint at `url` subscribed to everything, through
+/// the API of a `railhook` process; returns the project's key.
+pub async fn project_with_endpoint(api: &str, url: &str) -> String {
+    let http = reqwest::Client::new();
+    let post = |path: &str, token: &str, body: Value| {
+        http.post(format!("{api}{path}"))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    let org: Value = post(
+        "/v1/organizations",
+        ADMIN,
+        json!({"name": "c", "monthly_quota": 100_000}),
+    )
+    .await
+    .expect("org")
+    .json()
+    .await
+    .expect("org body");
+    let project: Value = post(
+        "/v1/projects",
+        ADMIN,
+        json!({"organization_id": org["id"], "name": "c"}),
+    )
+    .await
+    .expect("project")
+    .json()
+    .await
+    .expect("project body");
+    let key = project["api_key"].as_str().expect("key").to_owned();
+    let ep: Value = post("/v1/endpoints", &key, json!({"url": url}))
+        .await
+        .expect("endpoint")
+        .json()
+        .await
+        .expect("endpoint body");
+    let r = post(
+        "/v1/subscriptions",
+        &key,
+        json!({"endpoint_id": ep["id"], "event_types": ["*"]}),
+    )
+    .await
+    .expect("subscription");
+    assert!(r.status().is_success());
+    key
+}
+
+/// Posts Event `n` (`{"n": n}`); the status the API answered.
+pub async fn post_event(api: &str, key: &str, n: usize) -> StatusCode {
+    reqwest::Client::new()
+        .post(format!("{api}/v1/events"))
+        .bearer_auth(key)
+        .json(&json!({"type": "order.paid", "payload": {"n": n}}))
+        .send()
+        .await
+        .expect("post event")
+        .status()
 }
