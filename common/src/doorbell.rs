@@ -144,10 +144,9 @@ impl Ringer {
     /// waiting for its WAL flush (or for a synchronous standby) would add a disk write to
     /// every express hint for nothing — a NOTIFY lost in a crash is a hint lost, which
     /// Kafka makes good.
-    pub fn spawn(options: PgConnectOptions) -> Self {
+    pub fn spawn(dial: impl Into<Dial>) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let options = options.options([("synchronous_commit", "off")]);
-        tokio::spawn(ring_loop(rx, options));
+        tokio::spawn(ring_loop(rx, dial.into()));
         Self { tx }
     }
 
@@ -174,9 +173,34 @@ fn take_queued(rx: &mut mpsc::Receiver<Knock>, express: &mut Vec<Express>) {
     }
 }
 
-async fn ring_loop(mut rx: mpsc::Receiver<Knock>, options: PgConnectOptions) {
+/// Where a doorbell's connection goes: fixed options, or those of a pool as they are at
+/// each (re)connect. A pool on a multi-host URL follows the primary after a failover
+/// (db.rs), and so does a doorbell dialled through it.
+#[derive(Clone, Debug)]
+pub enum Dial {
+    Fixed(Box<PgConnectOptions>),
+    Pool(sqlx::PgPool, &'static str),
+}
+
+impl Dial {
+    fn options(&self) -> PgConnectOptions {
+        match self {
+            Dial::Fixed(o) => (**o).clone(),
+            Dial::Pool(pool, name) => (*pool.connect_options()).clone().application_name(name),
+        }
+    }
+}
+
+impl From<PgConnectOptions> for Dial {
+    fn from(options: PgConnectOptions) -> Self {
+        Dial::Fixed(Box::new(options))
+    }
+}
+
+async fn ring_loop(mut rx: mpsc::Receiver<Knock>, dial: Dial) {
+    let ringing = || dial.options().options([("synchronous_commit", "off")]);
     // Connected ahead; a failure here is retried at the first ring.
-    let mut conn: Option<PgConnection> = PgConnection::connect_with(&options).await.ok();
+    let mut conn: Option<PgConnection> = PgConnection::connect_with(&ringing()).await.ok();
     let mut last: Option<tokio::time::Instant> = None;
     while let Some(first) = rx.recv().await {
         let mut express = Vec::new();
@@ -196,7 +220,7 @@ async fn ring_loop(mut rx: mpsc::Receiver<Knock>, options: PgConnectOptions) {
         // A NOTIFY that failed is tried once more on a new connection: the old one may
         // have been closed by a Postgres restart since the last ring.
         for _ in 0..2 {
-            match notify(&mut conn, &options, &payloads).await {
+            match notify(&mut conn, &ringing(), &payloads).await {
                 Ok(()) => break,
                 Err(e) => {
                     conn = None;
@@ -240,15 +264,16 @@ pub struct Hearing {
 
 /// Starts listening on [`CHANNEL`] over a connection of its own; the task reconnects with
 /// a capped back-off and ends when the receiver is dropped. Must run inside a runtime.
-pub fn listen(options: PgConnectOptions) -> watch::Receiver<Hearing> {
-    listen_with_express(options).0
+pub fn listen(dial: impl Into<Dial>) -> watch::Receiver<Hearing> {
+    listen_with_express(dial).0
 }
 
 /// [`listen`], and the express hints heard, one batch per NOTIFY. When the batches are not
 /// taken fast enough, the newest are dropped: their Announcements come through Kafka.
 pub fn listen_with_express(
-    options: PgConnectOptions,
+    dial: impl Into<Dial>,
 ) -> (watch::Receiver<Hearing>, mpsc::Receiver<Vec<Express>>) {
+    let dial = dial.into();
     let (tx, rx) = watch::channel(Hearing::default());
     let (express_tx, express_rx) = mpsc::channel(EXPRESS_BATCHES);
     tokio::spawn(async move {
@@ -258,7 +283,7 @@ pub fn listen_with_express(
             express_tx.closed().await;
         };
         tokio::select! {
-            _ = listen_loop(&tx, &express_tx, options) => {}
+            _ = listen_loop(&tx, &express_tx, dial) => {}
             _ = unheard => {}
         }
     });
@@ -271,14 +296,14 @@ const EXPRESS_BATCHES: usize = 256;
 async fn listen_loop(
     tx: &watch::Sender<Hearing>,
     express: &mpsc::Sender<Vec<Express>>,
-    options: PgConnectOptions,
+    dial: Dial,
 ) {
     let mut backoff = Backoff::default();
     loop {
         // A pool of one, made for the listener alone: PgListener holds a pool connection.
         let pool = PgPoolOptions::new()
             .max_connections(1)
-            .connect_lazy_with(options.clone());
+            .connect_lazy_with(dial.options());
         match subscribe(&pool).await {
             Ok(mut listener) => {
                 backoff.reset();

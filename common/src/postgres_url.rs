@@ -226,19 +226,8 @@ impl PostgresTarget {
         if dbname.is_empty() {
             dbname = user.clone();
         }
-        // What sqlx parses: the first host only, without the parameter it does not know.
-        let mut for_sqlx = parsed.clone();
-        let kept: Vec<(String, String)> = parsed
-            .query_pairs()
-            .filter(|(k, _)| k != "target_session_attrs")
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
-        for_sqlx.set_query(None);
-        if !kept.is_empty() {
-            for_sqlx.query_pairs_mut().extend_pairs(kept);
-        }
         Ok(Self {
-            url: SecretString::from(for_sqlx.to_string()),
+            url: SecretString::from(for_sqlx(&parsed)),
             host: hosts[0].0.clone(),
             port: hosts[0].1,
             hosts,
@@ -298,7 +287,7 @@ impl PostgresTarget {
         let options = self.sqlx_options()?;
         let probe = async {
             let mut conn = sqlx::PgConnection::connect_with(&options).await?;
-            let recovering: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+            let recovering = sqlx::query_scalar!(r#"SELECT pg_is_in_recovery() AS "recovering!""#)
                 .fetch_one(&mut conn)
                 .await?;
             let _ = conn.close().await;
@@ -342,6 +331,22 @@ impl PostgresTarget {
         }
         Ok(options)
     }
+}
+
+/// What sqlx parses: the URL with its first host only (see [`split_hosts`]) and without
+/// `target_session_attrs`, which sqlx does not know.
+fn for_sqlx(parsed: &url::Url) -> String {
+    let mut url = parsed.clone();
+    let kept: Vec<(String, String)> = parsed
+        .query_pairs()
+        .filter(|(k, _)| k != "target_session_attrs")
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    url.set_query(None);
+    if !kept.is_empty() {
+        url.query_pairs_mut().extend_pairs(kept);
+    }
+    url.to_string()
 }
 
 /// A host list as parsed: each name with its own port, when it has one.

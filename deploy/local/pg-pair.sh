@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pg-pair.sh up|kill-primary|promote|down DIR [failover]: a PostgreSQL primary and a
+# pg-pair.sh up|kill-primary|promote|stop-standby|start-standby|down DIR [failover]: a PostgreSQL primary and a
 # physical standby in DIR, for the failover tests (tests/it/failover.rs; docs/OPERATIONS.md,
 # "Failover"). PostgreSQL 18 unless RAILHOOK_PG_VERSION says 15.
 #
@@ -90,6 +90,14 @@ promote() {
   as_pg "$PG_BIN/pg_ctl" -D "$DIR/standby" -w -t 60 promote >/dev/null
 }
 
+stop_standby() {
+  as_pg "$PG_BIN/pg_ctl" -D "$DIR/standby" -m fast -w stop >/dev/null
+}
+
+start_standby() {
+  as_pg "$PG_BIN/pg_ctl" -D "$DIR/standby" -l "$DIR/standby.log" -w -t 60 start >/dev/null
+}
+
 down() {
   for node in primary standby; do
     if [ -f "$DIR/$node/postmaster.pid" ]; then
@@ -103,6 +111,8 @@ case "$cmd" in
   up) up ;;
   kill-primary) kill_primary ;;
   promote) promote ;;
+  stop-standby) stop_standby ;;
+  start-standby) start_standby ;;
   down) down ;;
   *) die "usage: $0 up|kill-primary|promote|down DIR [failover]" ;;
 esac

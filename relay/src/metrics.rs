@@ -23,6 +23,8 @@ pub const PRUNED_TOTAL: &str = "railhook_relay_outbox_pruned_total";
 pub const OUTBOX_OLDEST_AGE_SECONDS: &str = "railhook_relay_outbox_oldest_age_seconds";
 pub const COMMIT_TO_ACK_SECONDS: &str = "railhook_relay_commit_to_ack_seconds";
 pub const COMMIT_TO_READ_SECONDS: &str = "railhook_relay_commit_to_read_seconds";
+pub const STANDBY_SLOT_ACTIVE: &str = "railhook_relay_standby_slot_active";
+pub const STANDBY_SLOT_LAG_BYTES: &str = "railhook_relay_standby_slot_lag_bytes";
 
 /// The values `wal_status` can take (PostgreSQL 13+).
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreachable", "lost"];
@@ -55,6 +57,12 @@ pub struct RelayMetrics {
     /// Per transaction: commit time to the relay reading its Commit from the Slot. The
     /// difference to `commit_to_ack` is Kafka's share.
     pub commit_to_read_seconds: Histogram,
+    /// Per physical slot named in `synchronized_standby_slots` (PostgreSQL 17+): 1 while its
+    /// standby streams. While one is 0, Postgres holds logical decoding back, so the relay
+    /// waits for that standby (docs/OPERATIONS.md, "Failover").
+    pub standby_slot_active: IntGaugeVec,
+    /// The same slots' distance behind the primary's WAL.
+    pub standby_slot_lag_bytes: IntGaugeVec,
 }
 
 use railhook_common::metrics_http::register as reg;
@@ -113,6 +121,28 @@ impl RelayMetrics {
             active: gauge(
                 ACTIVE,
                 "1 when this relay holds the slot, 0 when it waits as a standby.",
+            ),
+            standby_slot_active: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        STANDBY_SLOT_ACTIVE,
+                        "1 while the standby of a slot in synchronized_standby_slots streams; 0 holds the relay back.",
+                    ),
+                    &["slot"],
+                )
+                .expect("valid metric"),
+            ),
+            standby_slot_lag_bytes: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        STANDBY_SLOT_LAG_BYTES,
+                        "WAL the standby of a slot in synchronized_standby_slots has not confirmed (pg_current_wal_lsn - restart_lsn).",
+                    ),
+                    &["slot"],
+                )
+                .expect("valid metric"),
             ),
             wal_status: reg(
                 &r,

@@ -75,6 +75,39 @@ pub async fn ensure_usable(
     Ok(status)
 }
 
+/// A physical slot named in `synchronized_standby_slots`: its standby must confirm WAL
+/// before logical decoding may send it, so an inactive one holds the relay back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandbySlot {
+    pub slot: String,
+    pub active: bool,
+    pub lag_bytes: i64,
+}
+
+/// The slots of `synchronized_standby_slots` (PostgreSQL 17+; none before, or when unset).
+pub async fn standby_slots(conn: &mut PgConnection) -> Result<Vec<StandbySlot>, SlotError> {
+    let rows = sqlx::query!(
+        r#"SELECT s.slot_name AS "slot!", s.active AS "active!",
+                  coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::bigint
+                      AS "lag_bytes!"
+           FROM pg_replication_slots s
+           WHERE s.slot_type = 'physical'
+             AND s.slot_name = ANY (string_to_array(replace(
+                   coalesce(current_setting('synchronized_standby_slots', true), ''), ' ', ''), ','))
+           ORDER BY 1"#
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| StandbySlot {
+            slot: r.slot,
+            active: r.active,
+            lag_bytes: r.lag_bytes,
+        })
+        .collect())
+}
+
 /// Creates the Slot (pgoutput) if missing; returns whether it created one.
 pub async fn create(conn: &mut PgConnection, slot: &str) -> Result<bool, SlotError> {
     create_with(conn, slot, false).await

@@ -242,6 +242,18 @@ async fn failover_scenario(version: &'static str, failover_slot: bool) {
             || async { synced_on_standby(&pair, &slot).await.then_some(()) },
         )
         .await;
+        // A standby that stops holds the relay back (synchronized_standby_slots): /readyz
+        // names it, the metric says 0; back, both recover.
+        pair.run("stop-standby");
+        let said = all.wait_down(false, "standby", &["railhook_standby"]).await;
+        assert!(said.contains("holds the relay back"), "{said}");
+        assert!(
+            all.metrics_page()
+                .await
+                .contains("railhook_relay_standby_slot_active{slot=\"railhook_standby\"} 0"),
+        );
+        pair.run("start-standby");
+        all.wait_ready(false).await;
     }
 
     // Without failover Slots the promoted standby has no Slot: the runbook's command.

@@ -38,11 +38,10 @@ pub(crate) async fn run_scheduler(
         }
     };
     // Dozing workers hear about published RetryHints through the doorbell.
-    let ringer = Ringer::spawn(
-        (*shared.pool.connect_options())
-            .clone()
-            .application_name("railhook-scheduler-doorbell"),
-    );
+    let ringer = Ringer::spawn(railhook_common::doorbell::Dial::Pool(
+        shared.pool.clone(),
+        "railhook-scheduler-doorbell",
+    ));
     let mut tick = tokio::time::interval(config.scheduler_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -299,10 +299,8 @@ fn doorbell(
     if config.doze_after.is_none() && !config.express_hints {
         return (None, None);
     }
-    let options = (*pool.connect_options())
-        .clone()
-        .application_name("railhook-worker-doorbell");
-    let (hearing, express) = railhook_common::doorbell::listen_with_express(options);
+    let dial = railhook_common::doorbell::Dial::Pool(pool.clone(), "railhook-worker-doorbell");
+    let (hearing, express) = railhook_common::doorbell::listen_with_express(dial);
     (
         config.doze_after.map(|_| hearing),
         config.express_hints.then_some(express),

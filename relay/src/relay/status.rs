@@ -34,6 +34,7 @@ impl Relay {
                 .heartbeat_age_seconds
                 .set(seconds_since_pg_micros(hb));
         }
+        self.report_standbys(&mut *control).await?;
         let confirmed = s.confirmed.as_u64();
         slot::record_seen(
             &mut *control,
@@ -44,6 +45,40 @@ impl Relay {
         .await?;
         // The prune job (its own task) prunes up to here; the loop never waits on it.
         s.prune_up_to.send_replace(s.last_confirmed_commit_micros);
+        Ok(())
+    }
+
+    /// The standbys Postgres waits for before decoding (`synchronized_standby_slots`): each
+    /// one's slot into the metrics, and `/readyz` names one that does not stream, since the
+    /// relay then waits for it (no Event is lost; none is announced either).
+    async fn report_standbys(&self, control: &mut PgConnection) -> Result<(), RelayError> {
+        let standbys = slot::standby_slots(control).await?;
+        if !standbys.is_empty() {
+            // Declared once there is one (idempotent): servers without them never show it.
+            self.deps.declare("standby", true);
+        }
+        for st in &standbys {
+            self.metrics
+                .standby_slot_active
+                .with_label_values(&[&st.slot])
+                .set(i64::from(st.active));
+            self.metrics
+                .standby_slot_lag_bytes
+                .with_label_values(&[&st.slot])
+                .set(st.lag_bytes);
+        }
+        match standbys.iter().find(|st| !st.active) {
+            Some(st) => self.deps.down(
+                "standby",
+                format!(
+                    "the standby of slot {} (synchronized_standby_slots) is not streaming: \
+                     Postgres holds the relay back until it is",
+                    st.slot
+                ),
+            ),
+            None if !standbys.is_empty() => self.deps.up("standby"),
+            None => {}
+        }
         Ok(())
     }
 }
