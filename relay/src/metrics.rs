@@ -67,6 +67,14 @@ pub struct RelayMetrics {
 
 use railhook_common::metrics_http::register as reg;
 
+/// Gauges by one label.
+fn labelled(registry: &Registry, name: &str, help: &str, label: &str) -> IntGaugeVec {
+    reg(
+        registry,
+        IntGaugeVec::new(Opts::new(name, help), &[label]).expect("valid metric"),
+    )
+}
+
 /// A latency histogram with buckets fine enough for millisecond percentiles.
 fn latency(registry: &Registry, name: &str, help: &str) -> Histogram {
     let opts = HistogramOpts::new(name, help).buckets(vec![
@@ -84,6 +92,7 @@ impl RelayMetrics {
             |name: &str, help: &str| reg(&r, Gauge::new(name, help).expect("valid metric"));
         let counter =
             |name: &str, help: &str| railhook_common::metrics_http::counter(&r, name, help);
+        let gauges = |name: &str, help: &str, label: &str| labelled(&r, name, help, label);
         let m = Self {
             slot_lag_bytes: gauge(
                 SLOT_LAG_BYTES,
@@ -122,36 +131,17 @@ impl RelayMetrics {
                 ACTIVE,
                 "1 when this relay holds the slot, 0 when it waits as a standby.",
             ),
-            standby_slot_active: reg(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        STANDBY_SLOT_ACTIVE,
-                        "1 while the standby of a slot in synchronized_standby_slots streams; 0 holds the relay back.",
-                    ),
-                    &["slot"],
-                )
-                .expect("valid metric"),
+            standby_slot_active: gauges(
+                STANDBY_SLOT_ACTIVE,
+                "1 while the standby of a slot in synchronized_standby_slots streams; 0 holds the relay back.",
+                "slot",
             ),
-            standby_slot_lag_bytes: reg(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        STANDBY_SLOT_LAG_BYTES,
-                        "WAL the standby of a slot in synchronized_standby_slots has not confirmed (pg_current_wal_lsn - restart_lsn).",
-                    ),
-                    &["slot"],
-                )
-                .expect("valid metric"),
+            standby_slot_lag_bytes: gauges(
+                STANDBY_SLOT_LAG_BYTES,
+                "WAL the standby of a slot in synchronized_standby_slots has not confirmed (pg_current_wal_lsn - restart_lsn).",
+                "slot",
             ),
-            wal_status: reg(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new(WAL_STATUS, "1 for the slot's current wal_status."),
-                    &["status"],
-                )
-                .expect("valid metric"),
-            ),
+            wal_status: gauges(WAL_STATUS, "1 for the slot's current wal_status.", "status"),
             safe_wal_size_bytes: gauge(
                 SAFE_WAL_SIZE_BYTES,
                 "WAL that can still be written before the slot risks invalidation (-1 when unlimited).",
