@@ -69,6 +69,7 @@ pub async fn slot(settings: &Settings, action: SlotAction) -> anyhow::Result<()>
             }
             Some(s) => {
                 print_status(&s);
+                print_failover(&primary, &mut client, name).await?;
                 // Absent before the first migration that created it, or before any relay ran.
                 let seen = slot::last_heartbeat_seen(&mut client, name)
                     .await
@@ -103,6 +104,84 @@ fn print_status(s: &slot::SlotStatus) {
         s.safe_wal_size
             .map_or_else(|| "unlimited".into(), |n| n.to_string())
     );
+}
+
+/// Whether the Slot is a failover Slot, the standbys Postgres waits for before decoding
+/// (`synchronized_standby_slots`), and, for each other server of a multi-host URL, whether
+/// it holds a copy of the Slot ready for a promotion (docs/OPERATIONS.md, "Failover").
+async fn print_failover(
+    primary: &railhook_common::postgres_url::PostgresTarget,
+    client: &mut sqlx::PgConnection,
+    name: &str,
+) -> anyhow::Result<()> {
+    // `failover` exists from PostgreSQL 17: read through to_jsonb, null before.
+    let failover = sqlx::query_scalar!(
+        r#"SELECT (to_jsonb(s) ->> 'failover')::boolean AS failover
+           FROM pg_replication_slots s WHERE s.slot_name = $1"#,
+        name
+    )
+    .fetch_optional(&mut *client)
+    .await?
+    .flatten();
+    println!(
+        "failover             {}",
+        failover.map_or_else(
+            || "unsupported (PostgreSQL 16 or older)".into(),
+            |f| f.to_string()
+        )
+    );
+    for st in slot::standby_slots(client).await? {
+        println!(
+            "standby slot         {} ({}, {} bytes behind)",
+            st.slot,
+            if st.active {
+                "streaming"
+            } else {
+                "NOT streaming: the relay is held back"
+            },
+            st.lag_bytes
+        );
+    }
+    for (host, port) in &primary.hosts {
+        if (host.as_str(), *port) == (primary.host.as_str(), primary.port) {
+            continue;
+        }
+        let copy = standby_copy(&primary.at(host, *port), name).await;
+        println!("copy on {host}:{port}  {copy}");
+    }
+    Ok(())
+}
+
+/// How another server holds the Slot: a ready synchronized copy, one not ready yet, none.
+async fn standby_copy(
+    server: &railhook_common::postgres_url::PostgresTarget,
+    name: &str,
+) -> String {
+    let mut conn = match slot::connect(server).await {
+        Ok(c) => c,
+        Err(e) => return format!("unreachable ({e})"),
+    };
+    let row = sqlx::query!(
+        r#"SELECT (to_jsonb(s) ->> 'synced')::boolean AS synced,
+                  (to_jsonb(s) ->> 'temporary')::boolean AS temporary,
+                  s.confirmed_flush_lsn::text AS confirmed
+           FROM pg_replication_slots s WHERE s.slot_name = $1"#,
+        name
+    )
+    .fetch_optional(&mut conn)
+    .await;
+    match row {
+        Err(e) => format!("unreadable ({e})"),
+        Ok(None) => "no copy of the Slot".into(),
+        Ok(Some(r)) if r.synced == Some(true) && r.temporary != Some(true) => format!(
+            "ready: synchronized, confirmed_flush_lsn {}",
+            r.confirmed.unwrap_or_default()
+        ),
+        Ok(Some(r)) if r.synced == Some(true) => {
+            "synchronized but not ready yet (temporary: dropped if promoted now)".into()
+        }
+        Ok(Some(_)) => "a Slot of the same name that is not a synchronized copy".into(),
+    }
 }
 
 /// Times `railhook migrate` tries again after a lock timeout before it fails.

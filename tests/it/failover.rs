@@ -242,6 +242,13 @@ async fn failover_scenario(version: &'static str, failover_slot: bool) {
             || async { synced_on_standby(&pair, &slot).await.then_some(()) },
         )
         .await;
+        let (ok, out) = run_once(&["slot", "status"], &env);
+        assert!(ok, "{out}");
+        assert!(out.contains("failover             true"), "{out}");
+        assert!(
+            out.contains(&format!("copy on 127.0.0.1:{}  ready", pair.standby)),
+            "{out}"
+        );
         // A standby that stops holds the relay back (synchronized_standby_slots): /readyz
         // names it, the metric says 0; back, both recover.
         pair.run("stop-standby");
