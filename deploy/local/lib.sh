@@ -82,29 +82,28 @@ apt_install() {
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-# The official Standard Webhooks library, used by tests and the demo receiver to verify
-# signatures independently of Railhook's own code.
+# npm_ci_once DIR MODULE: the packages DIR's package-lock.json pins, installed with Node.js
+# (from Debian when missing) unless MODULE is there and the lock is no newer than them.
+npm_ci_once() {
+  local dir="$ROOT/$1"
+  command -v node >/dev/null || apt_install nodejs npm
+  if [ ! -d "$dir/node_modules/$2" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+    log "npm ci ($1)"
+    (cd "$dir" && npm ci --no-audit --no-fund --silent) && touch "$dir/node_modules"
+  fi
+}
+
 # The providers' own signing libraries for the incoming-webhook tests (tests/providers:
 # @octokit/webhooks-methods, stripe), pinned by the committed package-lock.json.
 ensure_provider_signers() {
-  command -v node >/dev/null || apt_install nodejs npm
-  local dir="$ROOT/tests/providers"
-  if [ ! -d "$dir/node_modules/stripe" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
-    log "npm ci (tests/providers)"
-    (cd "$dir" && npm ci --no-audit --no-fund --silent) && touch "$dir/node_modules"
-  fi
+  npm_ci_once tests/providers stripe
 }
 
 # Debian's Chromium and playwright-core (pinned by tests/browser/package-lock.json) for the
 # dashboard's browser test (tests/it/dashboard.rs). Playwright never downloads a browser here.
 ensure_browser() {
   command -v chromium >/dev/null || apt_install chromium
-  command -v node >/dev/null || apt_install nodejs npm
-  local dir="$ROOT/tests/browser"
-  if [ ! -d "$dir/node_modules/playwright-core" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
-    log "npm ci (tests/browser)"
-    (cd "$dir" && npm ci --no-audit --no-fund --silent) && touch "$dir/node_modules"
-  fi
+  npm_ci_once tests/browser playwright-core
 }
 
 # schemathesis fuzzes the API from its OpenAPI document (tests/it/fuzz.rs).
@@ -126,11 +125,7 @@ ensure_svix_sdks() {
     python3 -m pip install --quiet -r "$dir/requirements.txt" 2>/dev/null \
       || python3 -m pip install --quiet --break-system-packages -r "$dir/requirements.txt"
   fi
-  command -v node >/dev/null || apt_install nodejs npm
-  if [ ! -d "$dir/node_modules/svix" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
-    log "npm ci (tests/svix)"
-    (cd "$dir" && npm ci --no-audit --no-fund --silent) && touch "$dir/node_modules"
-  fi
+  npm_ci_once tests/svix svix
   return 0
 }
 
@@ -155,12 +150,7 @@ ensure_transport_brokers() {
 ensure_egress_servers() {
   command -v tinyproxy >/dev/null || apt_install tinyproxy
   command -v stunnel4 >/dev/null || apt_install stunnel4
-  command -v node >/dev/null || apt_install nodejs npm
-  local dir="$ROOT/tests/egress"
-  if [ ! -d "$dir/node_modules/oauth2-mock-server" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
-    log "npm ci (tests/egress)"
-    (cd "$dir" && npm ci --no-audit --no-fund --silent) && touch "$dir/node_modules"
-  fi
+  npm_ci_once tests/egress oauth2-mock-server
   # Debian starts a system-wide tinyproxy on 8888 at install; the tests run their own.
   if command -v systemctl >/dev/null && systemctl is-active --quiet tinyproxy 2>/dev/null; then
     systemctl stop tinyproxy || true
@@ -179,6 +169,8 @@ ensure_pg18() {
   chmod -R a+rX "$PG18_ROOT"
 }
 
+# The official Standard Webhooks library, used by tests and the demo receiver to verify
+# signatures independently of Railhook's own code.
 ensure_standardwebhooks() {
   python3 -c 'import standardwebhooks' 2>/dev/null && return 0
   log "pip install standardwebhooks"

@@ -299,29 +299,21 @@ fn open_secrets(shared: &Shared, claimed: &Claimed, target: &mut claim::Target) 
             let headers = shared
                 .keyring
                 .open_headers(&claimed.endpoint_id, &target.headers)?;
-            let transport = match &target.transport_secret {
-                Some(sealed) => Some(
-                    shared
-                        .keyring
-                        .open(&sealing_id(&claimed.endpoint_id), sealed)?,
-                ),
-                None => None,
+            // Each optional sealed value, under the name it was sealed for.
+            let open = |name: String, sealed: &Option<String>| {
+                sealed
+                    .as_deref()
+                    .map(|s| shared.keyring.open(&name, s))
+                    .transpose()
             };
-            let authentication = match &target.authentication_secret {
-                Some(sealed) => Some(
-                    shared
-                        .keyring
-                        .open(&endpoint_auth::sealing_id(&claimed.endpoint_id), sealed)?,
-                ),
-                None => None,
-            };
-            let certificate = match &target.client_certificate_secret {
-                Some(sealed) => Some(shared.keyring.open(
-                    &endpoint_auth::certificate_sealing_id(&claimed.endpoint_id),
-                    sealed,
-                )?),
-                None => None,
-            };
+            let id = &claimed.endpoint_id;
+            let transport = open(sealing_id(id), &target.transport_secret)?;
+            let authentication =
+                open(endpoint_auth::sealing_id(id), &target.authentication_secret)?;
+            let certificate = open(
+                endpoint_auth::certificate_sealing_id(id),
+                &target.client_certificate_secret,
+            )?;
             Ok((pair, headers, transport, authentication, certificate))
         });
     match opened {

@@ -5,6 +5,9 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
 use railhook_common::endpoint_auth::{self, Authentication, ClientCertificate};
 use railhook_common::transport::{TransportKind, TransportSettings, sealing_id};
 
@@ -40,15 +43,23 @@ pub(crate) fn check_authentication(
         .map_err(|e| ApiError::validation(e.field, e.detail))
 }
 
-pub(crate) fn seal_authentication(
+/// A setting sealed whole, its secrets included, under `name` (`<endpoint id>/transport`,
+/// `…/authentication`, `…/client_certificate`), like the signing secret.
+pub(crate) fn seal_whole(state: &AppState, name: &str, value: &impl Serialize) -> String {
+    let whole = serde_json::to_string(value).unwrap_or_default();
+    state.keyring.seal(name, &whole)
+}
+
+/// The stored whole value of [`seal_whole`]: what a PATCH completes its secrets from.
+/// `field` names it in the 422 when it was written around the API and does not parse.
+fn open_whole<T: DeserializeOwned>(
     state: &AppState,
-    endpoint_id: &str,
-    auth: &Authentication,
-) -> String {
-    let whole = serde_json::to_string(auth).unwrap_or_default();
-    state
-        .keyring
-        .seal(&endpoint_auth::sealing_id(endpoint_id), &whole)
+    name: &str,
+    sealed: &str,
+    field: &str,
+) -> ApiResult<T> {
+    serde_json::from_str(&state.keyring.open(name, sealed)?)
+        .map_err(|_| ApiError::validation(field, "the stored value does not parse"))
 }
 
 /// A new endpoint's authentication and client certificate, checked against its kind.
@@ -72,9 +83,16 @@ pub(crate) fn seal_credentials(
     let cert = body.client_certificate.as_ref();
     Credentials {
         authentication: auth.map(Authentication::shown),
-        authentication_secret: auth.map(|a| seal_authentication(state, endpoint_id, a)),
+        authentication_secret: auth
+            .map(|a| seal_whole(state, &endpoint_auth::sealing_id(endpoint_id), a)),
         client_certificate: cert.map(ClientCertificate::shown),
-        client_certificate_secret: cert.map(|c| seal_client_certificate(state, endpoint_id, c)),
+        client_certificate_secret: cert.map(|c| {
+            seal_whole(
+                state,
+                &endpoint_auth::certificate_sealing_id(endpoint_id),
+                c,
+            )
+        }),
     }
 }
 
@@ -90,17 +108,6 @@ pub(crate) fn check_client_certificate(cert: &ClientCertificate, http: bool) -> 
         .map_err(|e| ApiError::validation(e.field, e.detail))
 }
 
-pub(crate) fn seal_client_certificate(
-    state: &AppState,
-    endpoint_id: &str,
-    cert: &ClientCertificate,
-) -> String {
-    let whole = serde_json::to_string(cert).unwrap_or_default();
-    state
-        .keyring
-        .seal(&endpoint_auth::certificate_sealing_id(endpoint_id), &whole)
-}
-
 /// What a PATCH does to the client certificate, as [`changed_authentication`] does to the
 /// authentication: a key left out with the same certificate is the stored one.
 pub(crate) fn changed_client_certificate(
@@ -112,20 +119,13 @@ pub(crate) fn changed_client_certificate(
         return Ok(body.client_certificate.as_ref().map(|_| None));
     };
     let mut cert = given.clone();
+    let name = endpoint_auth::certificate_sealing_id(&current.id);
     if let Some(sealed) = &current.client_certificate_secret {
-        let opened = state
-            .keyring
-            .open(&endpoint_auth::certificate_sealing_id(&current.id), sealed)?;
-        let old: ClientCertificate = serde_json::from_str(&opened).map_err(|_| {
-            ApiError::validation("client_certificate", "the stored value does not parse")
-        })?;
+        let old: ClientCertificate = open_whole(state, &name, sealed, "client_certificate")?;
         cert.keep_key_of(&old);
     }
     check_client_certificate(&cert, current.transport == TransportKind::Http.as_str())?;
-    Ok(Some(Some((
-        cert.shown(),
-        seal_client_certificate(state, &current.id, &cert),
-    ))))
+    Ok(Some(Some((cert.shown(), seal_whole(state, &name, &cert)))))
 }
 
 /// The endpoint's transport from `type` and its kind's object: `None` for HTTP. Each
@@ -237,19 +237,15 @@ pub(crate) fn changed_target(
     }
     let sealing = sealing_id(&current.id);
     if let Some(sealed) = &current.transport_secret {
-        let old: TransportSettings = serde_json::from_str(&state.keyring.open(&sealing, sealed)?)
-            .map_err(|_| {
-            ApiError::validation(kind.as_str(), "the stored settings do not parse")
-        })?;
+        let old: TransportSettings = open_whole(state, &sealing, sealed, kind.as_str())?;
         new.keep_credentials_of(&old);
     }
     new.validate()
         .map_err(|e| ApiError::validation(e.field, e.detail))?;
-    let whole = serde_json::to_string(&new).unwrap_or_default();
     Ok(TargetChange {
         url: Some(new.display_url()),
         shown: Some(new.shown()),
-        sealed: Some(state.keyring.seal(&sealing, &whole)),
+        sealed: Some(seal_whole(state, &sealing, &new)),
     })
 }
 
@@ -284,13 +280,9 @@ pub(crate) fn changed_authentication(
             .unwrap_or_default(),
     };
     let mut auth = given.clone();
+    let name = endpoint_auth::sealing_id(&current.id);
     if let Some(sealed) = &current.authentication_secret {
-        let opened = state
-            .keyring
-            .open(&endpoint_auth::sealing_id(&current.id), sealed)?;
-        let old: Authentication = serde_json::from_str(&opened).map_err(|_| {
-            ApiError::validation("authentication", "the stored value does not parse")
-        })?;
+        let old: Authentication = open_whole(state, &name, sealed, "authentication")?;
         auth.keep_credentials_of(&old);
     }
     check_authentication(
@@ -298,10 +290,7 @@ pub(crate) fn changed_authentication(
         current.transport == TransportKind::Http.as_str(),
         &headers,
     )?;
-    Ok(Some(Some((
-        auth.shown(),
-        seal_authentication(state, &current.id, &auth),
-    ))))
+    Ok(Some(Some((auth.shown(), seal_whole(state, &name, &auth)))))
 }
 
 fn has_authorization(headers: &BTreeMap<String, String>) -> bool {

@@ -246,10 +246,9 @@ pub(crate) async fn insert(
             .as_str(),
         transport_settings: transport.as_ref().map(TransportSettings::shown),
         // The whole settings, credentials included, sealed like the signing secret.
-        transport_secret: transport.as_ref().map(|t| {
-            let whole = serde_json::to_string(t).unwrap_or_default();
-            state.keyring.seal(&sealing_id(id.as_str()), &whole)
-        }),
+        transport_secret: transport
+            .as_ref()
+            .map(|t| target::seal_whole(state, &sealing_id(id.as_str()), t)),
         credentials: target::seal_credentials(state, id.as_str(), &body),
     };
     let row = store::insert(&mut *tx, new).await.map_err(uid_conflict)?;

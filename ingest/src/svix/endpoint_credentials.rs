@@ -32,20 +32,16 @@ pub struct ClientCertificateOut {
     pub client_certificate: Option<serde_json::Value>,
 }
 
+/// The application's endpoint, changed through the native PATCH (which checks and seals).
 async fn apply(
-    state: &AppState,
-    project: &Project,
-    endpoint_id: String,
+    state: AppState,
+    project: Project,
+    (app_id, endpoint_id): (String, String),
     change: UpdateEndpoint,
-) -> SvixResult<()> {
-    let _ = native::update(
-        project.clone(),
-        State(state.clone()),
-        Path(endpoint_id),
-        ApiJson(change),
-    )
-    .await?;
-    Ok(())
+) -> SvixResult<StatusCode> {
+    let row = find(&state, &project, &app_id, &endpoint_id).await?;
+    let _ = native::update(project, State(state), Path(row.id), ApiJson(change)).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication",
@@ -70,16 +66,14 @@ pub async fn get_authentication(
 pub async fn set_authentication(
     project: Project,
     State(state): State<AppState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    Path(ids): Path<(String, String)>,
     SvixJson(body): SvixJson<Authentication>,
 ) -> SvixResult<StatusCode> {
-    let row = find(&state, &project, &app_id, &endpoint_id).await?;
     let change = UpdateEndpoint {
         authentication: Some(Some(body)),
         ..UpdateEndpoint::default()
     };
-    apply(&state, &project, row.id, change).await?;
-    Ok(StatusCode::NO_CONTENT)
+    apply(state, project, ids, change).await
 }
 
 #[utoipa::path(delete, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication",
@@ -88,15 +82,13 @@ pub async fn set_authentication(
 pub async fn delete_authentication(
     project: Project,
     State(state): State<AppState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    Path(ids): Path<(String, String)>,
 ) -> SvixResult<StatusCode> {
-    let row = find(&state, &project, &app_id, &endpoint_id).await?;
     let change = UpdateEndpoint {
         authentication: Some(None),
         ..UpdateEndpoint::default()
     };
-    apply(&state, &project, row.id, change).await?;
-    Ok(StatusCode::NO_CONTENT)
+    apply(state, project, ids, change).await
 }
 
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
@@ -121,16 +113,14 @@ pub async fn get_client_certificate(
 pub async fn set_client_certificate(
     project: Project,
     State(state): State<AppState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    Path(ids): Path<(String, String)>,
     SvixJson(body): SvixJson<ClientCertificate>,
 ) -> SvixResult<StatusCode> {
-    let row = find(&state, &project, &app_id, &endpoint_id).await?;
     let change = UpdateEndpoint {
         client_certificate: Some(Some(body)),
         ..UpdateEndpoint::default()
     };
-    apply(&state, &project, row.id, change).await?;
-    Ok(StatusCode::NO_CONTENT)
+    apply(state, project, ids, change).await
 }
 
 #[utoipa::path(delete, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
@@ -139,15 +129,13 @@ pub async fn set_client_certificate(
 pub async fn delete_client_certificate(
     project: Project,
     State(state): State<AppState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    Path(ids): Path<(String, String)>,
 ) -> SvixResult<StatusCode> {
-    let row = find(&state, &project, &app_id, &endpoint_id).await?;
     let change = UpdateEndpoint {
         client_certificate: Some(None),
         ..UpdateEndpoint::default()
     };
-    apply(&state, &project, row.id, change).await?;
-    Ok(StatusCode::NO_CONTENT)
+    apply(state, project, ids, change).await
 }
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -7,9 +7,8 @@
 //! bearer token (oauth.rs), and a `401` to a token fetches one new token and sends once
 //! more, inside the same Attempt.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,10 +17,10 @@ use http_body_util::BodyExt;
 use railhook_common::endpoint_auth::ClientCertificate;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
-use sha2::{Digest, Sha256};
 
 use super::oauth::Tokens;
 use super::tunnel::{self, Proxy, ProxyRefused};
+use super::{BrokerError, Pool, pool_key};
 use crate::attempt::{Attempt, EXCERPT_BYTES, EXCERPT_WAIT, ErrorClass, Report};
 use crate::retry_policy::classify;
 use crate::ssrf::{Allowlist, GuardedResolver, Refused};
@@ -154,18 +153,16 @@ impl Way {
     }
 }
 
-/// Ways by the SHA-256 of the certificate and key, with when each was last used.
-type ByIdentity = HashMap<[u8; 32], (Way, Instant)>;
-
 /// The ways out, one per TLS identity: the shared one, and one per client certificate in
-/// use (forgotten once unused for [`super::IDLE`]).
+/// use, kept in the brokers' connection [`Pool`] (keyed by certificate and key, forgotten
+/// once unused for [`super::IDLE`]).
 #[derive(Clone)]
 pub struct Ways {
     allow: Allowlist,
     extra_roots: Arc<Vec<rustls::pki_types::CertificateDer<'static>>>,
     proxy: Option<Arc<Proxy>>,
     shared: Way,
-    by_identity: Arc<Mutex<ByIdentity>>,
+    by_identity: Arc<Pool<Way>>,
 }
 
 impl Ways {
@@ -192,7 +189,7 @@ impl Ways {
             extra_roots: Arc::new(extra_roots),
             proxy,
             shared: Way::Direct(reqwest::Client::new()),
-            by_identity: Arc::default(),
+            by_identity: Arc::new(Pool::default()),
         };
         ways.shared = ways.build(None)?;
         Ok(ways)
@@ -262,31 +259,16 @@ impl Ways {
     }
 
     /// The way for an Attempt with this client certificate (or none).
-    fn for_identity(&self, identity: Option<&ClientCertificate>) -> Result<Way, ClientError> {
+    async fn for_identity(&self, identity: Option<&ClientCertificate>) -> Result<Way, BrokerError> {
         let Some(cert) = identity else {
             return Ok(self.shared.clone());
         };
-        let fingerprint: [u8; 32] = Sha256::new()
-            .chain_update(cert.certificate_pem.as_bytes())
-            .chain_update([0])
-            .chain_update(cert.private_key_pem.as_deref().unwrap_or("").as_bytes())
-            .finalize()
-            .into();
-        let now = Instant::now();
-        {
-            let mut ways = self.by_identity.lock().unwrap_or_else(|p| p.into_inner());
-            ways.retain(|_, (_, used)| now.duration_since(*used) < super::IDLE);
-            if let Some((way, used)) = ways.get_mut(&fingerprint) {
-                *used = now;
-                return Ok(way.clone());
-            }
-        }
-        let way = self.build(Some(cert))?;
-        self.by_identity
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(fingerprint, (way.clone(), now));
-        Ok(way)
+        let key = pool_key(cert, "identity");
+        let build = async {
+            self.build(Some(cert))
+                .map_err(|e| BrokerError::refused(e.to_string()))
+        };
+        self.by_identity.get(&key, build).await
     }
 }
 
@@ -405,10 +387,10 @@ impl Runner {
         if self.literal_refused(&a.url) {
             return failed(ErrorClass::TargetRefused, None);
         }
-        let way = match self.ways.for_identity(a.identity.as_deref()) {
+        let way = match self.ways.for_identity(a.identity.as_deref()).await {
             Ok(way) => way,
             Err(e) => {
-                tracing::warn!(endpoint = %a.endpoint_id, error = %e,
+                tracing::warn!(endpoint = %a.endpoint_id, error = %e.message,
                     "the endpoint's client certificate does not load");
                 return failed(
                     ErrorClass::Request,

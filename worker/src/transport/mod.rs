@@ -180,7 +180,8 @@ pub(crate) async fn guard(
 
 /// Connections towards brokers, one per target's settings (the key), opened on first use
 /// and closed after [`IDLE`] unused. A connection that failed is forgotten, so the next
-/// Attempt opens a new one.
+/// Attempt opens a new one. HTTP keeps its clients per TLS identity here too (http.rs
+/// `Ways`), and OAuth2 its token per endpoint (oauth.rs).
 pub(crate) struct Pool<C: Clone> {
     entries: Mutex<HashMap<String, (C, Instant)>>,
     swept: Mutex<Instant>,

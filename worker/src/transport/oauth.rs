@@ -15,14 +15,14 @@
 //!   the Attempt's excerpt.
 //! - A receiver's `401` drops the token (http.rs fetches one new token and sends once more).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use railhook_common::endpoint_auth::OAuth2Client;
 use serde::Deserialize;
 
+use super::Pool;
 use super::http::{Exchange, Way};
 use crate::attempt::ErrorClass;
 
@@ -31,8 +31,6 @@ use crate::attempt::ErrorClass;
 const RENEW_BEFORE: Duration = Duration::from_secs(30);
 /// The life of a token whose response gave no `expires_in`.
 const DEFAULT_LIFE: Duration = Duration::from_secs(300);
-/// Tokens of endpoints unused this long are forgotten.
-const FORGET_AFTER: Duration = Duration::from_secs(3600);
 /// How much of the provider's answer is read.
 const MAX_TOKEN_RESPONSE: usize = 64 * 1024;
 
@@ -44,10 +42,12 @@ struct Token {
 
 type Slot = Arc<tokio::sync::Mutex<Option<Token>>>;
 
-/// Tokens per endpoint (and per settings: a PATCH that changes the client starts afresh).
+/// Tokens per endpoint (and per settings: a PATCH that changes the client starts afresh),
+/// kept in the connection [`Pool`]: an endpoint's token is forgotten after
+/// [`super::IDLE`] without an Attempt.
 #[derive(Clone, Default)]
 pub struct Tokens {
-    slots: Arc<Mutex<HashMap<String, (Slot, Instant)>>>,
+    slots: Arc<Pool<Slot>>,
 }
 
 /// Why no token could be had.
@@ -77,13 +77,9 @@ fn key(endpoint_id: &str, c: &OAuth2Client) -> String {
 }
 
 impl Tokens {
-    fn slot(&self, key: String) -> Slot {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        slots.retain(|_, (_, used)| now.duration_since(*used) < FORGET_AFTER);
-        let entry = slots.entry(key).or_insert_with(|| (Slot::default(), now));
-        entry.1 = now;
-        entry.0.clone()
+    async fn slot(&self, key: &str) -> Slot {
+        let empty = async { Ok(Slot::default()) };
+        self.slots.get(key, empty).await.unwrap_or_default()
     }
 
     /// A valid token for the endpoint: the cached one, or one fetched now through `way`.
@@ -94,7 +90,7 @@ impl Tokens {
         way: &Way,
         timeout: Duration,
     ) -> Result<Arc<str>, TokenError> {
-        let slot = self.slot(key(endpoint_id, client));
+        let slot = self.slot(&key(endpoint_id, client)).await;
         let mut held = slot.lock().await;
         if let Some(t) = held.as_ref().filter(|t| Instant::now() < t.renew_at) {
             return Ok(t.value.clone());
@@ -107,7 +103,7 @@ impl Tokens {
 
     /// Drops `token` if it is still the endpoint's (a receiver answered 401 to it).
     pub async fn reject(&self, endpoint_id: &str, client: &OAuth2Client, token: &str) {
-        let slot = self.slot(key(endpoint_id, client));
+        let slot = self.slot(&key(endpoint_id, client)).await;
         let mut held = slot.lock().await;
         if held.as_ref().is_some_and(|t| &*t.value == token) {
             *held = None;
