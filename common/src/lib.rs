@@ -30,6 +30,7 @@ pub mod slot_status;
 pub mod status;
 pub mod telemetry;
 pub mod trace_context;
+pub mod transformation;
 pub mod transport;
 pub mod vocabulary;
 

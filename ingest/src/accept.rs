@@ -45,7 +45,7 @@ use serde_json::value::RawValue;
 use sqlx::PgPool;
 
 use crate::auth::Project;
-use crate::group_commit::{Rows, insert_rows};
+use crate::group_commit::{Inserted, Rows, insert_rows};
 use crate::plan::{Audience, DeliveryPlan, plan_deliveries};
 use crate::problem::{ApiError, InternalError};
 use crate::quota::Reservation;
@@ -306,7 +306,7 @@ async fn write_events(
             // The commit's answer may be lost after it took effect: the batch's own ids
             // say which (group_commit.rs, "A lost answer is not a failure").
             let ids: Vec<String> = draft.ids.iter().map(|id| id.as_str().to_owned()).collect();
-            match crate::group_commit::committed(&state.pool, &ids).await {
+            match crate::group_commit::committed(&state.pool, &ids, &draft.plan).await {
                 Ok(found) if !found.is_empty() => {}
                 _ => return Err(e.into()),
             }
@@ -314,7 +314,9 @@ async fn write_events(
         *committed = inserted.len();
         (inserted, results)
     };
-    let written = draft.plan.keep(|event| inserted.contains_key(event));
+    let written = draft
+        .plan
+        .keep(|event, delivery| inserted.wrote(event, delivery));
     state.metrics.events_created.inc_by(inserted.len() as u64);
     state
         .metrics
@@ -332,7 +334,7 @@ async fn outcomes(
     project: &Project,
     events: &[NewEvent],
     draft: &Draft,
-    inserted: &HashMap<String, DateTime<Utc>>,
+    inserted: &Inserted,
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
     let raced: Vec<usize> = (0..events.len())
         .filter(|&i| !inserted.contains_key(draft.ids[i].as_str()))
@@ -341,7 +343,7 @@ async fn outcomes(
     let mut results = Vec::with_capacity(events.len());
     for (i, (event, id)) in events.iter().zip(&draft.ids).enumerate() {
         let accepted = match inserted.get(id.as_str()) {
-            Some(&created_at) => created(id, event, created_at, draft, i),
+            Some(&created_at) => created(id, event, created_at, draft, i, inserted),
             None => {
                 let winner = winners.get(&i).ok_or(ApiError::IdempotencyConflict)?;
                 replayed(winner, event)?
@@ -358,10 +360,13 @@ fn created(
     created_at: DateTime<Utc>,
     draft: &Draft,
     position: usize,
+    inserted: &Inserted,
 ) -> AcceptedEvent {
     let plan = &draft.plan;
+    // The Deliveries written: a payload filter may have declined some of those planned.
     let mut deliveries: Vec<DeliveryRef> = draft.spans[position]
         .clone()
+        .filter(|&d| !inserted.declined.contains(&plan.ids[d]))
         .map(|d| DeliveryRef {
             id: plan.ids[d].clone(),
             endpoint_id: plan.endpoint_ids[d].clone(),

@@ -40,7 +40,7 @@
 //!   ordered by the function (the first inserts, the second is skipped and answered with the
 //!   first's Event), exactly as when they race on two connections.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
@@ -59,8 +59,36 @@ pub const MAX_GROUP_EVENTS: usize = 64;
 /// layer's timeout bounds that wait).
 const QUEUE: usize = 4_096;
 
-/// Event ids with the time their Event committed, for the Events a statement inserted.
-pub(crate) type Inserted = HashMap<String, DateTime<Utc>>;
+/// What a statement wrote: the Events it inserted, with the time each committed, and the
+/// planned Deliveries a payload filter declined (not written).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Inserted {
+    pub events: HashMap<String, DateTime<Utc>>,
+    pub declined: HashSet<String>,
+}
+
+impl Inserted {
+    pub(crate) fn contains_key(&self, event_id: &str) -> bool {
+        self.events.contains_key(event_id)
+    }
+
+    pub(crate) fn get(&self, event_id: &str) -> Option<&DateTime<Utc>> {
+        self.events.get(event_id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Whether the planned Delivery `id` was written (its Event inserted, no filter declined).
+    pub(crate) fn wrote(&self, event_id: &str, delivery_id: &str) -> bool {
+        self.contains_key(event_id) && !self.declined.contains(delivery_id)
+    }
+}
 
 /// What one ingest statement writes, as the parallel columns `railhook_ingest()` takes:
 /// Events (id, type, payload, key, trace context) and the planned Deliveries.
@@ -105,9 +133,9 @@ pub(crate) async fn insert_rows(
 ) -> Result<Inserted, sqlx::Error> {
     let plan = &rows.plan;
     let found = sqlx::query!(
-        r#"SELECT id AS "id!", created_at AS "created_at!"
+        r#"SELECT id AS "id!", created_at AS "created_at!", declined
            FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
-                                $14, $15, $16)"#,
+                                $14, $15, $16, $17)"#,
         project,
         &rows.ids,
         &rows.types,
@@ -123,11 +151,17 @@ pub(crate) async fn insert_rows(
         &rows.tracestates as &[Option<String>],
         &rows.applications as &[Option<String>],
         &rows.channels as &[Option<String>],
-        &rows.event_uids as &[Option<String>]
+        &rows.event_uids as &[Option<String>],
+        &plan.filters as &[Option<String>]
     )
     .fetch_all(db)
     .await?;
-    Ok(found.into_iter().map(|r| (r.id, r.created_at)).collect())
+    let mut inserted = Inserted::default();
+    for r in found {
+        inserted.declined.extend(r.declined.unwrap_or_default());
+        inserted.events.insert(r.id, r.created_at);
+    }
+    Ok(inserted)
 }
 
 /// Opens the pool's connections ahead and runs the ingest statement once on each with
@@ -159,7 +193,7 @@ async fn insert_or_find(
     };
     match written {
         Ok(inserted) => Ok(inserted),
-        Err(e) => match committed(pool, &rows.ids).await {
+        Err(e) => match committed(pool, &rows.ids, &rows.plan).await {
             Ok(found) if !found.is_empty() => {
                 tracing::warn!(
                     events = found.len(),
@@ -173,9 +207,14 @@ async fn insert_or_find(
     }
 }
 
-/// Which of `ids` are stored, with their commit times. The ids carry their day, so the
-/// range bounds let Postgres open only the day partitions they fall in.
-pub(crate) async fn committed(pool: &PgPool, ids: &[String]) -> Result<Inserted, sqlx::Error> {
+/// Which of `ids` are stored, with their commit times, and which of the filtered Deliveries
+/// of `plan` were declined (not stored). The ids carry their day, so the range bounds let
+/// Postgres open only the day partitions they fall in.
+pub(crate) async fn committed(
+    pool: &PgPool,
+    ids: &[String],
+    plan: &DeliveryPlan,
+) -> Result<Inserted, sqlx::Error> {
     let lowest = ids.iter().min().map_or("", String::as_str);
     let highest = ids.iter().max().map_or("", String::as_str);
     let rows = sqlx::query!(
@@ -187,7 +226,28 @@ pub(crate) async fn committed(pool: &PgPool, ids: &[String]) -> Result<Inserted,
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows.into_iter().map(|r| (r.id, r.created_at)).collect())
+    let mut inserted = Inserted {
+        events: rows.into_iter().map(|r| (r.id, r.created_at)).collect(),
+        declined: HashSet::new(),
+    };
+    let filtered: Vec<String> = (0..plan.ids.len())
+        .filter(|&n| plan.filters[n].is_some() && inserted.contains_key(&plan.event_ids[n]))
+        .map(|n| plan.ids[n].clone())
+        .collect();
+    if !filtered.is_empty() {
+        let lowest = filtered.iter().min().map_or("", String::as_str);
+        let highest = filtered.iter().max().map_or("", String::as_str);
+        let stored = sqlx::query_scalar!(
+            "SELECT id FROM deliveries WHERE id = ANY($1) AND id BETWEEN $2 AND $3",
+            &filtered,
+            lowest,
+            highest
+        )
+        .fetch_all(pool)
+        .await?;
+        inserted.declined = filtered.into_iter().filter(|id| !stored.contains(id)).collect();
+    }
+    Ok(inserted)
 }
 
 /// The test seam for a lost answer: armed, the next statement runs and commits on a
@@ -404,12 +464,22 @@ impl Writer {
         match insert_or_find(&self.pool, &self.faults, project, &all).await {
             Ok(inserted) => {
                 for job in group {
-                    let mine: Inserted = job
-                        .rows
-                        .ids
-                        .iter()
-                        .filter_map(|id| inserted.get(id).map(|at| (id.clone(), *at)))
-                        .collect();
+                    let mine = Inserted {
+                        events: job
+                            .rows
+                            .ids
+                            .iter()
+                            .filter_map(|id| inserted.get(id).map(|at| (id.clone(), *at)))
+                            .collect(),
+                        declined: job
+                            .rows
+                            .plan
+                            .ids
+                            .iter()
+                            .filter(|id| inserted.declined.contains(*id))
+                            .cloned()
+                            .collect(),
+                    };
                     let _ = job.reply.send(Ok(mine));
                 }
             }

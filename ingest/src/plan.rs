@@ -47,6 +47,9 @@ pub(crate) struct DeliveryPlan {
     pub(crate) endpoint_ids: Vec<String>,
     pub(crate) subscription_ids: Vec<String>,
     pub(crate) ordered: Vec<bool>,
+    /// The payload filter the statement applies to each (`None`: none), as
+    /// [`Candidate::filter`] combines it.
+    pub(crate) filters: Vec<Option<String>>,
 }
 
 impl DeliveryPlan {
@@ -57,17 +60,19 @@ impl DeliveryPlan {
         self.subscription_ids
             .extend_from_slice(&other.subscription_ids);
         self.ordered.extend_from_slice(&other.ordered);
+        self.filters.extend_from_slice(&other.filters);
     }
 
-    /// The planned Deliveries whose Event passes `keep`.
-    pub(crate) fn keep(&self, keep: impl Fn(&str) -> bool) -> DeliveryPlan {
+    /// The planned Deliveries that `keep` keeps (given the Event id and the Delivery id).
+    pub(crate) fn keep(&self, keep: impl Fn(&str, &str) -> bool) -> DeliveryPlan {
         let mut out = DeliveryPlan::default();
-        for n in (0..self.ids.len()).filter(|&n| keep(&self.event_ids[n])) {
+        for n in (0..self.ids.len()).filter(|&n| keep(&self.event_ids[n], &self.ids[n])) {
             out.ids.push(self.ids[n].clone());
             out.event_ids.push(self.event_ids[n].clone());
             out.endpoint_ids.push(self.endpoint_ids[n].clone());
             out.subscription_ids.push(self.subscription_ids[n].clone());
             out.ordered.push(self.ordered[n]);
+            out.filters.push(self.filters[n].clone());
         }
         out
     }
@@ -75,6 +80,8 @@ impl DeliveryPlan {
 
 /// One Delivery per (Event, endpoint) of the Event's audience: an endpoint with two matching
 /// subscriptions still gets the Event once (ordered if either subscription asks for order).
+/// Of several matching subscriptions, the Delivery is declined only if every one's filter
+/// declines: the filters are joined with `||`, and an unfiltered one drops the filter.
 /// This is the one place an Event's scope and channels are decided, so the Deliveries stored
 /// with an Event can never disagree with them.
 pub(crate) fn plan_deliveries(
@@ -91,6 +98,10 @@ pub(crate) fn plan_deliveries(
     {
         if let Some(&at) = seen.get(sub.endpoint_id.as_str()) {
             plan.ordered[at] |= sub.ordered;
+            plan.filters[at] = match (plan.filters[at].take(), sub.filter()) {
+                (Some(a), Some(b)) => Some(format!("({a}) || ({b})")),
+                _ => None,
+            };
             continue;
         }
         seen.insert(&sub.endpoint_id, plan.ids.len());
@@ -99,6 +110,7 @@ pub(crate) fn plan_deliveries(
         plan.endpoint_ids.push(sub.endpoint_id.clone());
         plan.subscription_ids.push(sub.subscription_id.clone());
         plan.ordered.push(sub.ordered);
+        plan.filters.push(sub.filter());
     }
 }
 
@@ -115,6 +127,8 @@ mod tests {
             ordered: false,
             application_id: application.map(str::to_owned),
             channels: channels.map(|c| c.iter().map(|s| (*s).to_owned()).collect()),
+            endpoint_filter: None,
+            subscription_filter: None,
         }
     }
 

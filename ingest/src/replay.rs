@@ -82,7 +82,7 @@ pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
     )
     .await?;
     let plan = plan(&mut tx, &project_id, endpoint_id.as_deref(), &events).await?;
-    insert(&mut tx, &project_id, &id, &plan).await?;
+    let created = insert(&mut tx, &project_id, &id, &plan).await?;
     let last = events.last().map(|e| e.id.clone());
     let finished = (events.len() as i64) < BATCH_EVENTS;
     sqlx::query!(
@@ -95,7 +95,7 @@ pub async fn step(pool: &PgPool) -> Result<bool, sqlx::Error> {
         id,
         last,
         events.len() as i64,
-        plan.ids.len() as i64,
+        created,
         finished
     )
     .execute(&mut *tx)
@@ -112,6 +112,9 @@ struct Plan {
     endpoint_ids: Vec<String>,
     subscription_ids: Vec<Option<String>>,
     directions: Vec<&'static str>,
+    /// The payload filter of today for each (docs/ROUTING.md: a Replay applies the filters
+    /// the endpoints and subscriptions have now, not those they had when the Event came).
+    filters: Vec<Option<String>>,
 }
 
 async fn plan(
@@ -167,7 +170,7 @@ async fn plan(
             .iter()
             .filter(|(ep, src)| src == source && wanted(ep))
         {
-            plan.push(&event.id, endpoint, None, "incoming");
+            plan.push(&event.id, endpoint, None, "incoming", None);
         }
     }
     for n in 0..outgoing.ids.len() {
@@ -176,6 +179,7 @@ async fn plan(
             &outgoing.endpoint_ids[n],
             Some(&outgoing.subscription_ids[n]),
             "outgoing",
+            outgoing.filters[n].clone(),
         );
     }
     Ok(plan)
@@ -188,47 +192,58 @@ impl Plan {
         endpoint: &str,
         subscription: Option<&str>,
         direction: &'static str,
+        filter: Option<String>,
     ) {
         self.ids.push(DeliveryId::generate().into_string());
         self.event_ids.push(event.to_owned());
         self.endpoint_ids.push(endpoint.to_owned());
         self.subscription_ids.push(subscription.map(str::to_owned));
         self.directions.push(direction);
+        self.filters.push(filter);
     }
 }
 
-/// The batch's Deliveries and their Outbox rows, in one statement so neither exists alone.
+/// The batch's Deliveries and their Outbox rows, in one statement so neither exists alone;
+/// a filtered Delivery is written only if its filter holds for the Event's payload (as the
+/// ingest statement decides it). Returns how many Deliveries were written.
 async fn insert(
     tx: &mut PgConnection,
     project_id: &str,
     replay_id: &str,
     plan: &Plan,
-) -> Result<(), sqlx::Error> {
+) -> Result<i64, sqlx::Error> {
     if plan.ids.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
-    sqlx::query!(
-        "WITH d AS (
+    let written = sqlx::query_scalar!(
+        r#"WITH d AS (
              INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
                                      direction, origin, replay_id)
              SELECT x.id, $1, x.event_id, x.endpoint_id, x.subscription_id, x.direction,
                     'replay', $2
-             FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
-                  WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, direction, n)
+             FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+                  WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, direction,
+                                       filter, n)
+             WHERE x.filter IS NULL
+                OR coalesce((SELECT v.payload @@ x.filter::jsonpath FROM events v
+                             WHERE v.id = x.event_id LIMIT 1), false)
              ORDER BY x.n
              RETURNING id, endpoint_id
+         ), announced AS (
+             INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
+             SELECT d.id, d.endpoint_id, $1, 'REPLAY' FROM d ORDER BY d.id
          )
-         INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason)
-         SELECT d.id, d.endpoint_id, $1, 'REPLAY' FROM d ORDER BY d.id",
+         SELECT count(*) AS "written!" FROM d"#,
         project_id,
         replay_id,
         &plan.ids,
         &plan.event_ids,
         &plan.endpoint_ids,
         &plan.subscription_ids as &[Option<String>],
-        &plan.directions as &[&str]
+        &plan.directions as &[&str],
+        &plan.filters as &[Option<String>]
     )
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
-    Ok(())
+    Ok(written)
 }

@@ -17,6 +17,7 @@ pub mod endpoints;
 pub mod event_types;
 pub mod events;
 pub mod failed;
+pub mod filters;
 pub mod health;
 pub mod operational_endpoints;
 pub mod portal;

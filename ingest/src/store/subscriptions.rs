@@ -21,6 +21,22 @@ pub struct Candidate {
     /// The endpoint's application (`None`: a project endpoint) and channels.
     pub(crate) application_id: Option<String>,
     pub(crate) channels: Option<Vec<String>>,
+    /// The endpoint's payload filter and the subscription's own (jsonpath text, each
+    /// validated when stored: routes/filters.rs).
+    pub(crate) endpoint_filter: Option<String>,
+    pub(crate) subscription_filter: Option<String>,
+}
+
+impl Candidate {
+    /// The filter a Delivery through this subscription must pass: the endpoint's and the
+    /// subscription's together (`&&`), either alone, or none.
+    pub(crate) fn filter(&self) -> Option<String> {
+        match (&self.endpoint_filter, &self.subscription_filter) {
+            (Some(e), Some(s)) => Some(format!("({e}) && ({s})")),
+            (Some(one), None) | (None, Some(one)) => Some(one.clone()),
+            (None, None) => None,
+        }
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -33,6 +49,10 @@ struct SubscriptionRow {
     application_id: Option<String>,
     #[serde(default)]
     channels: Option<Vec<String>>,
+    #[serde(default)]
+    endpoint_filter: Option<String>,
+    #[serde(default)]
+    filter: Option<String>,
 }
 
 /// Reads what `railhook_live_subscriptions` returns; `None` only if the database sent
@@ -53,6 +73,8 @@ fn parse(json: &str) -> Option<Vec<Candidate>> {
                 ordered: s.ordered,
                 application_id: s.application_id,
                 channels: s.channels,
+                endpoint_filter: s.endpoint_filter,
+                subscription_filter: s.filter,
             })
             .collect(),
     )

@@ -1,0 +1,451 @@
+//! Endpoint transformations (docs/ROUTING.md): a small JavaScript program, written by whoever
+//! manages the endpoint, that reshapes what one endpoint receives, or skips it.
+//!
+//! The program declares `function handler(webhook)`. It gets `{method, url, eventType,
+//! payload, headers}` (Svix's shape, so a Svix transformation runs unchanged; `headers` are
+//! the endpoint's custom headers) and returns that object changed: `payload` becomes the body
+//! (as JSON), `method` may be `POST` or `PUT`, `url` may change its path and query but not its
+//! scheme, host or port, `headers` adds headers (never one Railhook sets), and
+//! `cancel = true` skips the Delivery.
+//!
+//! Invariant: a program can neither hang nor exhaust the worker, nor reach anything outside
+//! its input. It runs in QuickJS (rquickjs; docs/ROUTING.md has the measurement behind the
+//! choice), in a runtime of its own made for this one run and dropped after it, with
+//! - a wall-clock limit ([`Limits::time`]), enforced by QuickJS's interrupt handler, which the
+//!   interpreter polls inside loops and calls: `for(;;){}` ends with "time limit";
+//! - a memory limit ([`Limits::memory_bytes`]) on the runtime's allocator and a stack limit:
+//!   an allocation past it fails inside the program ("memory limit");
+//! - an output limit ([`Limits::output_bytes`]) on what it returns;
+//! - no host functions at all: the context has the language's own objects (JSON, RegExp,
+//!   Map/Set) and nothing else: no `Date` or `performance` (no clock), no module loader, no
+//!   `require`, no `std`/`os` (no file or network). A program that reaches for one gets a
+//!   `ReferenceError` and fails.
+//!
+//! Every failure is a [`Failure`] with a short reason in the API's words; none panics.
+//! A run is CPU work of up to [`Limits::time`]: callers run it on a blocking thread.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rquickjs::context::intrinsic;
+use rquickjs::{CatchResultExt, CaughtError, Context, Function, Runtime, Value};
+use serde::{Deserialize, Serialize};
+
+/// The sandbox's limits for one run.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Wall-clock time for the whole run: loading the program and calling the handler.
+    pub time: Duration,
+    /// The runtime's heap (the input object included).
+    pub memory_bytes: usize,
+    /// The interpreter's stack (deep recursion ends with "stack overflow").
+    pub stack_bytes: usize,
+    /// The returned object, as JSON.
+    pub output_bytes: usize,
+}
+
+/// The limits every transformation runs under (docs/ROUTING.md gives them as measured).
+pub const LIMITS: Limits = Limits {
+    time: Duration::from_millis(100),
+    memory_bytes: 32 << 20,
+    stack_bytes: 256 << 10,
+    output_bytes: 1 << 20,
+};
+
+/// The longest program accepted, in bytes.
+pub const MAX_CODE_BYTES: usize = 64 << 10;
+
+/// What the program is given.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Input<'a> {
+    pub method: &'a str,
+    pub url: &'a str,
+    pub event_type: &'a str,
+    /// The Event's payload (JSON text).
+    pub payload: &'a serde_json::value::RawValue,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// What the program decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Send(Request),
+    /// `cancel = true`: nothing is sent for this Delivery.
+    Skip,
+}
+
+/// What a transformed Attempt sends: recorded with the Attempt as it was sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub method: String,
+    pub url: String,
+    /// The headers the program added (besides the endpoint's own and Railhook's).
+    pub headers: BTreeMap<String, String>,
+    /// The body: the returned `payload` as JSON.
+    pub body: String,
+}
+
+/// Why a run produced nothing to send. Each is permanent for the Delivery: the same program
+/// on the same Event fails the same way.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    #[error("the program does not compile: {0}")]
+    Syntax(String),
+    #[error("the program declares no `function handler(webhook)`")]
+    NoHandler,
+    #[error("the handler threw: {0}")]
+    Threw(String),
+    #[error("the program ran past its time limit of {0} ms")]
+    TimeLimit(u128),
+    #[error("the program used more than its memory limit of {0} MiB")]
+    MemoryLimit(usize),
+    #[error("the program's result is larger than {0} bytes")]
+    OutputTooLarge(usize),
+    #[error("the program's result is invalid: {0}")]
+    InvalidResult(String),
+}
+
+impl Failure {
+    /// A stable code for the Failure (API responses, the Delivery's failure reason).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Failure::Syntax(_) => "syntax",
+            Failure::NoHandler => "no_handler",
+            Failure::Threw(_) => "threw",
+            Failure::TimeLimit(_) => "time_limit",
+            Failure::MemoryLimit(_) => "memory_limit",
+            Failure::OutputTooLarge(_) => "output_too_large",
+            Failure::InvalidResult(_) => "invalid_result",
+        }
+    }
+}
+
+/// What the handler may return, read from its JSON.
+#[derive(Deserialize)]
+struct Returned {
+    method: Option<String>,
+    url: Option<String>,
+    payload: Option<serde_json::Value>,
+    #[serde(default)]
+    headers: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    cancel: bool,
+}
+
+/// A fresh runtime with the limits, and a context with the language only.
+fn sandbox(limits: &Limits, deadline: Instant) -> Result<(Runtime, Context), Failure> {
+    let internal = |e: rquickjs::Error| Failure::Threw(format!("the sandbox did not start: {e}"));
+    let runtime = Runtime::new().map_err(internal)?;
+    runtime.set_memory_limit(limits.memory_bytes);
+    runtime.set_max_stack_size(limits.stack_bytes);
+    runtime.set_interrupt_handler(Some(Box::new(move || Instant::now() >= deadline)));
+    let context = Context::custom::<(
+        intrinsic::Eval,
+        intrinsic::Json,
+        intrinsic::RegExpCompiler,
+        intrinsic::RegExp,
+        intrinsic::MapSet,
+    )>(&runtime)
+    .map_err(internal)?;
+    Ok((runtime, context))
+}
+
+/// What QuickJS raised, as text: the error's name, message and where it was thrown.
+fn caught(error: &CaughtError<'_>) -> String {
+    match error {
+        CaughtError::Exception(e) => {
+            let message = e.message().unwrap_or_default();
+            let stack = e.stack().unwrap_or_default();
+            let at = stack.lines().next().unwrap_or("").trim().to_owned();
+            let name = e
+                .get::<_, Option<String>>("name")
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| "Error".to_owned());
+            if at.is_empty() {
+                format!("{name}: {message}")
+            } else {
+                format!("{name}: {message} ({at})")
+            }
+        }
+        CaughtError::Value(v) => format!("a non-error value: {}", describe(v)),
+        CaughtError::Error(e) => e.to_string(),
+    }
+}
+
+fn describe(v: &Value<'_>) -> String {
+    v.as_string()
+        .and_then(|s| s.to_string().ok())
+        .unwrap_or_else(|| v.type_name().to_owned())
+}
+
+/// Turns what QuickJS raised into a Failure: its interrupt (past the deadline) is the time
+/// limit, an allocation refused is the memory limit, anything else is the program's own.
+fn classify(text: String, limits: &Limits, deadline: Instant) -> Failure {
+    if text.contains("interrupted") && Instant::now() >= deadline {
+        return Failure::TimeLimit(limits.time.as_millis());
+    }
+    if text.contains("out of memory") || text.contains("Allocation") {
+        return Failure::MemoryLimit(limits.memory_bytes >> 20);
+    }
+    Failure::Threw(truncate(text, 300))
+}
+
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+/// Loads `code` and checks that it declares a handler, under the limits (a program's top
+/// level runs too, so it could loop): what the API does before it stores a program.
+pub fn check(code: &str, limits: &Limits) -> Result<(), Failure> {
+    if code.len() > MAX_CODE_BYTES {
+        return Err(Failure::Syntax(format!(
+            "the program is {} bytes; the limit is {MAX_CODE_BYTES}",
+            code.len()
+        )));
+    }
+    let deadline = Instant::now() + limits.time;
+    let (_runtime, context) = sandbox(limits, deadline)?;
+    context.with(|ctx| {
+        let loaded: rquickjs::Result<()> = ctx.eval(code);
+        if let Err(e) = loaded.catch(&ctx) {
+            let text = caught(&e);
+            return Err(match classify(text, limits, deadline) {
+                Failure::Threw(t) if t.starts_with("SyntaxError") => Failure::Syntax(t),
+                other => other,
+            });
+        }
+        match ctx.globals().get::<_, Value>("handler") {
+            Ok(v) if v.is_function() => Ok(()),
+            _ => Err(Failure::NoHandler),
+        }
+    })
+}
+
+/// Runs `code` on `input` under `limits`. The result's URL must keep the scheme, host and
+/// port of `input.url` (the endpoint's).
+pub fn run(code: &str, input: &Input<'_>, limits: &Limits) -> Result<Outcome, Failure> {
+    let deadline = Instant::now() + limits.time;
+    let input_json =
+        serde_json::to_string(input).map_err(|e| Failure::InvalidResult(e.to_string()))?;
+    let (_runtime, context) = sandbox(limits, deadline)?;
+    let output = context.with(|ctx| -> Result<String, Failure> {
+        let fail = |e: CaughtError<'_>| classify(caught(&e), limits, deadline);
+        let loaded: rquickjs::Result<()> = ctx.eval(code);
+        loaded.catch(&ctx).map_err(|e| match fail(e) {
+            Failure::Threw(t) if t.starts_with("SyntaxError") => Failure::Syntax(t),
+            other => other,
+        })?;
+        let handler: Function = ctx
+            .globals()
+            .get::<_, Value>("handler")
+            .ok()
+            .and_then(|v| v.into_function())
+            .ok_or(Failure::NoHandler)?;
+        let argument = ctx.json_parse(input_json.as_str()).catch(&ctx).map_err(fail)?;
+        let returned: Value = handler.call((argument,)).catch(&ctx).map_err(fail)?;
+        if !returned.is_object() {
+            return Err(Failure::InvalidResult(format!(
+                "the handler must return the webhook object; it returned {}",
+                returned.type_name()
+            )));
+        }
+        let text = ctx.json_stringify(returned).catch(&ctx).map_err(fail)?;
+        let text = text
+            .map(|s| s.to_string())
+            .transpose()
+            .map_err(|e| Failure::InvalidResult(e.to_string()))?
+            .unwrap_or_default();
+        Ok(text)
+    })?;
+    if output.len() > limits.output_bytes {
+        return Err(Failure::OutputTooLarge(limits.output_bytes));
+    }
+    decide(&output, input)
+}
+
+/// Reads the handler's returned object: what to send, or skip.
+fn decide(output: &str, input: &Input<'_>) -> Result<Outcome, Failure> {
+    let invalid = |s: String| Failure::InvalidResult(s);
+    let r: Returned = serde_json::from_str(output).map_err(|e| invalid(e.to_string()))?;
+    if r.cancel {
+        return Ok(Outcome::Skip);
+    }
+    let method = r.method.unwrap_or_else(|| input.method.to_owned());
+    if method != "POST" && method != "PUT" {
+        return Err(invalid(format!("method must be POST or PUT, not {method:?}")));
+    }
+    let url = match r.url {
+        None => input.url.to_owned(),
+        Some(u) => same_origin(input.url, &u)?,
+    };
+    let payload = r
+        .payload
+        .ok_or_else(|| invalid("payload is missing: return the webhook object with a payload".to_owned()))?;
+    let mut headers = BTreeMap::new();
+    for (name, value) in r.headers {
+        let name = name.to_ascii_lowercase();
+        let serde_json::Value::String(value) = value else {
+            return Err(invalid(format!("header {name} must be a string")));
+        };
+        check_header(&name, &value, input)?;
+        headers.insert(name, value);
+    }
+    Ok(Outcome::Send(Request {
+        method,
+        url,
+        headers,
+        body: payload.to_string(),
+    }))
+}
+
+/// A returned header must be a valid name and value, not one Railhook sets itself, and not
+/// one of the endpoint's own (those stay as configured).
+fn check_header(name: &str, value: &str, input: &Input<'_>) -> Result<(), Failure> {
+    let invalid = |s: String| Failure::InvalidResult(s);
+    let token = !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+        });
+    if !token {
+        return Err(invalid(format!("{name:?} is not a valid header name")));
+    }
+    if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+        return Err(invalid(format!("header {name} holds a line break")));
+    }
+    if crate::headers::is_reserved(name) || name == "authorization" {
+        return Err(invalid(format!("header {name} is set by Railhook")));
+    }
+    if input.headers.keys().any(|k| k.eq_ignore_ascii_case(name)) {
+        return Err(invalid(format!("header {name} is the endpoint's own")));
+    }
+    Ok(())
+}
+
+/// The returned URL, if it keeps the endpoint's scheme, host and port.
+fn same_origin(endpoint: &str, returned: &str) -> Result<String, Failure> {
+    let invalid = |s: String| Failure::InvalidResult(s);
+    let base = url::Url::parse(endpoint).map_err(|e| invalid(e.to_string()))?;
+    let next = base
+        .join(returned)
+        .map_err(|e| invalid(format!("url {returned:?} is not a URL: {e}")))?;
+    if next.origin() != base.origin() {
+        return Err(invalid(
+            "url may change the path and query only, not the scheme, host or port".to_owned(),
+        ));
+    }
+    Ok(next.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(payload: &str) -> (Box<serde_json::value::RawValue>, BTreeMap<String, String>) {
+        (
+            serde_json::value::RawValue::from_string(payload.to_owned()).unwrap(),
+            BTreeMap::new(),
+        )
+    }
+
+    fn go(code: &str, payload: &str) -> Result<Outcome, Failure> {
+        let (raw, headers) = input(payload);
+        let i = Input {
+            method: "POST",
+            url: "https://hooks.example.com/in?x=1",
+            event_type: "order.paid",
+            payload: &raw,
+            headers,
+        };
+        run(code, &i, &LIMITS)
+    }
+
+    #[test]
+    fn a_handler_reshapes_the_body_path_and_headers() {
+        let code = r#"function handler(w) {
+            w.payload = {text: `${w.eventType}: ${w.payload.amount}`};
+            w.url = "/slack?team=1"; w.method = "PUT"; w.headers = {"X-Team": "ops"};
+            return w; }"#;
+        let Ok(Outcome::Send(r)) = go(code, r#"{"amount": 5}"#) else {
+            panic!("not sent")
+        };
+        assert_eq!(r.body, r#"{"text":"order.paid: 5"}"#);
+        assert_eq!(r.url, "https://hooks.example.com/slack?team=1");
+        assert_eq!(r.method, "PUT");
+        assert_eq!(r.headers.get("x-team").map(String::as_str), Some("ops"));
+    }
+
+    #[test]
+    fn cancel_skips() {
+        let code = "function handler(w) { w.cancel = w.payload.n < 3; return w; }";
+        assert_eq!(go(code, r#"{"n": 1}"#), Ok(Outcome::Skip));
+        assert!(matches!(go(code, r#"{"n": 5}"#), Ok(Outcome::Send(_))));
+    }
+
+    #[test]
+    fn limits_and_refusals_are_failures_not_crashes() {
+        let t = Instant::now();
+        assert_eq!(go("function handler(w) { for (;;) {} }", "{}"), Err(Failure::TimeLimit(100)));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let hog = "function handler(w) { const a = []; for (;;) a.push('x'.repeat(1 << 16)); }";
+        assert_eq!(go(hog, "{}"), Err(Failure::MemoryLimit(32)));
+        let deep = "function f(n) { return f(n + 1) + 1; } function handler(w) { return f(0); }";
+        assert!(matches!(go(deep, "{}"), Err(Failure::Threw(t)) if t.contains("stack")));
+        for reach in [
+            "require('fs').readFileSync('/etc/passwd')",
+            "std.loadFile('/etc/passwd')",
+            "os.open('/etc/passwd')",
+            "Date.now()",
+            "performance.now()",
+            "fetch('http://127.0.0.1')",
+        ] {
+            let code = format!("function handler(w) {{ w.payload = {reach}; return w; }}");
+            let got = go(&code, "{}");
+            assert!(
+                matches!(&got, Err(Failure::Threw(t)) if t.starts_with("ReferenceError")),
+                "{reach}: {got:?}"
+            );
+        }
+        assert!(matches!(go("function handler(w) {", "{}"), Err(Failure::Syntax(_))));
+        assert_eq!(go("const x = 1;", "{}"), Err(Failure::NoHandler));
+        let huge = "function handler(w) { w.payload = 'x'.repeat(2 << 20); return w; }";
+        assert_eq!(go(huge, "{}"), Err(Failure::OutputTooLarge(1 << 20)));
+    }
+
+    #[test]
+    fn results_that_would_escape_the_endpoint_are_refused() {
+        for (change, why) in [
+            ("w.url = 'https://elsewhere.example.com/'", "scheme, host or port"),
+            ("w.url = 'http://hooks.example.com/in'", "scheme, host or port"),
+            ("w.method = 'DELETE'", "POST or PUT"),
+            ("w.headers = {'webhook-signature': 'v1,x'}", "set by Railhook"),
+            ("w.headers = {'x-a': 'b\\r\\nx-c: d'}", "line break"),
+            ("return 42", "must return"),
+            ("delete w.payload", "payload is missing"),
+        ] {
+            let code = format!("function handler(w) {{ {change}; return w; }}");
+            let got = go(&code, "{}");
+            assert!(
+                matches!(&got, Err(Failure::InvalidResult(t)) if t.contains(why)),
+                "{change}: {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn check_refuses_what_cannot_run() {
+        assert!(check("function handler(w) { return w; }", &LIMITS).is_ok());
+        assert!(matches!(check("function handler(", &LIMITS), Err(Failure::Syntax(_))));
+        assert_eq!(check("let handler = 3;", &LIMITS), Err(Failure::NoHandler));
+        assert_eq!(check("for (;;) {}", &LIMITS), Err(Failure::TimeLimit(100)));
+    }
+}
