@@ -67,6 +67,13 @@ pub struct Input<'a> {
     pub headers: BTreeMap<String, String>,
 }
 
+crate::words! {
+    /// What a run came to: the `outcome` label of the worker's
+    /// `railhook_worker_transformation_duration_seconds`, and the word the endpoint's last
+    /// result and the test route use.
+    RunOutcome { Send, Skip, Failed }
+}
+
 /// What the program decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -251,7 +258,10 @@ pub fn run(code: &str, input: &Input<'_>, limits: &Limits) -> Result<Outcome, Fa
             .ok()
             .and_then(|v| v.into_function())
             .ok_or(Failure::NoHandler)?;
-        let argument = ctx.json_parse(input_json.as_str()).catch(&ctx).map_err(fail)?;
+        let argument = ctx
+            .json_parse(input_json.as_str())
+            .catch(&ctx)
+            .map_err(fail)?;
         let returned: Value = handler.call((argument,)).catch(&ctx).map_err(fail)?;
         if !returned.is_object() {
             return Err(Failure::InvalidResult(format!(
@@ -282,15 +292,17 @@ fn decide(output: &str, input: &Input<'_>) -> Result<Outcome, Failure> {
     }
     let method = r.method.unwrap_or_else(|| input.method.to_owned());
     if method != "POST" && method != "PUT" {
-        return Err(invalid(format!("method must be POST or PUT, not {method:?}")));
+        return Err(invalid(format!(
+            "method must be POST or PUT, not {method:?}"
+        )));
     }
     let url = match r.url {
         None => input.url.to_owned(),
         Some(u) => same_origin(input.url, &u)?,
     };
-    let payload = r
-        .payload
-        .ok_or_else(|| invalid("payload is missing: return the webhook object with a payload".to_owned()))?;
+    let payload = r.payload.ok_or_else(|| {
+        invalid("payload is missing: return the webhook object with a payload".to_owned())
+    })?;
     let mut headers = BTreeMap::new();
     for (name, value) in r.headers {
         let name = name.to_ascii_lowercase();
@@ -313,9 +325,9 @@ fn decide(output: &str, input: &Input<'_>) -> Result<Outcome, Failure> {
 fn check_header(name: &str, value: &str, input: &Input<'_>) -> Result<(), Failure> {
     let invalid = |s: String| Failure::InvalidResult(s);
     let token = !name.is_empty()
-        && name.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-        });
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
     if !token {
         return Err(invalid(format!("{name:?} is not a valid header name")));
     }
@@ -352,7 +364,7 @@ mod tests {
 
     fn input(payload: &str) -> (Box<serde_json::value::RawValue>, BTreeMap<String, String>) {
         (
-            serde_json::value::RawValue::from_string(payload.to_owned()).unwrap(),
+            serde_json::value::RawValue::from_string(payload.to_owned()).expect("json"),
             BTreeMap::new(),
         )
     }
@@ -394,7 +406,10 @@ mod tests {
     #[test]
     fn limits_and_refusals_are_failures_not_crashes() {
         let t = Instant::now();
-        assert_eq!(go("function handler(w) { for (;;) {} }", "{}"), Err(Failure::TimeLimit(100)));
+        assert_eq!(
+            go("function handler(w) { for (;;) {} }", "{}"),
+            Err(Failure::TimeLimit(100))
+        );
         assert!(t.elapsed() < Duration::from_secs(5));
         let hog = "function handler(w) { const a = []; for (;;) a.push('x'.repeat(1 << 16)); }";
         assert_eq!(go(hog, "{}"), Err(Failure::MemoryLimit(32)));
@@ -415,7 +430,10 @@ mod tests {
                 "{reach}: {got:?}"
             );
         }
-        assert!(matches!(go("function handler(w) {", "{}"), Err(Failure::Syntax(_))));
+        assert!(matches!(
+            go("function handler(w) {", "{}"),
+            Err(Failure::Syntax(_))
+        ));
         assert_eq!(go("const x = 1;", "{}"), Err(Failure::NoHandler));
         let huge = "function handler(w) { w.payload = 'x'.repeat(2 << 20); return w; }";
         assert_eq!(go(huge, "{}"), Err(Failure::OutputTooLarge(1 << 20)));
@@ -424,10 +442,19 @@ mod tests {
     #[test]
     fn results_that_would_escape_the_endpoint_are_refused() {
         for (change, why) in [
-            ("w.url = 'https://elsewhere.example.com/'", "scheme, host or port"),
-            ("w.url = 'http://hooks.example.com/in'", "scheme, host or port"),
+            (
+                "w.url = 'https://elsewhere.example.com/'",
+                "scheme, host or port",
+            ),
+            (
+                "w.url = 'http://hooks.example.com/in'",
+                "scheme, host or port",
+            ),
             ("w.method = 'DELETE'", "POST or PUT"),
-            ("w.headers = {'webhook-signature': 'v1,x'}", "set by Railhook"),
+            (
+                "w.headers = {'webhook-signature': 'v1,x'}",
+                "set by Railhook",
+            ),
             ("w.headers = {'x-a': 'b\\r\\nx-c: d'}", "line break"),
             ("return 42", "must return"),
             ("delete w.payload", "payload is missing"),
@@ -444,7 +471,10 @@ mod tests {
     #[test]
     fn check_refuses_what_cannot_run() {
         assert!(check("function handler(w) { return w; }", &LIMITS).is_ok());
-        assert!(matches!(check("function handler(", &LIMITS), Err(Failure::Syntax(_))));
+        assert!(matches!(
+            check("function handler(", &LIMITS),
+            Err(Failure::Syntax(_))
+        ));
         assert_eq!(check("let handler = 3;", &LIMITS), Err(Failure::NoHandler));
         assert_eq!(check("for (;;) {}", &LIMITS), Err(Failure::TimeLimit(100)));
     }

@@ -245,7 +245,10 @@ pub(crate) async fn committed(
         )
         .fetch_all(pool)
         .await?;
-        inserted.declined = filtered.into_iter().filter(|id| !stored.contains(id)).collect();
+        inserted.declined = filtered
+            .into_iter()
+            .filter(|id| !stored.contains(id))
+            .collect();
     }
     Ok(inserted)
 }

@@ -28,6 +28,7 @@ fn report(outcome: Outcome) -> Report {
         error: None,
         excerpt: None,
         sent: true,
+        request: None,
     }
 }
 
@@ -668,6 +669,7 @@ async fn the_worker_pool_plans_its_outcome_write_once_over_a_month_of_partitions
     };
     let unsent = Report {
         sent: false,
+        request: None,
         ..report(Outcome::Delivered)
     };
     let mut settings = crate::support::settings(

@@ -35,6 +35,7 @@ mod quota;
 mod redis_cluster;
 mod relay;
 mod retention;
+mod routing;
 mod secrets;
 mod svix_sdk;
 mod transports;

@@ -48,6 +48,8 @@ pub struct Attempt {
     pub delivery_id: String,
     pub event_id: String,
     pub event_type: String,
+    /// POST, or PUT when the endpoint's transformation asked for it.
+    pub method: reqwest::Method,
     pub url: url::Url,
     pub body: Bytes,
     /// Forwarded provider headers and the endpoint's custom ones, and the body's media type
@@ -71,6 +73,9 @@ pub struct Attempt {
     pub identity: Option<Arc<ClientCertificate>>,
     /// HTTP: the OAuth2 client whose bearer token goes with the request.
     pub oauth: Option<Arc<OAuth2Client>>,
+    /// What the endpoint's transformation made of the Event (method, URL, added headers,
+    /// body), as JSON: recorded with the Attempt (`attempts.request`). `None`: untransformed.
+    pub transformed: Option<String>,
 }
 
 impl Attempt {
@@ -175,6 +180,8 @@ pub struct Report {
     pub excerpt: Option<String>,
     /// False when nothing went on the wire (the SSRF guard refused the target).
     pub sent: bool,
+    /// What a transformed Attempt sent ([`Attempt::transformed`]), for the Attempt row.
+    pub request: Option<String>,
 }
 
 impl Report {

@@ -74,6 +74,10 @@ pub struct Target {
     pub authentication_secret: Option<String>,
     /// The endpoint's client certificate and key for mutual TLS, sealed; opened likewise.
     pub client_certificate_secret: Option<String>,
+    /// The endpoint's transformation, when it is on (common/src/transformation.rs), and the
+    /// outcome it last recorded (`transformation_last`), so a turn writes only a change.
+    pub transformation: Option<String>,
+    pub transformation_last: Option<String>,
 }
 
 /// One row of [`claim_batch`] or [`swap_batch`]: the Claim and what its Attempt needs.
@@ -113,6 +117,8 @@ struct ClaimRow {
     transport_secret: Option<String>,
     authentication_secret: Option<String>,
     client_certificate_secret: Option<String>,
+    transformation: Option<String>,
+    transformation_last: Option<String>,
     /// Goes without the ordering gate: the statement checked the order itself.
     gated: bool,
     /// Parked by the statement, not claimed (`claim_batch` only).
@@ -161,6 +167,8 @@ impl ClaimRow {
             transport_secret: self.transport_secret,
             authentication_secret: self.authentication_secret,
             client_certificate_secret: self.client_certificate_secret,
+            transformation: self.transformation,
+            transformation_last: self.transformation_last,
         };
         (claimed, target)
     }
@@ -206,6 +214,9 @@ macro_rules! claim_rows {
                   v.expunged_at IS NOT NULL AS "expunged!", v.traceparent, v.tracestate,
                   v.id IS NULL AS "event_gone!", e.transport_secret,
                   e.authentication_secret, e.client_certificate_secret,
+                  CASE WHEN e.transformation_enabled THEN e.transformation_code END
+                      AS transformation,
+                  e.transformation_last->>'outcome' AS transformation_last,
                   c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id

@@ -84,7 +84,8 @@ pub async fn finalise(
     //   $5 retry wait in seconds (NULL: none), $6 failure reason, $7 endpoint id,
     //   $8 the endpoint answered 410 and is disabled, $9..$15 the Attempt row (started,
     //   finished, status code, outcome, duration ms, error class, response excerpt),
-    //   $16..$18 the StreakPolicy (disable after seconds, min failures, failing after).
+    //   $16..$18 the StreakPolicy (disable after seconds, min failures, failing after),
+    //   $19 what a transformed Attempt sent (JSON; NULL: untransformed).
     //
     // One statement (one round trip, one commit): the fenced update; the endpoint's failure
     // streak and the disable that only a written 410 or a streak past the policy may cause;
@@ -157,7 +158,7 @@ pub async fn finalise(
            ), attempt AS (
                INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at,
                                      status_code, outcome, duration_ms, error_class,
-                                     response_excerpt, fenced)
+                                     response_excerpt, fenced, request)
                SELECT $1,
                       (SELECT coalesce(max(attempt_number), 0) + 1 FROM attempts WHERE delivery_id = $1),
                       $9, $10, $11, $12, $13, $14,
@@ -167,7 +168,8 @@ pub async fn finalise(
                                 AND EXISTS (SELECT 1 FROM deliveries x WHERE x.id = $1
                                             AND x.failure_reason = 'payload_expunged')
                            THEN NULL ELSE $15 END,
-                      NOT EXISTS (SELECT 1 FROM upd)
+                      NOT EXISTS (SELECT 1 FROM upd),
+                      $19::text::jsonb
                WHERE ($4 = 1)
                RETURNING id
            )
@@ -191,7 +193,8 @@ pub async fn finalise(
         report.excerpt,
         streak.disable_after.as_secs_f64(),
         i32::try_from(streak.min_failures).unwrap_or(i32::MAX),
-        i32::try_from(streak.failing_after).unwrap_or(i32::MAX)
+        i32::try_from(streak.failing_after).unwrap_or(i32::MAX),
+        report.request
     )
     .fetch_one(db)
     .await?;

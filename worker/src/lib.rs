@@ -24,6 +24,7 @@ pub mod runtime;
 pub mod ssrf;
 pub mod successes;
 pub mod sweeps;
+mod transform;
 pub mod transport;
 mod turn;
 mod warm;

@@ -32,9 +32,15 @@ pub const DOZING: &str = "railhook_worker_dozing";
 pub const WAKES_TOTAL: &str = "railhook_worker_wakes_total";
 pub const EXPRESS_HINTS_TOTAL: &str = "railhook_worker_express_hints_total";
 pub const ATTEMPT_DURATION_SECONDS: &str = "railhook_worker_attempt_duration_seconds";
+pub const TRANSFORMATION_DURATION_SECONDS: &str = "railhook_worker_transformation_duration_seconds";
 pub const INTERNAL_ERRORS_TOTAL: &str = "railhook_worker_internal_errors_total";
 pub const OLDEST_DUE_RETRY_AGE_SECONDS: &str = "railhook_worker_oldest_due_retry_age_seconds";
 pub const OLDEST_UNCLAIMED_AGE_SECONDS: &str = "railhook_worker_oldest_unclaimed_age_seconds";
+
+/// Transformations are bounded by their 100 ms time limit: finer buckets below it.
+pub const TRANSFORMATION_BUCKETS: [f64; 10] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+];
 
 /// Buckets for request latencies, fine around a 100 ms objective.
 pub const LATENCY_BUCKETS: [f64; 16] = [
@@ -126,6 +132,9 @@ pub struct WorkerMetrics {
     pub express_hints: IntCounterVec,
     /// Each Attempt's request time by `result` (one of [`AttemptResult`]).
     pub attempt_duration: HistogramVec,
+    /// Endpoint transformations run before an Attempt, by `outcome` (`send`, `skip`,
+    /// `failed`): the time each took in its sandbox.
+    pub transformation_duration: HistogramVec,
     /// Final states reached by this worker's writes: `succeeded` or `failed`.
     pub deliveries_final: IntCounterVec,
     /// `kind`: one of [`InternalError`].
@@ -140,6 +149,7 @@ use railhook_common::AttemptOutcome;
 use railhook_common::metrics_http::{
     FinalOutcome, counter, counters, gauge, gauges, histogram, histograms,
 };
+use railhook_common::transformation::RunOutcome;
 use railhook_common::vocabulary::{
     AttemptResult, BreakerState, DeferralReason, InternalError, Lane,
 };
@@ -312,6 +322,13 @@ impl WorkerMetrics {
                 "Time from an Attempt's request to its response (or error), by result.",
                 "result",
                 &LATENCY_BUCKETS,
+            ),
+            transformation_duration: histograms::<RunOutcome>(
+                &r,
+                TRANSFORMATION_DURATION_SECONDS,
+                "Time an endpoint's transformation took in its sandbox, by outcome (send, skip, failed).",
+                "outcome",
+                &TRANSFORMATION_BUCKETS,
             ),
             deliveries_final: railhook_common::metrics_http::deliveries_final(
                 &r,

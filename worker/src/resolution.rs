@@ -33,6 +33,19 @@ pub(crate) async fn give_up(shared: &Shared, claimed: &Claimed, reason: &str) ->
     }
 }
 
+/// Ends a claimed Delivery without sending anything because the endpoint's own program
+/// said so (a transformation's `cancel`): written like a give-up, but not counted as a
+/// failure. Returns the ordered Delivery it released, if any.
+pub(crate) async fn skip(shared: &Shared, claimed: &Claimed, reason: &str) -> Option<Released> {
+    match resolve(shared, claimed, Resolution::Unsent(reason)).await {
+        Ok(Resolved {
+            wrote: true,
+            released,
+        }) => released,
+        _ => None,
+    }
+}
+
 /// What a resolution's write did.
 pub(crate) struct Resolved {
     /// It landed (the Fence let it through).

@@ -242,6 +242,7 @@ mod tests {
             error,
             excerpt: None,
             sent: error != Some(ErrorClass::TargetRefused),
+            request: None,
         }
     }
 

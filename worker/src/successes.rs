@@ -211,6 +211,7 @@ pub async fn write_successes<'a>(
     outcomes: impl IntoIterator<Item = (&'a Claimed, &'a Report)>,
 ) -> sqlx::Result<Vec<String>> {
     let (mut ids, mut tokens, mut endpoints) = (Vec::new(), Vec::new(), Vec::new());
+    let mut requests: Vec<Option<String>> = Vec::new();
     let (mut started, mut finished, mut codes, mut millis, mut errors, mut excerpts) = (
         Vec::new(),
         Vec::new(),
@@ -229,6 +230,7 @@ pub async fn write_successes<'a>(
         millis.push(r.duration.as_millis().min(i32::MAX as u128) as i32);
         errors.push(r.error.map(|e| e.as_str().to_owned()));
         excerpts.push(r.excerpt.clone());
+        requests.push(r.request.clone());
     }
     // The range lets the executor leave out the partitions no id of the group is in
     // (claim.rs, `id_range`).
@@ -241,9 +243,9 @@ pub async fn write_successes<'a>(
         r#"WITH w AS (
                SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[],
                                     $5::timestamptz[], $6::int4[], $7::int4[], $8::text[],
-                                    $9::text[])
+                                    $9::text[], $13::text[])
                    AS w(id, token, endpoint_id, started_at, finished_at, status_code,
-                        duration_ms, error_class, excerpt)
+                        duration_ms, error_class, excerpt, request)
            ), upd AS (
                UPDATE deliveries d
                SET status = 'SUCCEEDED', claim_token = NULL, attempt_count = d.attempt_count + 1,
@@ -273,7 +275,7 @@ pub async fn write_successes<'a>(
            ), attempt AS (
                INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at,
                                      status_code, outcome, duration_ms, error_class,
-                                     response_excerpt, fenced)
+                                     response_excerpt, fenced, request)
                SELECT w.id,
                       (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
                        WHERE a.delivery_id = w.id AND a.delivery_id BETWEEN $11 AND $12),
@@ -285,7 +287,8 @@ pub async fn write_successes<'a>(
                                             WHERE x.id = w.id AND x.id BETWEEN $11 AND $12
                                               AND x.failure_reason = 'payload_expunged')
                            THEN NULL ELSE w.excerpt END,
-                      w.id NOT IN (SELECT u.id FROM upd u)
+                      w.id NOT IN (SELECT u.id FROM upd u),
+                      w.request::jsonb
                FROM w
                RETURNING id
            )
@@ -302,7 +305,8 @@ pub async fn write_successes<'a>(
         &excerpts as &[Option<String>],
         i32::try_from(streak.failing_after).unwrap_or(i32::MAX),
         lowest,
-        highest
+        highest,
+        &requests as &[Option<String>]
     )
     .fetch_all(db)
     .await?;

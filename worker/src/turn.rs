@@ -22,9 +22,10 @@ use crate::claim::{self, Claimed};
 use crate::fence;
 use crate::limits::{Admission, BreakerState, EndpointLimits, Reason, Verdict, rate_hold};
 use crate::ordering::{self, Gate};
-use crate::resolution::{Released, Resolved, defer, finalise_with_retry, give_up};
+use crate::resolution::{Released, Resolved, defer, finalise_with_retry, give_up, skip};
 use crate::retry_policy::{Climb, Decision};
 use crate::runtime::Shared;
+use crate::transform::{self, Transformed};
 
 /// Delivers a claimed Delivery, then, while each one resolved and released the next parked
 /// ordered Delivery of its endpoint, claims that one and delivers it too, in the same task
@@ -259,6 +260,12 @@ async fn prepare(
         )
         .await);
     };
+    // The endpoint's transformation, if it has one on: what it returns is what is sent.
+    match crate::transform::apply(shared, claimed, &target, &mut attempt).await {
+        Transformed::Send => {}
+        Transformed::Skip => return Err(skip(shared, claimed, transform::SKIPPED).await),
+        Transformed::Failed(reason) => return Err(give_up(shared, claimed, &reason).await),
+    }
     attempt.timeout = attempt.timeout.min(shared.endpoint_timeout_max);
     // Inside the Attempt's span: the receiver's parent is this Attempt.
     let stored = target.traceparent.as_deref().and_then(TraceParent::parse);
@@ -368,7 +375,8 @@ async fn send(
             .await;
         return None;
     }
-    let report = shared.transports.send(attempt).await;
+    let mut report = shared.transports.send(attempt).await;
+    report.request.clone_from(&attempt.transformed);
     let (verdict, pause) = shared.policy.breaker(&report);
     let endpoint = &claimed.endpoint_id;
     if let Some(state) = shared.limits.record(endpoint, lease, verdict, pause).await {
@@ -507,6 +515,7 @@ fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
         delivery_id: claimed.id.clone(),
         event_id: claimed.event_id.clone(),
         event_type: target.event_type.clone(),
+        method: reqwest::Method::POST,
         url: url::Url::parse(&target.url).ok()?,
         body,
         extra,
@@ -520,5 +529,6 @@ fn build_attempt(claimed: &Claimed, target: &claim::Target) -> Option<Attempt> {
         via,
         identity,
         oauth,
+        transformed: None,
     })
 }

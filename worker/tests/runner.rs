@@ -47,6 +47,7 @@ fn attempt(url: &str, keys: Vec<SigningKey>, timeout: Duration) -> Attempt {
         delivery_id: "dlv_test".into(),
         event_id: "evt_test".into(),
         event_type: "order.paid".into(),
+        method: reqwest::Method::POST,
         url: url.parse().expect("url"),
         body: bytes::Bytes::from_static(b"{\"n\":1}"),
         extra: railhook_common::headers::Extra {
@@ -63,6 +64,7 @@ fn attempt(url: &str, keys: Vec<SigningKey>, timeout: Duration) -> Attempt {
         via: None,
         identity: None,
         oauth: None,
+        transformed: None,
     }
 }
 

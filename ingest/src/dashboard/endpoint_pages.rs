@@ -54,6 +54,13 @@ pub async fn endpoints(State(state): State<AppState>, session: Session) -> PageR
                             @if let Some(ch) = e.channels.as_ref().filter(|c| !c.is_empty()) { br; span.muted { "channels: " (ch.join(", ")) } }
                             @if let Some(auth) = authentication_label(e.authentication.as_ref()) { br; span.muted.authentication { (auth) } }
                             @if e.client_certificate.is_some() { br; span.muted.mtls { "mutual TLS: client certificate" } }
+                            @if let Some(f) = &e.filter { br; span.muted.filter { "filter: " code { (f) } } }
+                            @if e.transformation_code.is_some() {
+                                br; span.muted.transformation {
+                                    "transformation " (if e.transformation_enabled { "on" } else { "off" })
+                                    " · last result: " (crate::portal::last_transformation_result(e.transformation_last.as_ref()))
+                                }
+                            }
                         }
                         td {
                             span.status class=(health) { (health) }

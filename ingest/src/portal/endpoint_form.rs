@@ -72,6 +72,7 @@ pub(super) fn endpoint_form(
         .and_then(|c| c.row.channels.as_ref())
         .map(|c| c.join(", "));
     let rate = current.and_then(|c| c.row.rate_limit_per_second);
+    let filter = current.and_then(|c| c.row.filter.as_deref());
     let headers: String = current
         .map(|c| {
             c.headers
@@ -114,6 +115,8 @@ pub(super) fn endpoint_form(
             label { "Channels (comma-separated; empty: every channel)" input #channels name="channels" value=[channels]; }
             label { "Custom headers (one “Name: value” per line)" textarea #headers name="headers" rows="3" { (headers) } }
             label { "Rate limit (requests per second; empty: unlimited)" input #rate type="number" min="1" name="rate_limit" value=[rate]; }
+            label { "Payload filter (a SQL/JSON path predicate, e.g. " code { "$.amount_cents > 10000" } "; empty: every message)"
+                input #filter name="filter" maxlength="1024" value=[filter]; }
             button #save type="submit" { @if current.is_some() { "Save" } @else { "Add endpoint" } }
         }
     }
@@ -216,6 +219,7 @@ pub(super) struct Submitted {
     pub(super) channels: Option<Vec<String>>,
     pub(super) headers: BTreeMap<String, String>,
     pub(super) rate: Option<i32>,
+    pub(super) filter: Option<String>,
 }
 
 pub(super) fn submitted(f: &Fields) -> Result<Submitted, PortalError> {
@@ -262,5 +266,10 @@ pub(super) fn submitted(f: &Fields) -> Result<Submitted, PortalError> {
         channels: (!channels.is_empty()).then_some(channels),
         headers,
         rate,
+        filter: f
+            .get("filter")
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
     })
 }

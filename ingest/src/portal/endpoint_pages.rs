@@ -140,6 +140,7 @@ pub async fn create(
         secret: None,
         metadata: None,
         headers: Some(s.headers),
+        filter: s.filter,
     };
     let (_, created) = svix::create(
         session.project.clone(),
@@ -178,6 +179,7 @@ async fn create_broker(
         rate_limit_per_second: s.rate,
         headers: s.headers,
         channels: s.channels,
+        filter: s.filter,
         ..CreateEndpoint::default()
     };
     let parsed = |field: &str| {
@@ -239,6 +241,7 @@ fn notice_text(q: &ShowQuery) -> Option<String> {
         ),
         Some("enabled") => Some("Endpoint enabled.".into()),
         Some("disabled") => Some("Endpoint disabled: it receives nothing until enabled.".into()),
+        Some("transformation-saved") => Some("Transformation saved.".into()),
         _ => None,
     }
 }
@@ -301,11 +304,13 @@ pub async fn show(
             tr { th { "Event types" } td { @match &out.filter_types { Some(t) => { (t.join(", ")) }, None => { "every type" } } } }
             tr { th { "Channels" } td { @match &out.channels { Some(c) => { (c.join(", ")) }, None => { "every channel" } } } }
             tr { th { "Rate limit" } td { @match e.rate_limit_per_second { Some(r) => { (r) " per second" }, None => { "none" } } } }
+            tr { th { "Payload filter" } td #filter-shown { @match &e.filter { Some(f) => { code { (f) } }, None => { "none: every message" } } } }
             tr { th { "Endpoint id" } td { code { (e.id) } } }
         } }
         @if !session.read_only { (buttons(&session, &base, e.enabled)) }
         (secret_section(&session, &base, &view, secret.as_ref(), overlap))
         @if !session.read_only { (tools(&session, &base, &types)) }
+        (super::transformation_card::card(&session, &base, &e, &types, None))
         h2 { "Recent messages" }
         div.table { table #recent {
             thead { tr { th { "Message" } th { "Type" } th { "Status" } th.wide { "Attempts" } th { "Created" } } }
@@ -436,6 +441,7 @@ pub async fn update(
         throttle_rate: Some(s.rate),
         filter_types: Some((!s.types.is_empty()).then_some(s.types)),
         channels: Some(s.channels),
+        filter: Some(s.filter),
         ..EndpointPatch::default()
     };
     let path = (session.application_id.clone(), e.id.clone());
@@ -528,6 +534,13 @@ pub async fn action(
                 &session.href(&format!("messages/{}?endpoint={}", sent.id, e.id)),
             )
             .into_response());
+        }
+        "transformation" => {
+            super::transformation_card::save(&state, &session, &e, &f).await?;
+            back("transformation-saved")
+        }
+        "transformation-test" => {
+            return super::transformation_card::test(&state, &session, &e, &f).await;
         }
         "recover" => {
             let since = parse_time("since", &f.get("since").map(str::to_owned))?

@@ -23,6 +23,8 @@
 mod endpoint_form;
 mod endpoint_pages;
 mod message_pages;
+mod transformation_card;
+pub(crate) use transformation_card::last_result as last_transformation_result;
 
 use std::sync::Arc;
 

@@ -68,6 +68,9 @@ pub struct Endpoint {
     pub channels: Option<Vec<String>>,
     pub uid: Option<String>,
     pub metadata: BTreeMap<String, String>,
+    /// The payload filter, in the canonical form Postgres prints it (docs/ROUTING.md).
+    pub filter: Option<String>,
+    pub transformation: Option<super::transformations::Transformation>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -96,6 +99,8 @@ impl EndpointRow {
                 .flatten()
         };
         Endpoint {
+            transformation: super::transformations::Transformation::of(&r),
+            filter: r.filter.clone(),
             authentication: r.authentication.clone(),
             client_certificate: r.client_certificate.clone(),
             kafka: shown(TransportKind::Kafka),

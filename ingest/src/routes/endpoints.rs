@@ -27,6 +27,8 @@ use crate::routes::applications::{
     check_channels, check_metadata, check_uid, resolve as resolve_application,
 };
 use crate::routes::endpoint_target as target;
+use crate::routes::filters::{self, check_filter};
+use crate::routes::transformations::{self, TransformationIn};
 use crate::routes::{double_option, validate_headers, validate_url};
 use crate::state::AppState;
 pub(crate) use crate::store::endpoints::EndpointRow;
@@ -142,6 +144,12 @@ pub struct CreateEndpoint {
     pub uid: Option<String>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// A SQL/JSON path predicate on the Event's payload, e.g. `$.amount_cents > 10000 &&
+    /// $.currency == "EUR"` (at most 1024 characters): the endpoint receives only the Events
+    /// it holds for (docs/ROUTING.md).
+    pub filter: Option<String>,
+    /// A program that reshapes what this endpoint receives, or skips it (docs/ROUTING.md).
+    pub transformation: Option<TransformationIn>,
 }
 
 /// A new endpoint and its signing secret (also readable later via `/secret`).
@@ -162,6 +170,22 @@ pub async fn create(
 ) -> ApiResult<(StatusCode, Json<CreatedEndpoint>)> {
     let created = insert(&state, &project, body, None).await?;
     Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// A new endpoint's payload filter and transformation, each checked.
+async fn routing(state: &AppState, body: &CreateEndpoint) -> ApiResult<store::Routing> {
+    let filter = match &body.filter {
+        Some(f) => Some(check_filter(&state.pool, "filter", f).await?),
+        None => None,
+    };
+    let (code, enabled) =
+        transformations::check_change("transformation", body.transformation.as_ref().map(Some))
+            .await?;
+    Ok(store::Routing {
+        filter,
+        transformation_code: code.flatten(),
+        transformation_enabled: enabled.unwrap_or(false),
+    })
 }
 
 /// Validates and stores an endpoint; with `source_id`, a Destination of that Source.
@@ -203,6 +227,7 @@ pub(crate) async fn insert(
         check_uid("uid", uid, EndpointId::PREFIX)?;
     }
     let metadata = check_metadata(&body.metadata)?;
+    let routing = routing(state, &body).await?;
     let application = match &body.application {
         Some(_) if source_id.is_some() => {
             return Err(ApiError::validation(
@@ -250,6 +275,7 @@ pub(crate) async fn insert(
             .as_ref()
             .map(|t| target::seal_whole(state, &sealing_id(id.as_str()), t)),
         credentials: target::seal_credentials(state, id.as_str(), &body),
+        routing,
     };
     let row = store::insert(&mut *tx, new).await.map_err(uid_conflict)?;
     operational::emit(
@@ -423,6 +449,14 @@ pub struct UpdateEndpoint {
     #[schema(value_type = Option<String>)]
     pub uid: Option<Option<String>>,
     pub metadata: Option<BTreeMap<String, String>>,
+    /// `null` removes the payload filter.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<String>)]
+    pub filter: Option<Option<String>>,
+    /// `null` removes the transformation.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<TransformationIn>)]
+    pub transformation: Option<Option<TransformationIn>>,
 }
 
 #[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints",
@@ -472,6 +506,17 @@ pub async fn update(
         check_uid("uid", uid, EndpointId::PREFIX)?;
     }
     let metadata = body.metadata.as_ref().map(check_metadata).transpose()?;
+    let filter = filters::check_change(
+        &state.pool,
+        "filter",
+        body.filter.as_ref().map(Option::as_deref),
+    )
+    .await?;
+    let (transformation_code, transformation_enabled) = transformations::check_change(
+        "transformation",
+        body.transformation.as_ref().map(Option::as_ref),
+    )
+    .await?;
     // The change and its operational webhooks commit together (crate::operational).
     let mut tx = state.pool.begin().await?;
     let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
@@ -502,6 +547,9 @@ pub async fn update(
         channels,
         uid: body.uid.clone(),
         metadata,
+        filter,
+        transformation_code,
+        transformation_enabled,
     };
     let row = store::update(&mut *tx, id.as_str(), project.id.as_str(), change)
         .await
@@ -552,6 +600,7 @@ pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(create, list))
         .routes(routes!(get, update, delete))
         .merge(crate::routes::endpoint_secret::router())
+        .merge(crate::routes::transformations::router())
         .merge(crate::routes::endpoint_state::router());
     crate::routes::clears_senders(routes, state)
 }

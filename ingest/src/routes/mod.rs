@@ -23,6 +23,7 @@ pub mod operational_endpoints;
 pub mod portal;
 pub mod replays;
 pub mod subscriptions;
+pub mod transformations;
 
 use std::collections::BTreeMap;
 

@@ -14,6 +14,7 @@ use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
+use crate::routes::filters::{check_change, check_filter};
 use crate::state::AppState;
 use crate::store::subscriptions as store;
 
@@ -51,6 +52,9 @@ pub struct CreateSubscription {
     pub event_types: Vec<String>,
     #[serde(default)]
     pub ordered: bool,
+    /// A SQL/JSON path predicate on the payload (docs/ROUTING.md): this subscription matches
+    /// only Events it holds for.
+    pub filter: Option<String>,
 }
 
 #[utoipa::path(post, path = "/v1/subscriptions", tag = "subscriptions",
@@ -65,6 +69,10 @@ pub async fn create(
     let endpoint = EndpointId::parse(&body.endpoint_id)
         .map_err(|e| ApiError::validation("endpoint_id", e.to_string()))?;
     let patterns = parse_patterns(&body.event_types)?;
+    let filter = match &body.filter {
+        Some(f) => Some(check_filter(&state.pool, "filter", f).await?),
+        None => None,
+    };
     let id = SubscriptionId::generate();
     let (project_id, endpoint_id) = (project.id.as_str(), endpoint.as_str());
     let row = store::insert(
@@ -74,6 +82,7 @@ pub async fn create(
         endpoint_id,
         &patterns,
         body.ordered,
+        filter.as_deref(),
     )
     .await?
     .ok_or_else(|| ApiError::validation("endpoint_id", "no such endpoint"))?;
@@ -128,6 +137,10 @@ pub async fn get(
 pub struct UpdateSubscription {
     pub event_types: Option<Vec<String>>,
     pub ordered: Option<bool>,
+    /// `null` removes the filter.
+    #[serde(default, deserialize_with = "crate::routes::double_option")]
+    #[schema(value_type = Option<String>)]
+    pub filter: Option<Option<String>>,
 }
 
 #[utoipa::path(patch, path = "/v1/subscriptions/{id}", tag = "subscriptions",
@@ -147,6 +160,12 @@ pub async fn update(
         .as_deref()
         .map(parse_patterns)
         .transpose()?;
+    let filter = check_change(
+        &state.pool,
+        "filter",
+        body.filter.as_ref().map(Option::as_deref),
+    )
+    .await?;
     let (id, project_id) = (id.as_str(), project.id.as_str());
     let row = store::update(
         &state.pool,
@@ -154,6 +173,7 @@ pub async fn update(
         project_id,
         patterns.as_deref(),
         body.ordered,
+        filter.as_ref().map(Option::as_deref),
     )
     .await?
     .ok_or(ApiError::NotFound("subscription"))?;

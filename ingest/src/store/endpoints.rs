@@ -68,6 +68,14 @@ pub struct EndpointRow {
     pub client_certificate: Option<serde_json::Value>,
     /// Certificate and key, sealed; never shown.
     pub client_certificate_secret: Option<String>,
+    /// The payload filter (canonical SQL/JSON path text: routes/filters.rs).
+    pub filter: Option<String>,
+    /// The transformation (common/src/transformation.rs), whether it runs, when it last
+    /// changed, and its last outcome in the worker (written when the outcome changes).
+    pub transformation_code: Option<String>,
+    pub transformation_enabled: bool,
+    pub transformation_updated_at: Option<DateTime<Utc>>,
+    pub transformation_last: Option<serde_json::Value>,
 }
 
 use railhook_common::Word;
@@ -202,6 +210,15 @@ pub struct NewEndpoint<'a> {
     pub transport_settings: Option<serde_json::Value>,
     pub transport_secret: Option<String>,
     pub credentials: Credentials,
+    pub routing: Routing,
+}
+
+/// A new endpoint's payload filter and transformation (both checked).
+#[derive(Default)]
+pub struct Routing {
+    pub filter: Option<String>,
+    pub transformation_code: Option<String>,
+    pub transformation_enabled: bool,
 }
 
 /// A new endpoint's HTTP authentication and client certificate (mutual TLS): each shown
@@ -225,9 +242,12 @@ pub async fn insert(
                                   max_attempts, rate_limit_burst, source_id, application_id,
                                   channels, uid, metadata, transport, transport_settings,
                                   transport_secret, authentication, authentication_secret,
-                                  client_certificate, client_certificate_secret)
+                                  client_certificate, client_certificate_secret, filter,
+                                  transformation_code, transformation_enabled,
+                                  transformation_updated_at)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                   $18, $19, $20, $21, $22, $23, $24, $25)
+                   $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
+                   CASE WHEN $27::text IS NULL THEN NULL ELSE now() END)
            RETURNING *"#,
         e.id,
         e.project_id,
@@ -253,7 +273,10 @@ pub async fn insert(
         e.credentials.authentication,
         e.credentials.authentication_secret,
         e.credentials.client_certificate,
-        e.credentials.client_certificate_secret
+        e.credentials.client_certificate_secret,
+        e.routing.filter,
+        e.routing.transformation_code,
+        e.routing.transformation_enabled
     )
     .fetch_one(db)
     .await
@@ -261,6 +284,7 @@ pub async fn insert(
 
 /// What a PATCH changes: `None` leaves a field; for the optional limits and the ladder,
 /// `Some(None)` clears it.
+#[derive(Default)]
 pub struct EndpointChange<'a> {
     pub url: Option<&'a str>,
     pub description: Option<&'a str>,
@@ -284,6 +308,11 @@ pub struct EndpointChange<'a> {
     pub authentication: Option<Option<(serde_json::Value, String)>>,
     /// The same for the client certificate.
     pub client_certificate: Option<Option<(serde_json::Value, String)>>,
+    /// `Some(None)` removes the payload filter; `Some(Some(f))` sets it (checked).
+    pub filter: Option<Option<String>>,
+    /// `Some(None)` removes the transformation; `Some(Some(code))` replaces its program.
+    pub transformation_code: Option<Option<String>>,
+    pub transformation_enabled: Option<bool>,
 }
 
 /// Applies `c` to the project's live webhook endpoint `id` (enabling it clears its disabled
@@ -321,6 +350,15 @@ pub async fn update(
                client_certificate = CASE WHEN $28 THEN $29 ELSE client_certificate END,
                client_certificate_secret =
                    CASE WHEN $28 THEN $30 ELSE client_certificate_secret END,
+               filter = CASE WHEN $31 THEN $32 ELSE filter END,
+               transformation_code = CASE WHEN $33 THEN $34 ELSE transformation_code END,
+               -- Removing the program turns it off; a new one keeps the switch as it was
+               -- unless the change says otherwise.
+               transformation_enabled = CASE WHEN $33 AND $34::text IS NULL THEN false
+                                             ELSE coalesce($35, transformation_enabled) END,
+               transformation_updated_at = CASE WHEN $33 OR $35 IS NOT NULL THEN now()
+                                                ELSE transformation_updated_at END,
+               transformation_last = CASE WHEN $33 THEN NULL ELSE transformation_last END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
            RETURNING *"#,
@@ -353,7 +391,12 @@ pub async fn update(
         auth_sealed,
         c.client_certificate.is_some(),
         cert_shown,
-        cert_sealed
+        cert_sealed,
+        c.filter.is_some(),
+        c.filter.clone().flatten(),
+        c.transformation_code.is_some(),
+        c.transformation_code.clone().flatten(),
+        c.transformation_enabled
     )
     .fetch_optional(db)
     .await

@@ -214,6 +214,8 @@ pub struct Subscription {
     pub event_types: Vec<String>,
     /// Deliver in Sequence Number order (outgoing only).
     pub ordered: bool,
+    /// A SQL/JSON path predicate on the payload, beside the endpoint's own (docs/ROUTING.md).
+    pub filter: Option<String>,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
@@ -228,19 +230,21 @@ pub async fn insert(
     endpoint_id: &str,
     patterns: &[String],
     ordered: bool,
+    filter: Option<&str>,
 ) -> Result<Option<Subscription>, sqlx::Error> {
     sqlx::query_as!(
         Subscription,
-        r#"INSERT INTO subscriptions (id, project_id, endpoint_id, event_types, ordered)
-           SELECT $1, $2, e.id, $4, $5 FROM endpoints e
+        r#"INSERT INTO subscriptions (id, project_id, endpoint_id, event_types, ordered, filter)
+           SELECT $1, $2, e.id, $4, $5, $6 FROM endpoints e
            WHERE e.id = $3 AND e.project_id = $2 AND e.deleted_at IS NULL AND e.kind = 'webhook'
              AND e.source_id IS NULL
-           RETURNING id, endpoint_id, event_types, ordered, created_at, updated_at"#,
+           RETURNING id, endpoint_id, event_types, ordered, filter, created_at, updated_at"#,
         id,
         project_id,
         endpoint_id,
         patterns,
-        ordered
+        ordered,
+        filter
     )
     .fetch_optional(pool)
     .await
@@ -256,7 +260,7 @@ pub async fn page(
 ) -> Result<Vec<Subscription>, sqlx::Error> {
     sqlx::query_as!(
         Subscription,
-        r#"SELECT id, endpoint_id, event_types, ordered, created_at, updated_at
+        r#"SELECT id, endpoint_id, event_types, ordered, filter, created_at, updated_at
            FROM subscriptions
            WHERE project_id = $1 AND deleted_at IS NULL
              AND ($2::text IS NULL OR endpoint_id = $2)
@@ -278,7 +282,7 @@ pub async fn find(
 ) -> Result<Option<Subscription>, sqlx::Error> {
     sqlx::query_as!(
         Subscription,
-        r#"SELECT id, endpoint_id, event_types, ordered, created_at, updated_at
+        r#"SELECT id, endpoint_id, event_types, ordered, filter, created_at, updated_at
            FROM subscriptions WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL"#,
         id,
         project_id
@@ -287,25 +291,30 @@ pub async fn find(
     .await
 }
 
-/// Changes the patterns and the ordering flag where given.
+/// Changes the patterns, the ordering flag and the filter (`Some(None)`: removed) where
+/// given.
 pub async fn update(
     pool: &PgPool,
     id: &str,
     project_id: &str,
     patterns: Option<&[String]>,
     ordered: Option<bool>,
+    filter: Option<Option<&str>>,
 ) -> Result<Option<Subscription>, sqlx::Error> {
     sqlx::query_as!(
         Subscription,
         r#"UPDATE subscriptions
            SET event_types = coalesce($3, event_types), ordered = coalesce($4, ordered),
+               filter = CASE WHEN $5 THEN $6 ELSE filter END,
                updated_at = now()
            WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
-           RETURNING id, endpoint_id, event_types, ordered, created_at, updated_at"#,
+           RETURNING id, endpoint_id, event_types, ordered, filter, created_at, updated_at"#,
         id,
         project_id,
         patterns,
-        ordered
+        ordered,
+        filter.is_some(),
+        filter.flatten()
     )
     .fetch_optional(pool)
     .await

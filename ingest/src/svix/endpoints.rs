@@ -41,6 +41,9 @@ pub struct EndpointOut {
     pub event_types: Option<Vec<String>>,
     pub channels: Option<Vec<String>>,
     pub metadata: BTreeMap<String, String>,
+    /// Railhook's payload filter (docs/ROUTING.md); the official SDKs ignore it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -72,6 +75,7 @@ pub(crate) async fn view(state: &AppState, r: EndpointRow) -> SvixResult<Endpoin
         disabled: !r.enabled,
         channels: r.channels.filter(|c| !c.is_empty()),
         metadata: serde_json::from_value(r.metadata).unwrap_or_default(),
+        filter: r.filter,
         created_at: r.created_at,
         updated_at: r.updated_at,
     })
@@ -107,6 +111,8 @@ pub struct EndpointIn {
     pub secret: Option<String>,
     pub metadata: Option<BTreeMap<String, String>>,
     pub headers: Option<BTreeMap<String, String>>,
+    /// Railhook's payload filter (docs/ROUTING.md): a SQL/JSON path predicate.
+    pub filter: Option<String>,
 }
 
 /// The patterns of a Svix filter: the given types, or every type.
@@ -131,7 +137,15 @@ async fn subscribe(
     let mut existing = existing.into_iter();
     match existing.next() {
         Some(first) => {
-            subs::update(&state.pool, &first.id, project_id, Some(patterns), None).await?;
+            subs::update(
+                &state.pool,
+                &first.id,
+                project_id,
+                Some(patterns),
+                None,
+                None,
+            )
+            .await?;
             for extra in existing {
                 subs::delete(&state.pool, &extra.id, project_id).await?;
             }
@@ -145,6 +159,7 @@ async fn subscribe(
                 endpoint_id,
                 patterns,
                 false,
+                None,
             )
             .await?
             .ok_or(ApiError::NotFound("endpoint"))?;
@@ -174,6 +189,7 @@ pub async fn create(
         channels: body.channels.filter(|c| !c.is_empty()),
         uid: body.uid,
         metadata: body.metadata.unwrap_or_default(),
+        filter: body.filter,
         ..CreateEndpoint::default()
     };
     let created =
@@ -273,6 +289,10 @@ pub struct EndpointPatch {
     #[schema(value_type = Option<Vec<String>>)]
     pub channels: Option<Option<Vec<String>>>,
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Railhook's payload filter; `null` removes it.
+    #[serde(default, deserialize_with = "crate::routes::double_option")]
+    #[schema(value_type = Option<String>)]
+    pub filter: Option<Option<String>>,
 }
 
 async fn apply(
@@ -294,6 +314,7 @@ async fn apply(
         channels: p.channels,
         uid: p.uid,
         metadata: p.metadata,
+        filter: p.filter,
         ..UpdateEndpoint::default()
     };
     let id = row.id.clone();
@@ -351,6 +372,7 @@ pub async fn upsert(
                 filter_types: Some(body.filter_types),
                 channels: Some(body.channels),
                 metadata: Some(body.metadata.unwrap_or_default()),
+                filter: Some(body.filter),
             };
             Ok((StatusCode::OK, Json(apply(&state, &project, row, p).await?)))
         }
@@ -499,5 +521,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(stats))
         .merge(super::endpoint_headers::router())
         .merge(super::endpoint_credentials::router())
+        .merge(super::endpoint_transformation::router())
         .merge(super::attempts::endpoint_router())
 }

@@ -23,6 +23,7 @@ pub(crate) mod attempts;
 mod auth;
 pub(crate) mod endpoint_credentials;
 pub(crate) mod endpoint_headers;
+pub(crate) mod endpoint_transformation;
 pub(crate) mod endpoints;
 mod event_types;
 pub(crate) mod messages;

@@ -32,6 +32,8 @@ pub enum Behaviour {
 /// One request as received.
 #[derive(Debug, Clone)]
 pub struct Received {
+    /// The request line's method and target (path and query).
+    pub request_line: String,
     pub headers: HashMap<String, String>,
     pub body: String,
     pub at: Instant,
@@ -240,6 +242,12 @@ async fn read_request(stream: &mut TcpStream) -> Option<Received> {
     }
     let body = String::from_utf8_lossy(&buf[header_end..header_end + length]).to_string();
     Some(Received {
+        request_line: head
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_end_matches(" HTTP/1.1")
+            .to_owned(),
         headers,
         body,
         at: Instant::now(),

@@ -48,9 +48,23 @@ pub enum ClientError {
 
 /// One request: what an Attempt or a token fetch sends.
 pub struct Exchange {
+    /// POST, or PUT when a transformation asked for it.
+    pub method: reqwest::Method,
     pub url: url::Url,
     pub headers: Vec<(String, String)>,
     pub body: Bytes,
+}
+
+impl Exchange {
+    /// A POST: what every exchange but a transformed Attempt is.
+    pub fn post(url: url::Url, headers: Vec<(String, String)>, body: Bytes) -> Self {
+        Exchange {
+            method: reqwest::Method::POST,
+            url,
+            headers,
+            body,
+        }
+    }
 }
 
 /// A response's status line and headers; its body is read only on demand.
@@ -107,7 +121,7 @@ pub enum Way {
 }
 
 impl Way {
-    /// POSTs `x`; an error is why no status line came back.
+    /// Sends `x`; an error is why no status line came back.
     pub async fn send(&self, x: Exchange) -> Result<Answer, ErrorClass> {
         let mut headers = HeaderMap::new();
         for (name, value) in &x.headers {
@@ -121,7 +135,7 @@ impl Way {
         match self {
             Way::Direct(client) => {
                 let r = client
-                    .post(x.url)
+                    .request(x.method, x.url)
                     .headers(headers)
                     .body(x.body)
                     .send()
@@ -134,7 +148,9 @@ impl Way {
                 })
             }
             Way::Tunnel(client) => {
-                let mut request = hyper::Request::post(x.url.as_str())
+                let mut request = hyper::Request::builder()
+                    .method(x.method)
+                    .uri(x.url.as_str())
                     .body(http_body_util::Full::new(x.body))
                     .map_err(|_| ErrorClass::Request)?;
                 *request.headers_mut() = headers;
@@ -383,6 +399,7 @@ impl Runner {
             error: Some(class),
             excerpt,
             sent: class != ErrorClass::TargetRefused,
+            request: None,
         };
         if self.literal_refused(&a.url) {
             return failed(ErrorClass::TargetRefused, None);
@@ -428,6 +445,7 @@ impl Runner {
                     excerpt: (!body.is_empty())
                         .then(|| String::from_utf8_lossy(&body).into_owned()),
                     sent: true,
+                    request: None,
                 }
             }
         }
@@ -458,6 +476,7 @@ impl Runner {
             }
         };
         let x = Exchange {
+            method: a.method.clone(),
             url: a.url.clone(),
             headers,
             body: a.body.clone(),

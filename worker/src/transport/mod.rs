@@ -136,6 +136,7 @@ impl Stopwatch {
             error,
             excerpt,
             sent: error != Some(ErrorClass::TargetRefused),
+            request: None,
         }
     }
 }

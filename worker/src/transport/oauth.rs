@@ -139,18 +139,15 @@ async fn fetch(client: &OAuth2Client, way: &Way, timeout: Duration) -> Result<To
             encode(client.client_secret.as_deref().unwrap_or(""))
         ))
     );
-    let exchange = Exchange {
-        url,
-        headers: vec![
-            ("authorization".into(), basic),
-            (
-                "content-type".into(),
-                "application/x-www-form-urlencoded".into(),
-            ),
-            ("accept".into(), "application/json".into()),
-        ],
-        body: bytes::Bytes::from(form),
-    };
+    let headers = vec![
+        ("authorization".into(), basic),
+        (
+            "content-type".into(),
+            "application/x-www-form-urlencoded".into(),
+        ),
+        ("accept".into(), "application/json".into()),
+    ];
+    let exchange = Exchange::post(url, headers, bytes::Bytes::from(form));
     let started = Instant::now();
     let answer = match tokio::time::timeout(timeout, way.send(exchange)).await {
         Err(_) => return Err(unavailable("the token endpoint timed out".into())),

@@ -72,11 +72,7 @@ impl Queues {
         }
         let body = serde_json::to_vec(&message(a, s)).unwrap_or_default();
         let headers = signed(s, url.as_str(), &body)?;
-        let exchange = super::http::Exchange {
-            url,
-            headers,
-            body: bytes::Bytes::from(body),
-        };
+        let exchange = super::http::Exchange::post(url, headers, bytes::Bytes::from(body));
         let response = match tokio::time::timeout(a.timeout, self.http.way().send(exchange)).await {
             Err(_) => {
                 return Err(BrokerError::unavailable(
