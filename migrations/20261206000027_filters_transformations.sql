@@ -86,15 +86,14 @@ BEGIN
         ORDER BY x.n
         RETURNING events.id, events.created_at, events.traceparent, events.payload
     ), planned AS MATERIALIZED (
-        -- Only a filtered row reads the payload; the cast parses each filter once per row.
+        -- Each planned Delivery of an inserted Event, with its Event's payload by a hash
+        -- join (not a lookup per row), and whether its filter holds.
         SELECT x.id, x.event_id, x.endpoint_id, x.subscription_id, x.ordered, x.n,
-               x.filter IS NULL
-                   OR coalesce((SELECT ev.payload @@ x.filter::jsonpath
-                                FROM ev WHERE ev.id = x.event_id), false) AS pass
+               x.filter IS NULL OR coalesce(ev.payload @@ x.filter::jsonpath, false) AS pass
         FROM unnest(p_delivery_ids, p_delivery_events, p_delivery_endpoints,
                     p_delivery_subscriptions, p_delivery_ordered, p_delivery_filters)
              WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, ordered, filter, n)
-        WHERE x.event_id IN (SELECT ev.id FROM ev)
+        JOIN ev ON ev.id = x.event_id
     ), d AS (
         INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, ordered)
         SELECT p.id, p_project, p.event_id, p.endpoint_id, p.subscription_id, p.ordered
@@ -106,10 +105,12 @@ BEGIN
         INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason, traceparent)
         SELECT d.id, d.endpoint_id, p_project, 'CREATED', ev.traceparent
         FROM d JOIN ev ON ev.id = d.event_id ORDER BY d.id
+    ), declined AS (
+        SELECT p.event_id, array_agg(p.id) AS ids
+        FROM planned p WHERE NOT p.pass GROUP BY p.event_id
     )
-    SELECT ev.id, ev.created_at,
-           (SELECT array_agg(p.id) FROM planned p WHERE p.event_id = ev.id AND NOT p.pass)
-    FROM ev;
+    SELECT ev.id, ev.created_at, dc.ids
+    FROM ev LEFT JOIN declined dc ON dc.event_id = ev.id;
 END $$;
 
 -- Checks a filter before it is stored (ingest/src/routes/filters.rs), in one round trip:

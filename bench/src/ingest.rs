@@ -56,6 +56,13 @@ pub struct Args {
     /// Only the schema phase: the same load without and with a JSON Schema on the type.
     #[arg(long)]
     schema_only: bool,
+    /// Only the filter phase: one plain endpoint, beside 0 and then each of `--filtered`
+    /// endpoints whose payload filter declines the bench's Events.
+    #[arg(long)]
+    filters_only: bool,
+    /// Filtered endpoints per project in the filter phase (comma-separated).
+    #[arg(long, default_value = "10,100", value_delimiter = ',')]
+    filtered: Vec<usize>,
 }
 
 const PAYLOAD: &str = r#"{"order_id": 1, "amount_cents": 4200, "currency": "EUR"}"#;
@@ -80,6 +87,15 @@ impl Drop for Api {
 /// The API alone on a fresh database, with one project and `endpoints` endpoints, each
 /// subscribed to every type.
 pub(crate) async fn start_api(endpoints: usize) -> anyhow::Result<Api> {
+    let bodies: Vec<Value> = (0..endpoints)
+        .map(|n| json!({"url": format!("http://127.0.0.1:9/hook{n}")}))
+        .collect();
+    start_api_with(&bodies).await
+}
+
+/// The API alone on a fresh database, with one project and an endpoint made from each of
+/// `bodies`, each subscribed to every type.
+async fn start_api_with(bodies: &[Value]) -> anyhow::Result<Api> {
     let (mut s, url, pool) = crate::setup::fresh().await?;
     s.admin_token = Some(crate::setup::ADMIN_TOKEN.to_owned().into());
     s.db_max_connections = 40;
@@ -92,10 +108,7 @@ pub(crate) async fn start_api(endpoints: usize) -> anyhow::Result<Api> {
     tokio::spawn(railhook_ingest::serve(listener, state, async move {
         let _ = stopped.await;
     }));
-    let bodies: Vec<Value> = (0..endpoints)
-        .map(|n| json!({"url": format!("http://127.0.0.1:9/hook{n}")}))
-        .collect();
-    let (project, key) = crate::setup::tenant(&base, &bodies).await?;
+    let (project, key) = crate::setup::tenant(&base, bodies).await?;
     Ok(Api {
         base,
         key,
@@ -104,6 +117,78 @@ pub(crate) async fn start_api(endpoints: usize) -> anyhow::Result<Api> {
         url,
         stop: Some(stop),
     })
+}
+
+/// One plain endpoint and `filtered` endpoints, each subscribed to every type, whose payload
+/// filter declines the bench's Events (so every Event still makes one Delivery: the cost
+/// measured is the filters' alone).
+fn filtered_endpoints(filtered: usize) -> Vec<Value> {
+    let mut bodies = vec![json!({"url": "http://127.0.0.1:9/plain"})];
+    bodies.extend((0..filtered).map(|n| {
+        json!({
+            "url": format!("http://127.0.0.1:9/filtered{n}"),
+            // The bench's payload has 4200 cents: declined by every one.
+            "filter": format!("$.amount_cents > {} && $.currency == \"EUR\"", 10_000 + n),
+        })
+    }));
+    bodies
+}
+
+/// Payload filters' cost (issue #42): single Events (c=16) and batches, from a project with
+/// one plain endpoint and from projects with 10 and 100 filtered endpoints beside it, all on
+/// one database (so each meets the same table, with statistics), after pgbench wrote the
+/// first project's rows there: the raw-Postgres baseline of the same run.
+async fn filter_phase(args: &Args) -> anyhow::Result<()> {
+    let n = args.batch_size;
+    println!(
+        "## Payload filters: 1 plain endpoint + N filtered ones (each declines), {} s each\n\n{HEADER}",
+        args.seconds
+    );
+    let plain = start_api_with(&filtered_endpoints(0)).await?;
+    let mut projects = Vec::new();
+    for &filtered in &args.filtered {
+        let (project, key) =
+            crate::setup::tenant(&plain.base, &filtered_endpoints(filtered)).await?;
+        projects.push((filtered, project, key));
+    }
+    checkpoint(&plain.pool).await;
+    let mut base = pgbench(&plain, 1, 16, args.seconds).await?;
+    row("pgbench, 1 Delivery per Event, c=16", &mut base);
+    let mut none = None;
+    let mut runs = vec![(0, plain.project.clone(), plain.key.clone())];
+    runs.extend(projects);
+    for (filtered, project, key) in runs {
+        let api = Api {
+            base: plain.base.clone(),
+            key,
+            project,
+            pool: plain.pool.clone(),
+            url: plain.url.clone(),
+            stop: None,
+        };
+        checkpoint(&api.pool).await;
+        let mut single = closed_loop(&api, Shape::Single, 16, args.seconds).await;
+        checkpoint(&api.pool).await;
+        let mut batch = closed_loop(&api, Shape::Batch(n), 16, args.seconds).await;
+        row(
+            &format!("**single**, {filtered} filtered, c=16"),
+            &mut single,
+        );
+        row(
+            &format!("batch of {n}, {filtered} filtered, c=16"),
+            &mut batch,
+        );
+        let (s1, b1) = (single.events_per_s(), batch.events_per_s());
+        match none {
+            None => none = Some((s1, b1)),
+            Some((s0, b0)) => println!(
+                "| cost of {filtered} filters: single **{:.0} %**, batch **{:.0} %** | | | | | |",
+                (1.0 - s1 / s0) * 100.0,
+                (1.0 - b1 / b0) * 100.0
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// One measured run: completed operations, their latencies, and the wall time.
@@ -466,6 +551,9 @@ async fn schema_phase(args: &Args) -> anyhow::Result<()> {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.schema_only {
         return schema_phase(&args).await;
+    }
+    if args.filters_only {
+        return filter_phase(&args).await;
     }
     let mut peak_single = 0.0f64;
     if !args.growth_only {

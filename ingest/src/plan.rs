@@ -166,4 +166,49 @@ mod tests {
             assert_eq!(plan.endpoint_ids, expected, "{who:?}");
         }
     }
+
+    #[test]
+    fn filters_join_per_endpoint_and_an_unfiltered_subscription_drops_them() {
+        let filtered = |endpoint: &str, own: Option<&str>, sub_filter: Option<&str>, n: u8| {
+            let mut s = sub(endpoint, None, None);
+            s.subscription_id = format!("sub_{endpoint}_{n}");
+            s.endpoint_filter = own.map(str::to_owned);
+            s.subscription_filter = sub_filter.map(str::to_owned);
+            s
+        };
+        let subs = [
+            filtered("a", Some("$.x > 1"), None, 0),
+            filtered("b", Some("$.x > 1"), Some("$.y == 2"), 0),
+            filtered("c", None, Some("$.y == 2"), 0),
+            filtered("c", None, Some("$.z == 3"), 1),
+            filtered("d", None, Some("$.y == 2"), 0),
+            filtered("d", None, None, 1),
+            filtered("e", None, None, 0),
+        ];
+        let event_type = EventType::parse("order.paid").expect("type");
+        let mut plan = DeliveryPlan::default();
+        plan_deliveries(
+            &EventId::generate(),
+            &event_type,
+            &Audience::default(),
+            &subs,
+            &mut plan,
+        );
+        let got: Vec<(&str, Option<&str>)> = plan
+            .endpoint_ids
+            .iter()
+            .map(String::as_str)
+            .zip(plan.filters.iter().map(Option::as_deref))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", Some("$.x > 1")),
+                ("b", Some("($.x > 1) && ($.y == 2)")),
+                ("c", Some("($.y == 2) || ($.z == 3)")),
+                ("d", None),
+                ("e", None),
+            ]
+        );
+    }
 }

@@ -445,6 +445,26 @@ async fn the_endpoints_page_names_each_endpoints_application_and_channels() {
         )
         .await;
     assert_eq!(secured.status, StatusCode::CREATED, "{:?}", secured.body);
+    // A payload filter and a transformation whose last result the worker wrote (issue #42).
+    let shaped = app
+        .call(
+            Method::POST,
+            "/v1/endpoints",
+            Some(&key),
+            Some(json!({"url": "https://shaped.example/hooks",
+                "filter": "$.amount_cents > 10000",
+                "transformation": {"code": "function handler(w) { return w; }"}})),
+        )
+        .await;
+    assert_eq!(shaped.status, StatusCode::CREATED, "{:?}", shaped.body);
+    sqlx::query(
+        "UPDATE endpoints SET transformation_last = '{\"outcome\": \"failed\", \"at\": \"2026-12-06T10:00:00Z\", \"error\": \"the handler threw: boom (threw)\"}'
+         WHERE id = $1",
+    )
+    .bind(shaped.body["id"].as_str().expect("id"))
+    .execute(&app.pool)
+    .await
+    .expect("last result");
     let (cookie, _) = sign_in(&app, &key).await;
     let (status, html, _) = page(&cookie, format!("{}/dashboard/endpoints", app.base)).await;
     assert_eq!(status, StatusCode::OK);
@@ -456,6 +476,14 @@ async fn the_endpoints_page_names_each_endpoints_application_and_channels() {
     );
     assert!(html.contains("mutual TLS: client certificate"), "{html}");
     assert!(!html.contains("dash-s3cret") && !html.contains("PRIVATE KEY"));
+    assert!(
+        html.contains("filter: <code>($.&quot;amount_cents&quot; &gt; 10000)</code>"),
+        "{html}"
+    );
+    assert!(
+        html.contains("transformation on · last result: failed since 2026-12-06T10:00:00Z: the handler threw: boom (threw)"),
+        "{html}"
+    );
 
     // Failed Messages filter by application: one failed message in each scope.
     let app_id =

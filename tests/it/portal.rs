@@ -958,3 +958,118 @@ async fn listed(app: &TestApp, key: &str, application: &str) -> Vec<Value> {
         .cloned()
         .unwrap_or_default()
 }
+
+/// The portal's endpoint page: a payload filter in the form, and the transformation card
+/// (save, try on an example, the last result); a bad filter or program changes nothing.
+#[tokio::test]
+async fn the_portal_sets_filters_and_tries_transformations() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let base = open(&app, &path).await;
+    let (_, page, _) = get(&app, &format!("{base}/endpoints/new")).await;
+    let csrf = csrf_of(&page);
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("url", "https://hooks.example.com/in"),
+        ("filter", "$.amount_cents > 10000"),
+    ];
+    let (status, to) = post(&app, &format!("{base}/endpoints"), &form).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{to}");
+    let shown_path = to.split('?').next().expect("path").to_owned();
+    let endpoint = listed(&app, &key, &a).await[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let (_, shown, _) = get(&app, &shown_path).await;
+    let cell = shown
+        .split("id=\"filter-shown\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</td>").next())
+        .expect("the filter's cell");
+    assert!(
+        cell.contains("amount_cents") && cell.contains("10000"),
+        "{cell}"
+    );
+    assert!(shown.contains("id=\"transformation\""), "the card is there");
+    assert!(shown.contains("not run yet"), "{shown}");
+
+    // A filter that does not parse: refused, the stored one stays.
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("url", "https://hooks.example.com/in"),
+        ("filter", "$.amount_cents >> 1"),
+    ];
+    let (status, body) = post(&app, &shown_path, &form).await;
+    assert!(status.is_client_error(), "{status}");
+    assert!(body.contains("character"), "{body}");
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/v1/endpoints/{endpoint}"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.body["filter"], json!(r#"($."amount_cents" > 10000)"#));
+
+    // Try a program on an example: the page shows what would be sent; nothing is stored.
+    let program = "function handler(w) { w.payload = {text: 'paid ' + w.payload.n}; return w; }";
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("code", program),
+        ("enabled", "1"),
+        ("event_type", "order.paid"),
+        ("payload", r#"{"n": 7}"#),
+    ];
+    let (status, tried) = post(&app, &format!("{shown_path}/transformation-test"), &form).await;
+    assert_eq!(status, StatusCode::OK, "{tried}");
+    assert!(tried.contains("id=\"transformation-result\""), "{tried}");
+    assert!(tried.contains("paid 7"), "{tried}");
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/v1/endpoints/{endpoint}"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(
+        r.body["transformation"],
+        Value::Null,
+        "a try stores nothing"
+    );
+    let looping = [
+        ("csrf", csrf.as_str()),
+        ("code", "function handler(w) { for (;;) {} }"),
+        ("event_type", "order.paid"),
+        ("payload", "{}"),
+    ];
+    let (_, tried) = post(&app, &format!("{shown_path}/transformation-test"), &looping).await;
+    assert!(tried.contains("time_limit"), "{tried}");
+
+    // Save it; a program that does not compile is refused and the saved one stays.
+    let (status, to) = post(&app, &format!("{shown_path}/transformation"), &form).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{to}");
+    assert!(to.ends_with("?notice=transformation-saved"), "{to}");
+    let bad = [
+        ("csrf", csrf.as_str()),
+        ("code", "function handler("),
+        ("enabled", "1"),
+    ];
+    let (status, _) = post(&app, &format!("{shown_path}/transformation"), &bad).await;
+    assert!(status.is_client_error(), "{status}");
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/v1/endpoints/{endpoint}/transformation"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(r.body["code"], json!(program), "{:?}", r.body);
+    assert_eq!(r.body["enabled"], json!(true));
+    let (_, shown, _) = get(&app, &shown_path).await;
+    assert!(shown.contains("id=\"transformation-state\">on"), "{shown}");
+}

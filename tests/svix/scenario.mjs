@@ -186,6 +186,21 @@ async function main() {
   await waitFor("the message after rotation", () => of("/all").length === before + 1);
   new Webhook(newSecret).verify(of("/all").at(-1).body, of("/all").at(-1).headers);
 
+  step("transformation");
+  const wrap = "function handler(webhook) { webhook.payload = { wrapped: webhook.payload, type: webhook.eventType }; return webhook; }";
+  await expectError(422, () => svix.endpoint.transformation.patch(acme.id, epAll.id, { code: "function handler(" }));
+  await svix.endpoint.transformation.patch(acme.id, epAll.id, { code: wrap, enabled: true });
+  const shown = await svix.endpoint.transformation.get(acme.id, epAll.id);
+  check(shown.code === wrap && shown.enabled === true, shown);
+  before = of("/all").length;
+  await svix.message.create(acme.id, { eventType: "user.created", payload: { n: "shaped" } });
+  await waitFor("the transformed message", () => of("/all").length === before + 1);
+  const shaped = of("/all").at(-1);
+  new Webhook(newSecret).verify(shaped.body, shaped.headers);
+  check(JSON.parse(shaped.body).wrapped.n === "shaped" && JSON.parse(shaped.body).type === "user.created", shaped.body);
+  await svix.endpoint.transformation.patch(acme.id, epAll.id, { code: null });
+  check((await svix.endpoint.transformation.get(acme.id, epAll.id)).enabled === false);
+
   step("recover");
   const flaky = await svix.endpoint.create(acme.id, { url: `${receiver}/flaky`, eventTypes: ["user.created"] });
   failing.add("/flaky");
