@@ -85,15 +85,21 @@ BEGIN
                    AND e.id >= railhook_ulid_floor('evt_', now() - make_interval(hours => p_window_hours))))
         ORDER BY x.n
         RETURNING events.id, events.created_at, events.traceparent, events.payload
+    ), parsed AS MATERIALIZED (
+        -- Each distinct filter of the statement parsed once, however many Events carry it.
+        SELECT f.filter, f.filter::jsonpath AS path
+        FROM (SELECT DISTINCT u.filter FROM unnest(p_delivery_filters) AS u(filter)
+              WHERE u.filter IS NOT NULL) AS f
     ), planned AS MATERIALIZED (
         -- Each planned Delivery of an inserted Event, with its Event's payload by a hash
         -- join (not a lookup per row), and whether its filter holds.
         SELECT x.id, x.event_id, x.endpoint_id, x.subscription_id, x.ordered, x.n,
-               x.filter IS NULL OR coalesce(ev.payload @@ x.filter::jsonpath, false) AS pass
+               x.filter IS NULL OR coalesce(ev.payload @@ pf.path, false) AS pass
         FROM unnest(p_delivery_ids, p_delivery_events, p_delivery_endpoints,
                     p_delivery_subscriptions, p_delivery_ordered, p_delivery_filters)
              WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, ordered, filter, n)
         JOIN ev ON ev.id = x.event_id
+        LEFT JOIN parsed pf ON pf.filter = x.filter
     ), d AS (
         INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, ordered)
         SELECT p.id, p_project, p.event_id, p.endpoint_id, p.subscription_id, p.ordered
