@@ -75,7 +75,8 @@ pub struct Target {
     /// The endpoint's client certificate and key for mutual TLS, sealed; opened likewise.
     pub client_certificate_secret: Option<String>,
     /// The endpoint's transformation, when it is on (common/src/transformation.rs), and the
-    /// outcome it last recorded (`transformation_last`), so a turn writes only a change.
+    /// outcome it last recorded (`transformation_last`, as `outcome:error`), so a turn writes
+    /// only a change.
     pub transformation: Option<String>,
     pub transformation_last: Option<String>,
 }
@@ -216,7 +217,8 @@ macro_rules! claim_rows {
                   e.authentication_secret, e.client_certificate_secret,
                   CASE WHEN e.transformation_enabled THEN e.transformation_code END
                       AS transformation,
-                  e.transformation_last->>'outcome' AS transformation_last,
+                  (e.transformation_last->>'outcome') || ':'
+                      || coalesce(e.transformation_last->>'error', '') AS transformation_last,
                   c.verdict = 'go' AS "gated!", c.verdict = 'park' AS "parked!"
            FROM claimed c
            JOIN endpoints e ON e.id = c.endpoint_id

@@ -124,9 +124,10 @@ fn into_attempt(attempt: &mut Attempt, r: &sandbox::Request) -> Result<(), Strin
     Ok(())
 }
 
-/// Writes the endpoint's last result when it changes (never on every Attempt: a busy
-/// endpoint's row is not rewritten per Delivery), or on every failure, whose reason may
-/// differ. Best effort: the Delivery's own outcome is written behind the Fence either way.
+/// Writes the endpoint's last result when it changes: its outcome, or a failure's reason.
+/// Never on every Attempt: a busy endpoint's row (or one whose program fails every Event the
+/// same way) is not rewritten per Delivery. Best effort: the Delivery's own outcome is
+/// written behind the Fence either way.
 async fn record(
     shared: &Shared,
     claimed: &Claimed,
@@ -134,9 +135,8 @@ async fn record(
     outcome: RunOutcome,
     error: Option<&str>,
 ) {
-    if target.transformation_last.as_deref() == Some(outcome.as_str())
-        && outcome != RunOutcome::Failed
-    {
+    let now = format!("{}:{}", outcome.as_str(), error.unwrap_or(""));
+    if target.transformation_last.as_deref() == Some(now.as_str()) {
         return;
     }
     let wrote = sqlx::query!(
