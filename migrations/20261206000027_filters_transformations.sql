@@ -17,13 +17,20 @@
 -- new overload of railhook_ingest() (the 16-argument one stays for the previous release's
 -- ingest during a rolling deploy; it plans no filters, as that release knew none).
 ALTER TABLE endpoints
-    ADD COLUMN filter text CHECK (filter IS NULL OR filter::jsonpath IS NOT NULL),
+    ADD COLUMN filter text,
     ADD COLUMN transformation_code text,
     ADD COLUMN transformation_enabled boolean NOT NULL DEFAULT false,
     ADD COLUMN transformation_updated_at timestamptz,
     ADD COLUMN transformation_last jsonb;
-ALTER TABLE subscriptions
-    ADD COLUMN filter text CHECK (filter IS NULL OR filter::jsonpath IS NOT NULL);
+ALTER TABLE subscriptions ADD COLUMN filter text;
+-- The filters parse as `jsonpath`: added NOT VALID (no scan under the table's lock), then
+-- validated.
+ALTER TABLE endpoints ADD CONSTRAINT endpoints_filter_jsonpath
+    CHECK (filter IS NULL OR filter::jsonpath IS NOT NULL) NOT VALID;
+ALTER TABLE endpoints VALIDATE CONSTRAINT endpoints_filter_jsonpath;
+ALTER TABLE subscriptions ADD CONSTRAINT subscriptions_filter_jsonpath
+    CHECK (filter IS NULL OR filter::jsonpath IS NOT NULL) NOT VALID;
+ALTER TABLE subscriptions VALIDATE CONSTRAINT subscriptions_filter_jsonpath;
 ALTER TABLE attempts ADD COLUMN request jsonb;
 
 -- The live subscriptions with their endpoint's scope, channels and filters.
