@@ -224,6 +224,12 @@ async fn failover_scenario(version: &'static str, failover_slot: bool) {
         ("KAFKA_BROKERS".into(), local_setting("KAFKA_BROKERS")),
         ("RAILHOOK_SLOT".into(), slot.clone()),
         ("RAILHOOK_SLOT_FAILOVER".into(), failover_slot.to_string()),
+        // A Claim taken on the old primary right before the kill, whose re-stamp then failed,
+        // is PROCESSING on the new one until the processing sweep hands it back: a window
+        // shorter than the test's wait (the endpoints' timeout capped to fit it) lets the
+        // test see that hand-back instead of waiting out the default window.
+        ("RAILHOOK_ENDPOINT_TIMEOUT_MAX_MS".into(), "5000".into()),
+        ("RAILHOOK_PROCESSING_TIMEOUT_SECONDS".into(), "15".into()),
     ]);
     // `migrate` creates the Slot, as a failover Slot with RAILHOOK_SLOT_FAILOVER.
     let (ok, out) = run_once(&["migrate"], &env);
