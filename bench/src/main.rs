@@ -8,11 +8,13 @@
 #![allow(clippy::disallowed_methods)]
 
 mod e2e;
+mod feature_costs;
 mod idle_consumer;
 mod ingest;
 mod isolation;
 mod memory;
 mod ordered;
+mod pgbench;
 mod relay;
 mod retention;
 mod roles;

@@ -149,12 +149,7 @@ pub(super) async fn test(
     };
     let payload = RawValue::from_string(payload)
         .map_err(|_| ApiError::validation("payload", "the example payload is not valid JSON"))?;
-    let headers = state
-        .keyring
-        .open_headers(&e.id, &e.headers)
-        .ok()
-        .and_then(|h| serde_json::from_value(h).ok())
-        .unwrap_or_default();
+    let headers = e.opened_headers(&state.keyring);
     let r = transformations::try_program(code.clone(), e.url.clone(), headers, event_type, payload)
         .await?;
     let base = session.href(&format!("endpoints/{}", e.id));

@@ -272,12 +272,7 @@ pub(crate) fn changed_authentication(
     };
     let headers = match &body.headers {
         Some(h) => h.clone(),
-        None => state
-            .keyring
-            .open_headers(&current.id, &current.headers)
-            .ok()
-            .and_then(|h| serde_json::from_value(h).ok())
-            .unwrap_or_default(),
+        None => current.opened_headers(&state.keyring),
     };
     let mut auth = given.clone();
     let name = endpoint_auth::sealing_id(&current.id);

@@ -76,6 +76,16 @@ pub struct Endpoint {
 }
 
 impl EndpointRow {
+    /// The custom headers, opened. A value this process cannot open shows as empty (the
+    /// worker defers such a Delivery and says why, as for the signing secret).
+    pub(crate) fn opened_headers(&self, keyring: &Keyring) -> BTreeMap<String, String> {
+        keyring
+            .open_headers(&self.id, &self.headers)
+            .ok()
+            .and_then(|h| serde_json::from_value(h).ok())
+            .unwrap_or_default()
+    }
+
     /// The API's view. The scheme and the public key are read from the secret itself,
     /// opened with `keyring` (a secret it cannot open shows as HMAC without a public key;
     /// reading the secret itself fails loudly instead).
@@ -85,13 +95,7 @@ impl EndpointRow {
             .open(&r.id, &r.secret)
             .ok()
             .and_then(|s| SigningKey::parse(&s).ok());
-        // A value this process cannot open shows as empty (the worker defers such a
-        // Delivery and says why, as for the signing secret).
-        let headers = keyring
-            .open_headers(&r.id, &r.headers)
-            .ok()
-            .and_then(|h| serde_json::from_value(h).ok())
-            .unwrap_or_default();
+        let headers = r.opened_headers(keyring);
         let transport = TransportKind::parse(&r.transport).unwrap_or(TransportKind::Http);
         let shown = |kind: TransportKind| {
             (transport == kind)

@@ -27,9 +27,9 @@ use crate::routes::applications::{
     check_channels, check_metadata, check_uid, resolve as resolve_application,
 };
 use crate::routes::endpoint_target as target;
-use crate::routes::filters::{self, check_filter};
+use crate::routes::filters::check_filter;
 use crate::routes::transformations::{self, TransformationIn};
-use crate::routes::{double_option, validate_headers, validate_url};
+use crate::routes::{validate_headers, validate_url};
 use crate::state::AppState;
 pub(crate) use crate::store::endpoints::EndpointRow;
 use crate::store::endpoints::{self as store, Kind};
@@ -37,13 +37,14 @@ use railhook_common::retry::RetryDelays;
 
 pub const DEFAULT_TIMEOUT_MS: i32 = 30_000;
 
+pub use super::endpoint_update::{__path_update, UpdateEndpoint, update};
 pub use super::endpoint_view::Endpoint;
 
 pub(crate) fn parse_id(raw: &str) -> ApiResult<EndpointId> {
     EndpointId::parse(raw).map_err(|_| ApiError::NotFound("endpoint"))
 }
 
-fn check_timeout(state: &AppState, ms: i32) -> ApiResult<()> {
+pub(crate) fn check_timeout(state: &AppState, ms: i32) -> ApiResult<()> {
     let max = state.limits.endpoint_timeout_max_ms;
     if (1_000..=max).contains(&ms) {
         Ok(())
@@ -55,7 +56,7 @@ fn check_timeout(state: &AppState, ms: i32) -> ApiResult<()> {
     }
 }
 
-fn check_positive(field: &'static str, value: Option<i32>) -> ApiResult<()> {
+pub(crate) fn check_positive(field: &'static str, value: Option<i32>) -> ApiResult<()> {
     match value {
         Some(v) if v <= 0 => Err(ApiError::validation(
             field,
@@ -66,7 +67,7 @@ fn check_positive(field: &'static str, value: Option<i32>) -> ApiResult<()> {
 }
 
 /// A retry ladder override in its stored form (common/src/retry.rs, `RetryDelays`).
-fn retry_delays(raw: &[f64]) -> ApiResult<String> {
+pub(crate) fn retry_delays(raw: &[f64]) -> ApiResult<String> {
     RetryDelays::from_seconds(raw)
         .map(|d| d.to_string())
         .map_err(|e| {
@@ -74,7 +75,7 @@ fn retry_delays(raw: &[f64]) -> ApiResult<String> {
         })
 }
 
-fn check_max_attempts(value: Option<i32>) -> ApiResult<()> {
+pub(crate) fn check_max_attempts(value: Option<i32>) -> ApiResult<()> {
     match value {
         Some(v) if !(1..=50).contains(&v) => Err(ApiError::validation(
             "max_attempts",
@@ -84,7 +85,7 @@ fn check_max_attempts(value: Option<i32>) -> ApiResult<()> {
     }
 }
 
-fn check_description(d: &str) -> ApiResult<()> {
+pub(crate) fn check_description(d: &str) -> ApiResult<()> {
     if d.chars().count() > 1000 {
         return Err(ApiError::validation(
             "description",
@@ -393,176 +394,6 @@ pub async fn get(
     let row = store::find(&state.pool, project.id.as_str(), id.as_str(), Kind::Webhook)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    Ok(Json(row.view(&state.keyring)))
-}
-
-/// Fields to change; absent fields stay as they are, `null` clears an optional limit.
-#[derive(Deserialize, Default, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct UpdateEndpoint {
-    /// An HTTP endpoint's new URL (a broker endpoint's own URL-shaped name may be sent back
-    /// unchanged).
-    pub url: Option<String>,
-    /// A broker endpoint's new settings, whole, for its own kind (the type does not change).
-    /// A credential left out is kept: `sasl_password`, `secret_access_key`, or the password
-    /// of a URL whose user is unchanged.
-    pub kafka: Option<KafkaTarget>,
-    pub sqs: Option<SqsTarget>,
-    pub rabbitmq: Option<RabbitmqTarget>,
-    pub nats: Option<NatsTarget>,
-    /// Replaces the endpoint's authentication (a password left out under the same username
-    /// is kept); `null` removes it.
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<Authentication>)]
-    pub authentication: Option<Option<Authentication>>,
-    /// Replaces the client certificate (the key left out with the same certificate is
-    /// kept); `null` removes it.
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<ClientCertificate>)]
-    pub client_certificate: Option<Option<ClientCertificate>>,
-    pub description: Option<String>,
-    /// `true` re-enables an endpoint and clears its `disabled_reason`.
-    pub enabled: Option<bool>,
-    pub timeout_ms: Option<i32>,
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<i32>)]
-    pub rate_limit_per_second: Option<Option<i32>>,
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<i32>)]
-    pub rate_limit_burst: Option<Option<i32>>,
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<i32>)]
-    pub max_concurrency: Option<Option<i32>>,
-    pub headers: Option<BTreeMap<String, String>>,
-    /// `null` returns to the default ladder.
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<Vec<f64>>)]
-    pub retry_delays_seconds: Option<Option<Vec<f64>>>,
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<i32>)]
-    pub max_attempts: Option<Option<i32>>,
-    /// `null` or `[]`: every channel again.
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<Vec<String>>)]
-    pub channels: Option<Option<Vec<String>>>,
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<String>)]
-    pub uid: Option<Option<String>>,
-    pub metadata: Option<BTreeMap<String, String>>,
-    /// `null` removes the payload filter.
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<String>)]
-    pub filter: Option<Option<String>>,
-    /// `null` removes the transformation.
-    #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<TransformationIn>)]
-    pub transformation: Option<Option<TransformationIn>>,
-}
-
-#[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints",
-    params(("id" = String, Path)), request_body = UpdateEndpoint,
-    responses((status = 200, body = Endpoint), (status = 404, body = Problem),
-              (status = 422, body = Problem)),
-    security(("api_key" = [])))]
-pub async fn update(
-    project: Project,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<UpdateEndpoint>,
-) -> ApiResult<Json<Endpoint>> {
-    let id = parse_id(&id)?;
-    if let Some(d) = &body.description {
-        check_description(d)?;
-    }
-    if let Some(ms) = body.timeout_ms {
-        check_timeout(&state, ms)?;
-    }
-    check_positive(
-        "rate_limit_per_second",
-        body.rate_limit_per_second.flatten(),
-    )?;
-    check_positive("rate_limit_burst", body.rate_limit_burst.flatten())?;
-    check_positive("max_concurrency", body.max_concurrency.flatten())?;
-    if let Some(h) = &body.headers {
-        validate_headers(h)?;
-    }
-    let headers = body.headers.as_ref().map(|h| {
-        state
-            .keyring
-            .seal_headers(id.as_str(), &serde_json::to_value(h).unwrap_or_default())
-    });
-    let delays = body
-        .retry_delays_seconds
-        .as_ref()
-        .map(|d| d.as_deref().map(retry_delays).transpose())
-        .transpose()?;
-    check_max_attempts(body.max_attempts.flatten())?;
-    let channels = match &body.channels {
-        Some(Some(c)) if !c.is_empty() => Some(Some(check_channels("channels", c)?)),
-        Some(_) => Some(None),
-        None => None,
-    };
-    if let Some(Some(uid)) = &body.uid {
-        check_uid("uid", uid, EndpointId::PREFIX)?;
-    }
-    let metadata = body.metadata.as_ref().map(check_metadata).transpose()?;
-    let filter = filters::check_change(
-        &state.pool,
-        "filter",
-        body.filter.as_ref().map(Option::as_deref),
-    )
-    .await?;
-    let (transformation_code, transformation_enabled) = transformations::check_change(
-        "transformation",
-        body.transformation.as_ref().map(Option::as_ref),
-    )
-    .await?;
-    // The change and its operational webhooks commit together (crate::operational).
-    let mut tx = state.pool.begin().await?;
-    let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
-    // Read once: what the type, the URL and the authentication are checked against.
-    let current = store::find(&mut *tx, project.id.as_str(), id.as_str(), Kind::Webhook)
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
-    let target = target::changed_target(&state, &current, &body)?;
-    let authentication = target::changed_authentication(&state, &current, &body)?;
-    let client_certificate = target::changed_client_certificate(&state, &current, &body)?;
-    let change = store::EndpointChange {
-        client_certificate,
-        url: target.url.as_deref(),
-        transport_settings: target.shown,
-        transport_secret: target.sealed,
-        authentication,
-        description: body.description.as_deref(),
-        enabled: body.enabled,
-        timeout_ms: body.timeout_ms,
-        rate_limit_per_second: body.rate_limit_per_second,
-        rate_limit_burst: body.rate_limit_burst,
-        max_concurrency: body.max_concurrency,
-        sealed_headers: headers,
-        retry_delays: delays,
-        max_attempts: body.max_attempts,
-        channels,
-        uid: body.uid.clone(),
-        metadata,
-        filter,
-        transformation_code,
-        transformation_enabled,
-    };
-    let row = store::update(&mut *tx, id.as_str(), project.id.as_str(), change)
-        .await
-        .map_err(uid_conflict)?
-        .ok_or(ApiError::NotFound("endpoint"))?;
-    operational::emit(
-        &mut *tx,
-        project.id.as_str(),
-        Notice::EndpointUpdated(EndpointChanged::new(&row.id, &row.url, &row.description)),
-    )
-    .await?;
-    operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row).await?;
-    tx.commit().await?;
     Ok(Json(row.view(&state.keyring)))
 }
 

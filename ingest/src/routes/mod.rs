@@ -12,6 +12,7 @@ pub mod deliveries;
 pub mod endpoint_secret;
 pub mod endpoint_state;
 pub mod endpoint_target;
+pub mod endpoint_update;
 pub mod endpoint_view;
 pub mod endpoints;
 pub mod event_types;

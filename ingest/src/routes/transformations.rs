@@ -261,12 +261,7 @@ pub async fn test(
             ));
         }
     };
-    let headers = state
-        .keyring
-        .open_headers(&row.id, &row.headers)
-        .ok()
-        .and_then(|h| serde_json::from_value(h).ok())
-        .unwrap_or_default();
+    let headers = row.opened_headers(&state.keyring);
     let result = try_program(code, row.url, headers, body.event_type, body.payload).await?;
     Ok(Json(result))
 }
