@@ -50,11 +50,38 @@ LANGUAGE sql STABLE AS $$
           AND e.deleted_at IS NULL AND e.enabled), '[]')::text
 $$;
 
--- The ingest statement with a filter per planned Delivery (NULL: none): a Delivery is
--- written only if `payload @@ filter` is true. `@@` yields NULL instead of raising for the
--- errors a payload can cause (a missing key, a type mismatch), and NULL declines. Each row
--- returned names the planned Deliveries of its Event that a filter declined, so the answer,
--- the metrics and the Sequence Numbers count only what was written. Otherwise the
+-- The id of the Delivery a filtered candidate writes: `dlv_`, the first 20 characters of its
+-- Event's ULID (the 48-bit time and 50 random bits), and the candidate's 1-based position in
+-- its statement in 6 base-32 digits. The ingest derives the same id (ingest/src/plan/
+-- filtered.rs), so the statement answers with positions, not ids, and a declined candidate
+-- costs no id anywhere. Unique: positions differ within a statement, and two statements'
+-- Events share 20 characters only if their 50 random bits do. The time part is the Event's,
+-- so the Delivery lands in its Event's day partition.
+CREATE FUNCTION railhook_filtered_delivery_id(p_event_id text, p_n integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 'dlv_' || substr(p_event_id, 5, 20)
+        || substr('0123456789abcdefghjkmnpqrstvwxyz', (p_n >> 25 & 31) + 1, 1)
+        || substr('0123456789abcdefghjkmnpqrstvwxyz', (p_n >> 20 & 31) + 1, 1)
+        || substr('0123456789abcdefghjkmnpqrstvwxyz', (p_n >> 15 & 31) + 1, 1)
+        || substr('0123456789abcdefghjkmnpqrstvwxyz', (p_n >> 10 & 31) + 1, 1)
+        || substr('0123456789abcdefghjkmnpqrstvwxyz', (p_n >> 5 & 31) + 1, 1)
+        || substr('0123456789abcdefghjkmnpqrstvwxyz', (p_n & 31) + 1, 1)
+$$;
+
+-- The ingest statement with payload filters. The unfiltered Deliveries come as before (ids
+-- fixed by the ingest). The filtered ones come as candidates, three integers each: the
+-- Event (1-based position in p_ids), the filter (in p_filters, each distinct filter of the
+-- statement once, so each is parsed once) and the route (endpoint, subscription, ordered:
+-- in p_route_*, each distinct one once). A candidate is written only if
+-- `payload @@ filter` is true: `@@` yields NULL instead of raising for the errors a payload
+-- can cause (a missing key, a type mismatch), and NULL declines. Each row returned names the
+-- candidates of its Event that were written (their positions), so the answer, the metrics
+-- and the Sequence Numbers count only what was written.
+--
+-- Why candidates and not one row per planned Delivery (the first shape of this function):
+-- with 100 filtered endpoints, the ids, texts and joins of 100 rows per Event cost more
+-- than the filters themselves (docs/BENCHMARKS.md, "Payload filters"). Otherwise the
 -- 16-argument function of migration 20261205000019.
 CREATE FUNCTION railhook_ingest(
     p_project text,
@@ -64,8 +91,10 @@ CREATE FUNCTION railhook_ingest(
     p_window_hours integer,
     p_traceparents text[], p_tracestates text[],
     p_applications text[], p_channels text[], p_event_uids text[],
-    p_delivery_filters text[]
-) RETURNS TABLE (id text, created_at timestamptz, declined text[])
+    p_filters text[],
+    p_route_endpoints text[], p_route_subscriptions text[], p_route_ordered boolean[],
+    p_candidate_events integer[], p_candidate_filters integer[], p_candidate_routes integer[]
+) RETURNS TABLE (id text, created_at timestamptz, passed integer[])
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 BEGIN
@@ -92,38 +121,52 @@ BEGIN
                    AND e.id >= railhook_ulid_floor('evt_', now() - make_interval(hours => p_window_hours))))
         ORDER BY x.n
         RETURNING events.id, events.created_at, events.traceparent, events.payload
+    ), inserted AS MATERIALIZED (
+        -- The inserted Events by position, for the candidates to find theirs.
+        SELECT u.n, ev.id, ev.payload
+        FROM unnest(p_ids) WITH ORDINALITY AS u(id, n) JOIN ev ON ev.id = u.id
     ), parsed AS MATERIALIZED (
-        -- Each distinct filter of the statement parsed once, however many Events carry it.
-        SELECT f.filter, f.filter::jsonpath AS path
-        FROM (SELECT DISTINCT u.filter FROM unnest(p_delivery_filters) AS u(filter)
-              WHERE u.filter IS NOT NULL) AS f
-    ), planned AS MATERIALIZED (
-        -- Each planned Delivery of an inserted Event, with its Event's payload by a hash
-        -- join (not a lookup per row), and whether its filter holds.
-        SELECT x.id, x.event_id, x.endpoint_id, x.subscription_id, x.ordered, x.n,
-               x.filter IS NULL OR coalesce(ev.payload @@ pf.path, false) AS pass
-        FROM unnest(p_delivery_ids, p_delivery_events, p_delivery_endpoints,
-                    p_delivery_subscriptions, p_delivery_ordered, p_delivery_filters)
-             WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, ordered, filter, n)
-        JOIN ev ON ev.id = x.event_id
-        LEFT JOIN parsed pf ON pf.filter = x.filter
+        -- Each filter parsed once, however many candidates use it.
+        SELECT f.n, f.filter::jsonpath AS path
+        FROM unnest(p_filters) WITH ORDINALITY AS f(filter, n)
+    ), held AS MATERIALIZED (
+        SELECT c.n, e.id AS event_id, c.route
+        FROM unnest(p_candidate_events, p_candidate_filters, p_candidate_routes)
+             WITH ORDINALITY AS c(event, filter, route, n)
+        JOIN inserted e ON e.n = c.event
+        JOIN parsed pf ON pf.n = c.filter
+        WHERE e.payload @@ pf.path
+    ), passed AS MATERIALIZED (
+        SELECT h.n, h.event_id,
+               railhook_filtered_delivery_id(h.event_id, h.n::integer) AS delivery_id,
+               r.endpoint_id, r.subscription_id, r.ordered
+        FROM held h
+        JOIN unnest(p_route_endpoints, p_route_subscriptions, p_route_ordered)
+             WITH ORDINALITY AS r(endpoint_id, subscription_id, ordered, n) ON r.n = h.route
     ), d AS (
         INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, ordered)
-        SELECT p.id, p_project, p.event_id, p.endpoint_id, p.subscription_id, p.ordered
-        FROM planned p
-        WHERE p.pass
-        ORDER BY p.n
+        SELECT x.id, p_project, x.event_id, x.endpoint_id, x.subscription_id, x.ordered
+        FROM (SELECT u.id, u.event_id, u.endpoint_id, u.subscription_id, u.ordered, u.n
+              FROM unnest(p_delivery_ids, p_delivery_events, p_delivery_endpoints,
+                          p_delivery_subscriptions, p_delivery_ordered)
+                   WITH ORDINALITY AS u(id, event_id, endpoint_id, subscription_id, ordered, n)
+              JOIN ev ON ev.id = u.event_id
+              UNION ALL
+              SELECT p.delivery_id, p.event_id, p.endpoint_id, p.subscription_id, p.ordered,
+                     p.n + 2147483648
+              FROM passed p) AS x
+        ORDER BY x.n
         RETURNING deliveries.id, deliveries.endpoint_id, deliveries.event_id
     ), announced AS (
         INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason, traceparent)
         SELECT d.id, d.endpoint_id, p_project, 'CREATED', ev.traceparent
         FROM d JOIN ev ON ev.id = d.event_id ORDER BY d.id
-    ), declined AS (
-        SELECT p.event_id, array_agg(p.id) AS ids
-        FROM planned p WHERE NOT p.pass GROUP BY p.event_id
+    ), kept AS (
+        SELECT p.event_id, array_agg(p.n::integer ORDER BY p.n) AS ns
+        FROM passed p GROUP BY p.event_id
     )
-    SELECT ev.id, ev.created_at, dc.ids
-    FROM ev LEFT JOIN declined dc ON dc.event_id = ev.id;
+    SELECT ev.id, ev.created_at, k.ns
+    FROM ev LEFT JOIN kept k ON k.event_id = ev.id;
 END $$;
 
 -- Checks a filter before it is stored (ingest/src/routes/filters.rs), in one round trip:

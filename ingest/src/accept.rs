@@ -46,7 +46,7 @@ use sqlx::PgPool;
 
 use crate::auth::Project;
 use crate::group_commit::{Inserted, Rows, insert_rows};
-use crate::plan::{Audience, DeliveryPlan, plan_deliveries};
+use crate::plan::{Audience, DeliveryPlan, Planner, Written};
 use crate::problem::{ApiError, InternalError};
 use crate::quota::Reservation;
 use crate::state::AppState;
@@ -245,27 +245,26 @@ async fn find_existing(
         .collect())
 }
 
-/// What step 3 writes: a new id per Event, the Deliveries planned for every Event, and which
-/// of them (`spans[i]`, positions in `plan`) belong to Event `i`. All are planned up front;
-/// the statement keeps those of the Events it actually inserts (a concurrent request may
-/// hold an Idempotency-Key).
+/// What step 3 writes: a new id per Event and the Deliveries planned for every Event (the
+/// plan's `spans[i]` are Event `i`'s). All are planned up front; the statement keeps those
+/// of the Events it actually inserts (a concurrent request may hold an Idempotency-Key) and
+/// of the filtered ones those whose filter holds.
 struct Draft {
     ids: Vec<EventId>,
     plan: DeliveryPlan,
-    spans: Vec<std::ops::Range<usize>>,
 }
 
 impl Draft {
     fn new(events: &[NewEvent], subs: &[Candidate]) -> Self {
         let ids: Vec<EventId> = events.iter().map(|_| EventId::generate()).collect();
-        let mut plan = DeliveryPlan::default();
-        let mut spans = Vec::with_capacity(events.len());
+        let mut planner = Planner::new(subs);
         for (event, id) in events.iter().zip(&ids) {
-            let first = plan.ids.len();
-            plan_deliveries(id, &event.event_type, &event.audience, subs, &mut plan);
-            spans.push(first..plan.ids.len());
+            planner.plan(id, &event.event_type, &event.audience);
         }
-        Self { ids, plan, spans }
+        Self {
+            ids,
+            plan: planner.finish(),
+        }
     }
 }
 
@@ -314,14 +313,17 @@ async fn write_events(
         *committed = inserted.len();
         (inserted, results)
     };
-    let written = draft
+    let written: Vec<Written> = draft
         .plan
-        .keep(|event, delivery| inserted.wrote(event, delivery));
+        .written(&inserted)
+        .into_iter()
+        .flatten()
+        .collect();
     state.metrics.events_created.inc_by(inserted.len() as u64);
     state
         .metrics
         .deliveries_created
-        .inc_by(written.ids.len() as u64);
+        .inc_by(written.len() as u64);
     assign_sequence_numbers(state, &written).await;
     Ok(results)
 }
@@ -340,10 +342,12 @@ async fn outcomes(
         .filter(|&i| !inserted.contains_key(draft.ids[i].as_str()))
         .collect();
     let winners = find_existing(db, project, events, Some(&raced)).await?;
+    let mut written = draft.plan.written(inserted).into_iter();
     let mut results = Vec::with_capacity(events.len());
     for (i, (event, id)) in events.iter().zip(&draft.ids).enumerate() {
+        let mine = written.next().unwrap_or_default();
         let accepted = match inserted.get(id.as_str()) {
-            Some(&created_at) => created(id, event, created_at, draft, i, inserted),
+            Some(&created_at) => created(id, event, created_at, mine),
             None => {
                 let winner = winners.get(&i).ok_or(ApiError::IdempotencyConflict)?;
                 replayed(winner, event)?
@@ -354,22 +358,19 @@ async fn outcomes(
     Ok(results)
 }
 
+/// `written`: the Event's Deliveries as the statement wrote them (a payload filter may have
+/// declined some of those planned).
 fn created(
     id: &EventId,
     event: &NewEvent,
     created_at: DateTime<Utc>,
-    draft: &Draft,
-    position: usize,
-    inserted: &Inserted,
+    written: Vec<Written>,
 ) -> AcceptedEvent {
-    let plan = &draft.plan;
-    // The Deliveries written: a payload filter may have declined some of those planned.
-    let mut deliveries: Vec<DeliveryRef> = draft.spans[position]
-        .clone()
-        .filter(|&d| !inserted.declined.contains(&plan.ids[d]))
+    let mut deliveries: Vec<DeliveryRef> = written
+        .into_iter()
         .map(|d| DeliveryRef {
-            id: plan.ids[d].clone(),
-            endpoint_id: plan.endpoint_ids[d].clone(),
+            id: d.id,
+            endpoint_id: d.endpoint_id,
         })
         .collect();
     // Id order, as a replayed answer lists them, so both answers are the same body.
@@ -418,14 +419,11 @@ fn rows(events: &[NewEvent], draft: &Draft) -> Rows {
 /// process dies, Postgres restarts), the Deliveries stay unnumbered and the worker numbers
 /// them before it lets them through the ordering gate. Endpoints are locked in id order so
 /// concurrent requests cannot deadlock on each other's counters.
-async fn assign_sequence_numbers(state: &AppState, plan: &DeliveryPlan) {
-    let (deliveries, endpoints): (Vec<String>, Vec<String>) = plan
-        .ids
+async fn assign_sequence_numbers(state: &AppState, written: &[Written]) {
+    let (deliveries, endpoints): (Vec<String>, Vec<String>) = written
         .iter()
-        .zip(&plan.endpoint_ids)
-        .zip(&plan.ordered)
-        .filter(|(_, ordered)| **ordered)
-        .map(|((d, e), _)| (d.clone(), e.clone()))
+        .filter(|d| d.ordered)
+        .map(|d| (d.id.clone(), d.endpoint_id.clone()))
         .unzip();
     if deliveries.is_empty() {
         return;

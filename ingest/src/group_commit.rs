@@ -40,7 +40,7 @@
 //!   ordered by the function (the first inserts, the second is skipped and answered with the
 //!   first's Event), exactly as when they race on two connections.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
@@ -50,6 +50,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use crate::accept::IDEMPOTENCY_WINDOW_HOURS;
 use crate::metrics::IngestMetrics;
 use crate::plan::DeliveryPlan;
+use crate::plan::filtered::{MAX_CANDIDATES, filtered_delivery_id};
 
 /// The most Events one group statement carries. Past a few dozen the statement's fixed cost
 /// is already spread thin, and a larger group only makes its members wait for each other.
@@ -60,11 +61,11 @@ pub const MAX_GROUP_EVENTS: usize = 64;
 const QUEUE: usize = 4_096;
 
 /// What a statement wrote: the Events it inserted, with the time each committed, and the
-/// planned Deliveries a payload filter declined (not written).
+/// filtered candidates it wrote (by 0-based position in the plan) with their Delivery ids.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Inserted {
     pub events: HashMap<String, DateTime<Utc>>,
-    pub declined: HashSet<String>,
+    pub passed: HashMap<usize, String>,
 }
 
 impl Inserted {
@@ -82,11 +83,6 @@ impl Inserted {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.events.is_empty()
-    }
-
-    /// Whether the planned Delivery `id` was written (its Event inserted, no filter declined).
-    pub(crate) fn wrote(&self, event_id: &str, delivery_id: &str) -> bool {
-        self.contains_key(event_id) && !self.declined.contains(delivery_id)
     }
 }
 
@@ -132,10 +128,16 @@ pub(crate) async fn insert_rows(
     rows: &Rows,
 ) -> Result<Inserted, sqlx::Error> {
     let plan = &rows.plan;
+    let filtered = &plan.filtered;
+    if filtered.len() >= MAX_CANDIDATES {
+        return Err(sqlx::Error::Protocol(
+            "more filtered candidates than one statement numbers".into(),
+        ));
+    }
     let found = sqlx::query!(
-        r#"SELECT id AS "id!", created_at AS "created_at!", declined
+        r#"SELECT id AS "id!", created_at AS "created_at!", passed
            FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
-                                $14, $15, $16, $17)"#,
+                                $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)"#,
         project,
         &rows.ids,
         &rows.types,
@@ -152,13 +154,24 @@ pub(crate) async fn insert_rows(
         &rows.applications as &[Option<String>],
         &rows.channels as &[Option<String>],
         &rows.event_uids as &[Option<String>],
-        &plan.filters as &[Option<String>]
+        &filtered.filters,
+        &filtered.route_endpoints,
+        &filtered.route_subscriptions,
+        &filtered.route_ordered,
+        &filtered.events,
+        &filtered.filter_of,
+        &filtered.route_of
     )
     .fetch_all(db)
     .await?;
     let mut inserted = Inserted::default();
     for r in found {
-        inserted.declined.extend(r.declined.unwrap_or_default());
+        for n in r.passed.unwrap_or_default() {
+            let n = n as usize;
+            inserted
+                .passed
+                .insert(n - 1, filtered_delivery_id(&r.id, n));
+        }
         inserted.events.insert(r.id, r.created_at);
     }
     Ok(inserted)
@@ -207,9 +220,9 @@ async fn insert_or_find(
     }
 }
 
-/// Which of `ids` are stored, with their commit times, and which of the filtered Deliveries
-/// of `plan` were declined (not stored). The ids carry their day, so the range bounds let
-/// Postgres open only the day partitions they fall in.
+/// Which of `ids` are stored, with their commit times, and which of the filtered candidates
+/// of `plan` (the statement's own) were written. The ids carry their day, so the range
+/// bounds let Postgres open only the day partitions they fall in.
 pub(crate) async fn committed(
     pool: &PgPool,
     ids: &[String],
@@ -228,26 +241,34 @@ pub(crate) async fn committed(
     .await?;
     let mut inserted = Inserted {
         events: rows.into_iter().map(|r| (r.id, r.created_at)).collect(),
-        declined: HashSet::new(),
+        passed: HashMap::new(),
     };
-    let filtered: Vec<String> = (0..plan.ids.len())
-        .filter(|&n| plan.filters[n].is_some() && inserted.contains_key(&plan.event_ids[n]))
-        .map(|n| plan.ids[n].clone())
+    // The id each candidate of an inserted Event would have been written with.
+    let candidates: HashMap<String, usize> = plan
+        .spans
+        .iter()
+        .filter(|span| inserted.contains_key(&span.event_id))
+        .flat_map(|span| {
+            span.filtered
+                .clone()
+                .map(|c| (filtered_delivery_id(&span.event_id, c + 1), c))
+        })
         .collect();
-    if !filtered.is_empty() {
-        let lowest = filtered.iter().min().map_or("", String::as_str);
-        let highest = filtered.iter().max().map_or("", String::as_str);
+    if !candidates.is_empty() {
+        let wanted: Vec<String> = candidates.keys().cloned().collect();
+        let lowest = wanted.iter().min().map_or("", String::as_str);
+        let highest = wanted.iter().max().map_or("", String::as_str);
         let stored = sqlx::query_scalar!(
             "SELECT id FROM deliveries WHERE id = ANY($1) AND id BETWEEN $2 AND $3",
-            &filtered,
+            &wanted,
             lowest,
             highest
         )
         .fetch_all(pool)
         .await?;
-        inserted.declined = filtered
+        inserted.passed = stored
             .into_iter()
-            .filter(|id| !stored.contains(id))
+            .filter_map(|id| Some((*candidates.get(&id)?, id)))
             .collect();
     }
     Ok(inserted)
@@ -460,13 +481,16 @@ impl Writer {
             return self.write_each(project, group).await;
         }
         let mut all = Rows::default();
+        let mut offsets = Vec::with_capacity(group.len());
         for job in &group {
+            offsets.push(all.plan.filtered.len());
             all.append(&job.rows);
         }
         self.metrics.group_events.observe(all.ids.len() as f64);
         match insert_or_find(&self.pool, &self.faults, project, &all).await {
             Ok(inserted) => {
-                for job in group {
+                for (job, offset) in group.into_iter().zip(offsets) {
+                    let candidates = offset..offset + job.rows.plan.filtered.len();
                     let mine = Inserted {
                         events: job
                             .rows
@@ -474,13 +498,11 @@ impl Writer {
                             .iter()
                             .filter_map(|id| inserted.get(id).map(|at| (id.clone(), *at)))
                             .collect(),
-                        declined: job
-                            .rows
-                            .plan
-                            .ids
+                        passed: inserted
+                            .passed
                             .iter()
-                            .filter(|id| inserted.declined.contains(*id))
-                            .cloned()
+                            .filter(|(c, _)| candidates.contains(*c))
+                            .map(|(c, id)| (c - offset, id.clone()))
                             .collect(),
                     };
                     let _ = job.reply.send(Ok(mine));

@@ -4,11 +4,17 @@
 //! so an Event's audience is decided in one place and a Replay never widens it.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use railhook_common::EventType;
 use railhook_common::ids::{DeliveryId, EventId};
 
+use crate::group_commit::Inserted;
 use crate::store::subscriptions::Candidate;
+
+pub(crate) mod filtered;
+
+pub(crate) use filtered::{Filtered, Route};
 
 /// Which endpoints an Event may reach besides those its type selects (docs/APPLICATIONS.md):
 /// the endpoints of its own scope only — its application's, or with none the project's own —
@@ -39,7 +45,9 @@ impl Audience {
     }
 }
 
-/// The Deliveries to create, as parallel columns for one `unnest` insert.
+/// The Deliveries to create: the unfiltered ones as parallel columns for one `unnest`
+/// insert, with ids fixed now, and the filtered candidates (filtered.rs), which the
+/// statement writes only where their filter holds.
 #[derive(Default, Clone)]
 pub(crate) struct DeliveryPlan {
     pub(crate) ids: Vec<String>,
@@ -47,70 +55,196 @@ pub(crate) struct DeliveryPlan {
     pub(crate) endpoint_ids: Vec<String>,
     pub(crate) subscription_ids: Vec<String>,
     pub(crate) ordered: Vec<bool>,
-    /// The payload filter the statement applies to each (`None`: none), as
-    /// [`Candidate::filter`] combines it.
-    pub(crate) filters: Vec<Option<String>>,
+    pub(crate) filtered: Filtered,
+    /// One per planned Event, in order: its id and which Deliveries and candidates are its.
+    /// A candidate names its Event by position here (1-based).
+    pub(crate) spans: Vec<Span>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Span {
+    pub(crate) event_id: String,
+    pub(crate) unfiltered: Range<usize>,
+    pub(crate) filtered: Range<usize>,
+}
+
+/// A Delivery the statement wrote, as the answer and the Sequence Numbers need it.
+#[derive(Clone, Debug)]
+pub(crate) struct Written {
+    pub(crate) id: String,
+    pub(crate) endpoint_id: String,
+    pub(crate) ordered: bool,
 }
 
 impl DeliveryPlan {
+    /// Appends `other`, whose Events follow this plan's.
     pub(crate) fn append(&mut self, other: &DeliveryPlan) {
+        let (unfiltered, filtered) = (self.ids.len(), self.filtered.len());
+        let events = self.spans.len() as i32;
         self.ids.extend_from_slice(&other.ids);
         self.event_ids.extend_from_slice(&other.event_ids);
         self.endpoint_ids.extend_from_slice(&other.endpoint_ids);
         self.subscription_ids
             .extend_from_slice(&other.subscription_ids);
         self.ordered.extend_from_slice(&other.ordered);
-        self.filters.extend_from_slice(&other.filters);
+        self.filtered.append(&other.filtered, events);
+        self.spans.extend(other.spans.iter().map(|s| Span {
+            event_id: s.event_id.clone(),
+            unfiltered: s.unfiltered.start + unfiltered..s.unfiltered.end + unfiltered,
+            filtered: s.filtered.start + filtered..s.filtered.end + filtered,
+        }));
     }
 
-    /// The planned Deliveries that `keep` keeps (given the Event id and the Delivery id).
-    pub(crate) fn keep(&self, keep: impl Fn(&str, &str) -> bool) -> DeliveryPlan {
-        let mut out = DeliveryPlan::default();
-        for n in (0..self.ids.len()).filter(|&n| keep(&self.event_ids[n], &self.ids[n])) {
-            out.ids.push(self.ids[n].clone());
-            out.event_ids.push(self.event_ids[n].clone());
-            out.endpoint_ids.push(self.endpoint_ids[n].clone());
-            out.subscription_ids.push(self.subscription_ids[n].clone());
-            out.ordered.push(self.ordered[n]);
-            out.filters.push(self.filters[n].clone());
-        }
-        out
+    /// What the statement wrote for each planned Event, in plan order: nothing for an Event
+    /// it did not insert, else its unfiltered Deliveries and the candidates that passed.
+    pub(crate) fn written(&self, inserted: &Inserted) -> Vec<Vec<Written>> {
+        self.spans
+            .iter()
+            .map(|span| {
+                if !inserted.contains_key(&span.event_id) {
+                    return Vec::new();
+                }
+                let unfiltered = span.unfiltered.clone().map(|d| Written {
+                    id: self.ids[d].clone(),
+                    endpoint_id: self.endpoint_ids[d].clone(),
+                    ordered: self.ordered[d],
+                });
+                let passed = span.filtered.clone().filter_map(|c| {
+                    let id = inserted.passed.get(&c)?;
+                    let (endpoint_id, _, ordered) = self.filtered.route_of_candidate(c);
+                    Some(Written {
+                        id: id.clone(),
+                        endpoint_id: endpoint_id.to_owned(),
+                        ordered,
+                    })
+                });
+                unfiltered.chain(passed).collect()
+            })
+            .collect()
     }
 }
 
-/// One Delivery per (Event, endpoint) of the Event's audience: an endpoint with two matching
-/// subscriptions still gets the Event once (ordered if either subscription asks for order).
-/// Of several matching subscriptions, the Delivery is declined only if every one's filter
-/// declines: the filters are joined with `||`, and an unfiltered one drops the filter.
-/// This is the one place an Event's scope and channels are decided, so the Deliveries stored
-/// with an Event can never disagree with them.
-pub(crate) fn plan_deliveries(
-    event: &EventId,
-    event_type: &EventType,
-    audience: &Audience,
-    subs: &[Candidate],
-    plan: &mut DeliveryPlan,
-) {
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for sub in subs
-        .iter()
-        .filter(|s| audience.admits(s) && s.patterns.iter().any(|p| p.matches(event_type)))
-    {
-        if let Some(&at) = seen.get(sub.endpoint_id.as_str()) {
-            plan.ordered[at] |= sub.ordered;
-            plan.filters[at] = match (plan.filters[at].take(), sub.filter()) {
-                (Some(a), Some(b)) => Some(format!("({a}) || ({b})")),
-                _ => None,
-            };
-            continue;
+/// Plans Events against one project's subscriptions into one [`DeliveryPlan`]. Keeps, per
+/// subscription, the filter and route its candidates get (their positions in the plan), so
+/// an Event with 100 filtered endpoints costs no text per candidate; only an endpoint that
+/// two subscriptions match joins their filters anew.
+pub(crate) struct Planner<'a> {
+    subs: &'a [Candidate],
+    /// Per subscription (by position in `subs`): its candidates' filter and route.
+    known: Vec<Option<(i32, i32)>>,
+    plan: DeliveryPlan,
+}
+
+/// What one endpoint gets from the subscriptions of an Event that match it.
+struct Choice {
+    first: usize,
+    ordered: bool,
+    filter: Joined,
+}
+
+enum Joined {
+    None,
+    /// The first subscription's own filter.
+    Own,
+    Text(String),
+}
+
+impl<'a> Planner<'a> {
+    pub(crate) fn new(subs: &'a [Candidate]) -> Self {
+        Self {
+            subs,
+            known: vec![None; subs.len()],
+            plan: DeliveryPlan::default(),
         }
-        seen.insert(&sub.endpoint_id, plan.ids.len());
-        plan.ids.push(DeliveryId::generate().into_string());
-        plan.event_ids.push(event.as_str().to_owned());
-        plan.endpoint_ids.push(sub.endpoint_id.clone());
-        plan.subscription_ids.push(sub.subscription_id.clone());
-        plan.ordered.push(sub.ordered);
-        plan.filters.push(sub.filter());
+    }
+
+    pub(crate) fn finish(self) -> DeliveryPlan {
+        self.plan
+    }
+
+    /// One Delivery per (Event, endpoint) of the Event's audience: an endpoint with two
+    /// matching subscriptions still gets the Event once (ordered if either subscription asks
+    /// for order). Of several matching subscriptions, the Delivery is declined only if every
+    /// one's filter declines: the filters are joined with `||`, and an unfiltered one drops
+    /// the filter. This is the one place an Event's scope and channels are decided, so the
+    /// Deliveries stored with an Event can never disagree with them.
+    pub(crate) fn plan(&mut self, event: &EventId, event_type: &EventType, audience: &Audience) {
+        let subs = self.subs;
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut chosen: Vec<Choice> = Vec::new();
+        for (at, sub) in subs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| audience.admits(s) && s.patterns.iter().any(|p| p.matches(event_type)))
+        {
+            if let Some(&c) = seen.get(sub.endpoint_id.as_str()) {
+                let choice: &mut Choice = &mut chosen[c];
+                choice.ordered |= sub.ordered;
+                choice.filter = match (&choice.filter, sub.filter()) {
+                    (Joined::None, _) | (_, None) => Joined::None,
+                    (Joined::Own, Some(b)) => {
+                        let a = subs[choice.first].filter().unwrap_or_default();
+                        Joined::Text(format!("({a}) || ({b})"))
+                    }
+                    (Joined::Text(a), Some(b)) => Joined::Text(format!("({a}) || ({b})")),
+                };
+                continue;
+            }
+            let own = sub.endpoint_filter.is_some() || sub.subscription_filter.is_some();
+            seen.insert(&sub.endpoint_id, chosen.len());
+            chosen.push(Choice {
+                first: at,
+                ordered: sub.ordered,
+                filter: if own { Joined::Own } else { Joined::None },
+            });
+        }
+        let plan = &mut self.plan;
+        let position = plan.spans.len() as i32 + 1;
+        let (unfiltered, filtered) = (plan.ids.len(), plan.filtered.len());
+        for choice in chosen {
+            let sub = &subs[choice.first];
+            match choice.filter {
+                Joined::None => {
+                    plan.ids.push(DeliveryId::generate().into_string());
+                    plan.event_ids.push(event.as_str().to_owned());
+                    plan.endpoint_ids.push(sub.endpoint_id.clone());
+                    plan.subscription_ids.push(sub.subscription_id.clone());
+                    plan.ordered.push(choice.ordered);
+                }
+                Joined::Own if choice.ordered == sub.ordered => {
+                    let (filter, route) = *self.known[choice.first].get_or_insert_with(|| {
+                        let filter = sub.filter().unwrap_or_default();
+                        (
+                            plan.filtered.filter(&filter),
+                            plan.filtered.route(route(sub, sub.ordered)),
+                        )
+                    });
+                    plan.filtered.push_indexed(position, filter, route);
+                }
+                Joined::Own => {
+                    let filter = sub.filter().unwrap_or_default();
+                    plan.filtered
+                        .push(position, &filter, route(sub, choice.ordered));
+                }
+                Joined::Text(filter) => {
+                    plan.filtered
+                        .push(position, &filter, route(sub, choice.ordered));
+                }
+            }
+        }
+        plan.spans.push(Span {
+            event_id: event.as_str().to_owned(),
+            unfiltered: unfiltered..plan.ids.len(),
+            filtered: filtered..plan.filtered.len(),
+        });
+    }
+}
+
+fn route(sub: &Candidate, ordered: bool) -> Route {
+    Route {
+        endpoint_id: sub.endpoint_id.clone(),
+        subscription_id: sub.subscription_id.clone(),
+        ordered,
     }
 }
 
@@ -160,10 +294,10 @@ mod tests {
             (audience(Some("app_b"), Some(&["eu"])), &["b"]),
         ];
         for (who, expected) in cases {
-            let mut plan = DeliveryPlan::default();
+            let mut planner = Planner::new(&subs);
             let event_type = EventType::parse("order.paid").expect("type");
-            plan_deliveries(&EventId::generate(), &event_type, &who, &subs, &mut plan);
-            assert_eq!(plan.endpoint_ids, expected, "{who:?}");
+            planner.plan(&EventId::generate(), &event_type, &who);
+            assert_eq!(planner.finish().endpoint_ids, expected, "{who:?}");
         }
     }
 
@@ -186,29 +320,38 @@ mod tests {
             filtered("e", None, None, 0),
         ];
         let event_type = EventType::parse("order.paid").expect("type");
-        let mut plan = DeliveryPlan::default();
-        plan_deliveries(
-            &EventId::generate(),
-            &event_type,
-            &Audience::default(),
-            &subs,
-            &mut plan,
-        );
-        let got: Vec<(&str, Option<&str>)> = plan
-            .endpoint_ids
-            .iter()
-            .map(String::as_str)
-            .zip(plan.filters.iter().map(Option::as_deref))
+        let mut planner = Planner::new(&subs);
+        // Twice: the second Event reuses what the first learnt per subscription.
+        planner.plan(&EventId::generate(), &event_type, &Audience::default());
+        planner.plan(&EventId::generate(), &event_type, &Audience::default());
+        let plan = planner.finish();
+        assert_eq!(plan.endpoint_ids, ["d", "e", "d", "e"], "unfiltered");
+        let got: Vec<(i32, &str, &str)> = (0..plan.filtered.len())
+            .map(|c| {
+                (
+                    plan.filtered.events[c],
+                    plan.filtered.route_of_candidate(c).0,
+                    plan.filtered.filter_text(c),
+                )
+            })
             .collect();
+        let first = [
+            ("a", "$.x > 1"),
+            ("b", "($.x > 1) && ($.y == 2)"),
+            ("c", "($.y == 2) || ($.z == 3)"),
+        ];
+        let expected: Vec<(i32, &str, &str)> = [1, 2]
+            .into_iter()
+            .flat_map(|e| first.iter().map(move |&(ep, f)| (e, ep, f)))
+            .collect();
+        assert_eq!(got, expected);
+        assert_eq!(plan.filtered.filters.len(), 3, "each filter once");
         assert_eq!(
-            got,
-            vec![
-                ("a", Some("$.x > 1")),
-                ("b", Some("($.x > 1) && ($.y == 2)")),
-                ("c", Some("($.y == 2) || ($.z == 3)")),
-                ("d", None),
-                ("e", None),
-            ]
+            plan.filtered.route_endpoints,
+            ["a", "b", "c"],
+            "each route once"
         );
+        assert_eq!(plan.spans[1].unfiltered, 2..4);
+        assert_eq!(plan.spans[1].filtered, 3..6);
     }
 }

@@ -28,7 +28,7 @@ use railhook_common::ids::{DeliveryId, EventId};
 use sqlx::{PgConnection, PgPool};
 
 use crate::accept::candidates;
-use crate::plan::{Audience, DeliveryPlan, plan_deliveries};
+use crate::plan::{Audience, Planner};
 use crate::store::replays::{self, ReplayedEvent, Selection};
 
 /// Events per batch transaction.
@@ -150,7 +150,7 @@ async fn plan(
     subs.retain(|s| wanted(&s.endpoint_id));
     // Outgoing Events match like at ingest (one Delivery per endpoint, however many of its
     // subscriptions match); a replayed Delivery is never ordered.
-    let mut outgoing = DeliveryPlan::default();
+    let mut outgoing = Planner::new(&subs);
     let mut plan = Plan::default();
     for event in events {
         let Some(source) = &event.source_id else {
@@ -162,7 +162,7 @@ async fn plan(
                     application_id: event.application_id.clone(),
                     channels: event.channels.clone(),
                 };
-                plan_deliveries(&id, &event_type, &audience, &subs, &mut outgoing);
+                outgoing.plan(&id, &event_type, &audience);
             }
             continue;
         };
@@ -173,13 +173,27 @@ async fn plan(
             plan.push(&event.id, endpoint, None, "incoming", None);
         }
     }
+    let outgoing = outgoing.finish();
     for n in 0..outgoing.ids.len() {
         plan.push(
             &outgoing.event_ids[n],
             &outgoing.endpoint_ids[n],
             Some(&outgoing.subscription_ids[n]),
             "outgoing",
-            outgoing.filters[n].clone(),
+            None,
+        );
+    }
+    let filtered = &outgoing.filtered;
+    for c in 0..filtered.len() {
+        let event = &outgoing.spans[filtered.events[c] as usize - 1].event_id;
+        let (endpoint, subscription, _) = filtered.route_of_candidate(c);
+        let filter = filtered.filter_text(c).to_owned();
+        plan.push(
+            event,
+            endpoint,
+            Some(subscription),
+            "outgoing",
+            Some(filter),
         );
     }
     Ok(plan)

@@ -59,6 +59,42 @@ async fn busy_writer(
     (held, first)
 }
 
+/// An endpoint with a payload filter, subscribed to every order Event.
+async fn filtered_endpoint(app: &TestApp, key: &str, filter: &str) -> String {
+    let r = app
+        .call(
+            reqwest::Method::POST,
+            "/v1/endpoints",
+            Some(key),
+            Some(json!({"url": "http://127.0.0.1:9/filtered", "filter": filter})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let id = r.body["id"].as_str().expect("id").to_owned();
+    app.subscribe(key, &id, &["order.*"], false).await;
+    id
+}
+
+/// Each answer names exactly the Deliveries stored for its Event, by id.
+async fn answers_name_what_was_stored(app: &TestApp, bodies: &[&serde_json::Value]) {
+    for body in bodies {
+        let mut answered: Vec<String> = body["deliveries"]
+            .as_array()
+            .expect("deliveries")
+            .iter()
+            .map(|d| d["id"].as_str().expect("id").to_owned())
+            .collect();
+        answered.sort();
+        let stored: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM deliveries WHERE event_id = $1 ORDER BY id")
+                .bind(body["id"].as_str().expect("event"))
+                .fetch_all(&app.pool)
+                .await
+                .expect("stored");
+        assert_eq!(answered, stored, "{body}");
+    }
+}
+
 /// The value of an unlabelled metric line.
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
@@ -99,6 +135,9 @@ async fn single_events_waiting_for_a_writer_share_one_statement_and_each_commits
     let b = app.endpoint(&key).await;
     app.subscribe(&key, &a, &["order.*"], false).await;
     app.subscribe(&key, &b, &["order.paid"], false).await;
+    // And one behind a payload filter: its candidates are numbered across the group's
+    // statement, and each answer must name the ids the statement wrote for it.
+    let c = filtered_endpoint(&app, &key, "$.n > 4").await;
 
     let (held, first) = busy_writer(&app, &project, &key).await;
     // Ten more, two of them retries of one key: they queue behind the busy writer.
@@ -147,6 +186,25 @@ async fn single_events_waiting_for_a_writer_share_one_statement_and_each_commits
     // and every Delivery the API reported is stored.
     let (events, deliveries, outbox) = app.counts().await;
     assert_eq!(events, 10);
+    let created: Vec<&serde_json::Value> = replies
+        .iter()
+        .filter(|(_, s, _)| *s == StatusCode::CREATED)
+        .map(|(_, _, body)| body)
+        .collect();
+    answers_name_what_was_stored(&app, &created).await;
+    // Payload n is the request's n, 9 for both keyed ones (one of which conflicts).
+    let filtered_written = replies
+        .iter()
+        .filter(|(n, s, _)| *s == StatusCode::CREATED && *n > 4)
+        .count();
+    assert_eq!(filtered_written, 5, "the filter let n = 5..=9 through");
+    let through_c: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1")
+            .bind(&c)
+            .fetch_one(&app.pool)
+            .await
+            .expect("count");
+    assert_eq!(through_c as usize, filtered_written);
     let expected: usize = 2 + replies
         .iter()
         .filter(|(_, s, _)| *s == StatusCode::CREATED)
@@ -271,6 +329,9 @@ async fn a_group_whose_commit_answer_was_lost_answers_each_request_with_its_even
     let (project, key) = app.project().await;
     let ep = app.endpoint(&key).await;
     app.subscribe(&key, &ep, &["order.*"], false).await;
+    // Behind a filter, n = 4..=6 pass: with the answer lost, which candidates were written is
+    // found from the ids they would have been written with.
+    filtered_endpoint(&app, &key, "$.n > 3").await;
     let (held, first) = busy_writer(&app, &project, &key).await;
     let rest: Vec<_> = (1..=6)
         .map(|n| {
@@ -295,11 +356,14 @@ async fn a_group_whose_commit_answer_was_lost_answers_each_request_with_its_even
     held.rollback().await.expect("release");
     assert_eq!(first.await.expect("first"), StatusCode::CREATED);
     let mut ids = Vec::new();
+    let mut bodies = Vec::new();
     for r in rest {
         let (status, body) = r.await.expect("reply");
         assert_eq!(status, StatusCode::CREATED, "{body}");
         ids.push(body["id"].as_str().expect("id").to_owned());
+        bodies.push(body);
     }
+    answers_name_what_was_stored(&app, &bodies.iter().collect::<Vec<_>>()).await;
     // Each answer names an Event that exists, once, with its Delivery and Outbox row.
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE id = ANY($1)")
         .bind(&ids)
@@ -307,7 +371,7 @@ async fn a_group_whose_commit_answer_was_lost_answers_each_request_with_its_even
         .await
         .expect("stored");
     assert_eq!(stored, 6);
-    assert_eq!(app.counts().await, (7, 7, 7));
+    assert_eq!(app.counts().await, (7, 10, 10));
 }
 
 /// Review #34 item 5 (a) and (c) for a request written alone: its lost answer is a 201,
