@@ -50,7 +50,7 @@ use crate::plan::{Audience, DeliveryPlan, Planner, Written};
 use crate::problem::{ApiError, InternalError};
 use crate::quota::Reservation;
 use crate::state::AppState;
-pub(crate) use crate::store::subscriptions::{Candidate, candidates};
+pub(crate) use crate::store::subscriptions::{Subscriptions, candidates};
 
 /// How long an Idempotency-Key keeps answering with its Event (docs/API.md). A request with
 /// a key older than this creates a new Event. Retention is never shorter.
@@ -120,7 +120,7 @@ struct Existing {
 pub async fn ingest(
     state: &AppState,
     project: &Project,
-    subs: &[Candidate],
+    subs: &Subscriptions,
     events: Vec<NewEvent>,
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
     let organization = project.organization_id.as_str();
@@ -255,7 +255,7 @@ struct Draft {
 }
 
 impl Draft {
-    fn new(events: &[NewEvent], subs: &[Candidate]) -> Self {
+    fn new(events: &[NewEvent], subs: &Subscriptions) -> Self {
         let ids: Vec<EventId> = events.iter().map(|_| EventId::generate()).collect();
         let mut planner = Planner::new(subs);
         for (event, id) in events.iter().zip(&ids) {
@@ -273,7 +273,7 @@ impl Draft {
 async fn write_events(
     state: &AppState,
     project: &Project,
-    subs: &[Candidate],
+    subs: &Subscriptions,
     events: &[NewEvent],
     committed: &mut usize,
 ) -> Result<Vec<AcceptedEvent>, ApiError> {

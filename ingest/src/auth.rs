@@ -13,7 +13,7 @@ use subtle::ConstantTimeEq;
 
 use crate::problem::ApiError;
 use crate::state::AppState;
-use crate::store::subscriptions::{self, Candidate};
+use crate::store::subscriptions;
 
 fn bearer(parts: &Parts) -> Option<&str> {
     let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
@@ -92,7 +92,7 @@ impl FromRequestParts<AppState> for Project {
 #[derive(Clone)]
 pub struct Sender {
     pub project: Project,
-    pub subscriptions: std::sync::Arc<Vec<Candidate>>,
+    pub subscriptions: std::sync::Arc<subscriptions::Subscriptions>,
     /// Event types of the project that have a schema: name → schema id (`crate::schemas`).
     pub schemas: std::sync::Arc<std::collections::HashMap<String, i64>>,
 }

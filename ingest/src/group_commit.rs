@@ -128,12 +128,12 @@ pub(crate) async fn insert_rows(
     rows: &Rows,
 ) -> Result<Inserted, sqlx::Error> {
     let plan = &rows.plan;
-    let filtered = &plan.filtered;
-    if filtered.len() >= MAX_CANDIDATES {
+    if plan.filtered.len() >= MAX_CANDIDATES {
         return Err(sqlx::Error::Protocol(
             "more filtered candidates than one statement numbers".into(),
         ));
     }
+    let filtered = plan.filtered.columns();
     let found = sqlx::query!(
         r#"SELECT id AS "id!", created_at AS "created_at!", passed
            FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
@@ -154,11 +154,11 @@ pub(crate) async fn insert_rows(
         &rows.applications as &[Option<String>],
         &rows.channels as &[Option<String>],
         &rows.event_uids as &[Option<String>],
-        &filtered.filters,
-        &filtered.route_endpoints,
-        &filtered.route_subscriptions,
+        &filtered.filters as &[&str],
+        &filtered.route_endpoints as &[&str],
+        &filtered.route_subscriptions as &[&str],
         &filtered.route_ordered,
-        &filtered.events,
+        &plan.filtered.events,
         &filtered.filter_of,
         &filtered.route_of
     )

@@ -5,16 +5,17 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use railhook_common::EventType;
 use railhook_common::ids::{DeliveryId, EventId};
 
 use crate::group_commit::Inserted;
-use crate::store::subscriptions::Candidate;
+use crate::store::subscriptions::{Candidate, Subscriptions};
 
 pub(crate) mod filtered;
 
-pub(crate) use filtered::{Filtered, Route};
+pub(crate) use filtered::{Filtered, Route, Tables};
 
 /// Which endpoints an Event may reach besides those its type selects (docs/APPLICATIONS.md):
 /// the endpoints of its own scope only — its application's, or with none the project's own —
@@ -124,14 +125,51 @@ impl DeliveryPlan {
     }
 }
 
-/// Plans Events against one project's subscriptions into one [`DeliveryPlan`]. Keeps, per
-/// subscription, the filter and route its candidates get (their positions in the plan), so
-/// an Event with 100 filtered endpoints costs no text per candidate; only an endpoint that
-/// two subscriptions match joins their filters anew.
+/// What planning needs of one snapshot of a project's subscriptions, computed once per
+/// snapshot (`store::subscriptions::Subscriptions` keeps it beside them, and the sender
+/// cache keeps that for a second), so that a candidate costs no text per Event.
+#[derive(Clone, Debug, Default)]
+pub struct Prepared {
+    pub(crate) tables: Arc<Tables>,
+    /// Per subscription: the numbers of its filter and route, if it has a filter.
+    numbers: Vec<Option<(i32, i32)>>,
+    /// Per subscription: whether another subscription of the snapshot is on its endpoint.
+    shared: Vec<bool>,
+}
+
+impl Prepared {
+    pub(crate) fn new(subs: &[Candidate]) -> Self {
+        let mut tables = Tables::default();
+        let numbers = subs
+            .iter()
+            .map(|sub| {
+                let filter = sub.filter()?;
+                Some((
+                    tables.filter(&filter),
+                    tables.route(route(sub, sub.ordered)),
+                ))
+            })
+            .collect();
+        let mut per_endpoint: HashMap<&str, usize> = HashMap::new();
+        for sub in subs {
+            *per_endpoint.entry(&sub.endpoint_id).or_default() += 1;
+        }
+        let shared = subs
+            .iter()
+            .map(|sub| per_endpoint[sub.endpoint_id.as_str()] > 1)
+            .collect();
+        Self {
+            tables: Arc::new(tables),
+            numbers,
+            shared,
+        }
+    }
+}
+
+/// Plans Events against one snapshot of a project's subscriptions into one [`DeliveryPlan`].
 pub(crate) struct Planner<'a> {
     subs: &'a [Candidate],
-    /// Per subscription (by position in `subs`): its candidates' filter and route.
-    known: Vec<Option<(i32, i32)>>,
+    prepared: &'a Prepared,
     plan: DeliveryPlan,
 }
 
@@ -150,11 +188,15 @@ enum Joined {
 }
 
 impl<'a> Planner<'a> {
-    pub(crate) fn new(subs: &'a [Candidate]) -> Self {
+    pub(crate) fn new(subs: &'a Subscriptions) -> Self {
+        let prepared = subs.prepared();
         Self {
             subs,
-            known: vec![None; subs.len()],
-            plan: DeliveryPlan::default(),
+            prepared,
+            plan: DeliveryPlan {
+                filtered: Filtered::new(prepared.tables.clone()),
+                ..DeliveryPlan::default()
+            },
         }
     }
 
@@ -169,7 +211,8 @@ impl<'a> Planner<'a> {
     /// the filter. This is the one place an Event's scope and channels are decided, so the
     /// Deliveries stored with an Event can never disagree with them.
     pub(crate) fn plan(&mut self, event: &EventId, event_type: &EventType, audience: &Audience) {
-        let subs = self.subs;
+        let (subs, prepared) = (self.subs, self.prepared);
+        // Only endpoints with several subscriptions need to be told apart.
         let mut seen: HashMap<&str, usize> = HashMap::new();
         let mut chosen: Vec<Choice> = Vec::new();
         for (at, sub) in subs
@@ -177,7 +220,8 @@ impl<'a> Planner<'a> {
             .enumerate()
             .filter(|(_, s)| audience.admits(s) && s.patterns.iter().any(|p| p.matches(event_type)))
         {
-            if let Some(&c) = seen.get(sub.endpoint_id.as_str()) {
+            let shared = prepared.shared[at];
+            if let Some(&c) = seen.get(sub.endpoint_id.as_str()).filter(|_| shared) {
                 let choice: &mut Choice = &mut chosen[c];
                 choice.ordered |= sub.ordered;
                 choice.filter = match (&choice.filter, sub.filter()) {
@@ -191,7 +235,9 @@ impl<'a> Planner<'a> {
                 continue;
             }
             let own = sub.endpoint_filter.is_some() || sub.subscription_filter.is_some();
-            seen.insert(&sub.endpoint_id, chosen.len());
+            if shared {
+                seen.insert(&sub.endpoint_id, chosen.len());
+            }
             chosen.push(Choice {
                 first: at,
                 ordered: sub.ordered,
@@ -211,21 +257,17 @@ impl<'a> Planner<'a> {
                     plan.subscription_ids.push(sub.subscription_id.clone());
                     plan.ordered.push(choice.ordered);
                 }
-                Joined::Own if choice.ordered == sub.ordered => {
-                    let (filter, route) = *self.known[choice.first].get_or_insert_with(|| {
+                Joined::Own => match prepared.numbers[choice.first] {
+                    Some((filter, route)) if choice.ordered == sub.ordered => {
+                        plan.filtered.push_indexed(position, filter, route);
+                    }
+                    // Ordered only through another of its endpoint's subscriptions.
+                    _ => {
                         let filter = sub.filter().unwrap_or_default();
-                        (
-                            plan.filtered.filter(&filter),
-                            plan.filtered.route(route(sub, sub.ordered)),
-                        )
-                    });
-                    plan.filtered.push_indexed(position, filter, route);
-                }
-                Joined::Own => {
-                    let filter = sub.filter().unwrap_or_default();
-                    plan.filtered
-                        .push(position, &filter, route(sub, choice.ordered));
-                }
+                        plan.filtered
+                            .push(position, &filter, route(sub, choice.ordered));
+                    }
+                },
                 Joined::Text(filter) => {
                     plan.filtered
                         .push(position, &filter, route(sub, choice.ordered));
@@ -294,6 +336,7 @@ mod tests {
             (audience(Some("app_b"), Some(&["eu"])), &["b"]),
         ];
         for (who, expected) in cases {
+            let subs = Subscriptions::new(subs.to_vec());
             let mut planner = Planner::new(&subs);
             let event_type = EventType::parse("order.paid").expect("type");
             planner.plan(&EventId::generate(), &event_type, &who);
@@ -320,6 +363,7 @@ mod tests {
             filtered("e", None, None, 0),
         ];
         let event_type = EventType::parse("order.paid").expect("type");
+        let subs = Subscriptions::new(subs.to_vec());
         let mut planner = Planner::new(&subs);
         // Twice: the second Event reuses what the first learnt per subscription.
         planner.plan(&EventId::generate(), &event_type, &Audience::default());
@@ -345,11 +389,13 @@ mod tests {
             .flat_map(|e| first.iter().map(move |&(ep, f)| (e, ep, f)))
             .collect();
         assert_eq!(got, expected);
-        assert_eq!(plan.filtered.filters.len(), 3, "each filter once");
+        let columns = plan.filtered.columns();
+        assert_eq!(columns.filters.len(), 3, "each filter once");
+        assert_eq!(columns.route_endpoints, ["a", "b", "c"], "each route once");
         assert_eq!(
-            plan.filtered.route_endpoints,
-            ["a", "b", "c"],
-            "each route once"
+            plan.filtered.filter_of[..3],
+            plan.filtered.filter_of[3..],
+            "the second Event's candidates reuse the numbers"
         );
         assert_eq!(plan.spans[1].unfiltered, 2..4);
         assert_eq!(plan.spans[1].filtered, 3..6);

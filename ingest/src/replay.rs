@@ -146,8 +146,9 @@ async fn plan(
         .collect()
     };
     let wanted = |endpoint: &str| only_endpoint.is_none_or(|only| only == endpoint);
-    let mut subs = candidates(&mut *tx, project_id).await?;
-    subs.retain(|s| wanted(&s.endpoint_id));
+    let subs = candidates(&mut *tx, project_id)
+        .await?
+        .only(|s| wanted(&s.endpoint_id));
     // Outgoing Events match like at ingest (one Delivery per endpoint, however many of its
     // subscriptions match); a replayed Delivery is never ordered.
     let mut outgoing = Planner::new(&subs);

@@ -11,8 +11,10 @@ use std::sync::Arc;
 use railhook_common::EventTypePattern;
 use sqlx::PgPool;
 
+use crate::plan::Prepared;
+
 /// A subscription that may match: its endpoint, its patterns, whether ordered.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Candidate {
     pub(crate) subscription_id: String,
     pub(crate) endpoint_id: String,
@@ -39,6 +41,48 @@ impl Candidate {
     }
 }
 
+/// One snapshot of a project's live subscriptions, with what planning needs of it computed
+/// once ([`Prepared`]): the sender cache keeps both for a second, so the requests of that
+/// second share the work.
+#[derive(Debug, Default)]
+pub struct Subscriptions {
+    candidates: Vec<Candidate>,
+    prepared: Prepared,
+}
+
+impl Subscriptions {
+    pub(crate) fn new(candidates: Vec<Candidate>) -> Self {
+        let prepared = Prepared::new(&candidates);
+        Self {
+            candidates,
+            prepared,
+        }
+    }
+
+    /// The subscriptions `keep` keeps, prepared anew.
+    pub(crate) fn only(&self, keep: impl Fn(&Candidate) -> bool) -> Self {
+        Self::new(
+            self.candidates
+                .iter()
+                .filter(|c| keep(c))
+                .cloned()
+                .collect(),
+        )
+    }
+
+    pub(crate) fn prepared(&self) -> &Prepared {
+        &self.prepared
+    }
+}
+
+impl std::ops::Deref for Subscriptions {
+    type Target = [Candidate];
+
+    fn deref(&self) -> &[Candidate] {
+        &self.candidates
+    }
+}
+
 #[derive(serde::Deserialize)]
 struct SubscriptionRow {
     id: String,
@@ -57,9 +101,9 @@ struct SubscriptionRow {
 
 /// Reads what `railhook_live_subscriptions` returns; `None` only if the database sent
 /// something else.
-fn parse(json: &str) -> Option<Vec<Candidate>> {
+fn parse(json: &str) -> Option<Subscriptions> {
     let rows: Vec<SubscriptionRow> = serde_json::from_str(json).ok()?;
-    Some(
+    Some(Subscriptions::new(
         rows.into_iter()
             .map(|s| Candidate {
                 subscription_id: s.id,
@@ -77,7 +121,7 @@ fn parse(json: &str) -> Option<Vec<Candidate>> {
                 subscription_filter: s.filter,
             })
             .collect(),
-    )
+    ))
 }
 
 fn unreadable() -> sqlx::Error {
@@ -88,7 +132,7 @@ fn unreadable() -> sqlx::Error {
 pub(crate) async fn candidates(
     db: impl sqlx::PgExecutor<'_>,
     project_id: &str,
-) -> Result<Vec<Candidate>, sqlx::Error> {
+) -> Result<Subscriptions, sqlx::Error> {
     let json = sqlx::query_scalar!(
         r#"SELECT railhook_live_subscriptions($1) AS "json!""#,
         project_id
@@ -106,7 +150,7 @@ pub struct SenderRow {
     pub project_id: String,
     pub organization_id: String,
     pub monthly_quota: i64,
-    pub subscriptions: Arc<Vec<Candidate>>,
+    pub subscriptions: Arc<Subscriptions>,
     pub schemas: Arc<HashMap<String, i64>>,
 }
 

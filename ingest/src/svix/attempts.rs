@@ -514,7 +514,7 @@ pub async fn send_example(
 pub(crate) async fn example_to(
     state: &AppState,
     project: &Project,
-    subscriptions: &[crate::store::subscriptions::Candidate],
+    subscriptions: &crate::store::subscriptions::Subscriptions,
     endpoint: &crate::store::endpoints::EndpointRow,
     body: EventExampleIn,
 ) -> SvixResult<MessageOut> {
@@ -548,11 +548,7 @@ pub(crate) async fn example_to(
         application_id: endpoint.application_id.clone(),
         channels: None,
     };
-    let only: Vec<_> = subscriptions
-        .iter()
-        .filter(|s| s.endpoint_id == endpoint.id)
-        .cloned()
-        .collect();
+    let only = subscriptions.only(|s| s.endpoint_id == endpoint.id);
     let accepted = crate::accept::ingest(state, project, &only, vec![event])
         .await?
         .pop()
