@@ -98,9 +98,11 @@ CREATE FUNCTION railhook_ingest(
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
-    -- Each filter parsed once, however many candidates use it, into an array the candidates
-    -- index by number: cheaper than a join (no hash table of the candidates, measured).
+    -- Each filter parsed once, however many candidates use it, and each payload, into
+    -- arrays the candidates index by number: no join and no hash table per candidate
+    -- (measured: a candidate costs about half a microsecond beside its `@@`).
     v_paths jsonpath[];
+    v_payloads jsonb[];
 BEGIN
     -- The per-key lock first, then the insert with a fresh snapshot: see migration
     -- 20261204000011 for why the order matters.
@@ -111,6 +113,7 @@ BEGIN
     IF cardinality(p_filters) > 0 THEN
         v_paths := ARRAY(SELECT f.filter::jsonpath
                          FROM unnest(p_filters) WITH ORDINALITY AS f(filter, n) ORDER BY f.n);
+        v_payloads := p_payloads::jsonb[];
     END IF;
 
     RETURN QUERY
@@ -129,22 +132,23 @@ BEGIN
                  WHERE e.project_id = p_project AND e.idempotency_key = x.key
                    AND e.id >= railhook_ulid_floor('evt_', now() - make_interval(hours => p_window_hours))))
         ORDER BY x.n
-        RETURNING events.id, events.created_at, events.traceparent, events.payload
+        RETURNING events.id, events.created_at, events.traceparent
     ), inserted AS MATERIALIZED (
         -- The inserted Events by position, for the candidates to find theirs.
-        SELECT u.n, ev.id, ev.payload
+        SELECT u.n, ev.id
         FROM unnest(p_ids) WITH ORDINALITY AS u(id, n) JOIN ev ON ev.id = u.id
     ), held AS MATERIALIZED (
-        SELECT c.n, e.id AS event_id, c.route
-        FROM unnest(p_candidate_events, p_candidate_filters, p_candidate_routes)
-             WITH ORDINALITY AS c(event, filter, route, n)
-        JOIN inserted e ON e.n = c.event
-        WHERE e.payload @@ v_paths[c.filter]
+        -- The candidates whose filter holds (whether their Event was inserted is asked of
+        -- these few only, below).
+        SELECT c.n, p_candidate_events[c.n] AS event, p_candidate_routes[c.n] AS route
+        FROM generate_series(1, cardinality(p_candidate_events)) AS c(n)
+        WHERE v_payloads[p_candidate_events[c.n]] @@ v_paths[p_candidate_filters[c.n]]
     ), passed AS MATERIALIZED (
         SELECT h.n, h.event_id,
                railhook_filtered_delivery_id(h.event_id, h.n::integer) AS delivery_id,
                r.endpoint_id, r.subscription_id, r.ordered
-        FROM held h
+        FROM (SELECT h.n, e.id AS event_id, h.route
+              FROM held h JOIN inserted e ON e.n = h.event) AS h
         JOIN unnest(p_route_endpoints, p_route_subscriptions, p_route_ordered)
              WITH ORDINALITY AS r(endpoint_id, subscription_id, ordered, n) ON r.n = h.route
     ), d AS (
