@@ -111,8 +111,8 @@ BEGIN
           FROM unnest(p_keys) AS key WHERE key IS NOT NULL ORDER BY 1) AS ordered_keys;
 
     IF cardinality(p_filters) > 0 THEN
-        v_paths := ARRAY(SELECT f.filter::jsonpath
-                         FROM unnest(p_filters) WITH ORDINALITY AS f(filter, n) ORDER BY f.n);
+        -- Casts, not queries: plpgsql evaluates them without starting an executor.
+        v_paths := p_filters::jsonpath[];
         v_payloads := p_payloads::jsonb[];
     END IF;
 
