@@ -38,5 +38,6 @@ mod retention;
 mod routing;
 mod secrets;
 mod svix_sdk;
+mod transformations;
 mod transports;
 mod worker;
