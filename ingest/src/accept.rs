@@ -282,19 +282,23 @@ async fn write_events(
     // Several: the same statement in a transaction, because a batch is all or nothing and an
     // Idempotency-Key reused with another payload (found only once the statement skipped
     // it) must undo the rest.
-    let (inserted, results) = if events.len() == 1 && !state.faults.trip_ingest_before_commit() {
+    let (inserted, written, results) = if events.len() == 1
+        && !state.faults.trip_ingest_before_commit()
+    {
         // Written with whatever other single Events wait at the same moment (group_commit.rs).
         let inserted = state
             .group_commit
             .insert(project.id.as_str(), rows(events, &draft))
             .await?;
         *committed = inserted.len();
-        let results = outcomes(&state.pool, project, events, &draft, &inserted).await?;
-        (inserted, results)
+        let written = draft.plan.written(&inserted);
+        let results = outcomes(&state.pool, project, events, &draft, &inserted, &written).await?;
+        (inserted, written, results)
     } else {
         let mut tx = state.pool.begin().await?;
         let inserted = insert_rows(&mut *tx, project.id.as_str(), &rows(events, &draft)).await?;
-        let results = outcomes(&mut *tx, project, events, &draft, &inserted).await?;
+        let written = draft.plan.written(&inserted);
+        let results = outcomes(&mut *tx, project, events, &draft, &inserted, &written).await?;
         if state.faults.trip_ingest_before_commit() {
             // The crash test's fault point: everything written, never committed.
             return Err(ApiError::Internal(InternalError::Fault(
@@ -311,19 +315,13 @@ async fn write_events(
             }
         }
         *committed = inserted.len();
-        (inserted, results)
+        (inserted, written, results)
     };
-    let written: Vec<Written> = draft
-        .plan
-        .written(&inserted)
-        .into_iter()
-        .flatten()
-        .collect();
     state.metrics.events_created.inc_by(inserted.len() as u64);
     state
         .metrics
         .deliveries_created
-        .inc_by(written.len() as u64);
+        .inc_by(written.iter().map(Vec::len).sum::<usize>() as u64);
     assign_sequence_numbers(state, &written).await;
     Ok(results)
 }
@@ -337,17 +335,16 @@ async fn outcomes(
     events: &[NewEvent],
     draft: &Draft,
     inserted: &Inserted,
+    written: &[Vec<Written>],
 ) -> Result<Vec<AcceptedEvent>, ApiError> {
     let raced: Vec<usize> = (0..events.len())
         .filter(|&i| !inserted.contains_key(draft.ids[i].as_str()))
         .collect();
     let winners = find_existing(db, project, events, Some(&raced)).await?;
-    let mut written = draft.plan.written(inserted).into_iter();
     let mut results = Vec::with_capacity(events.len());
     for (i, (event, id)) in events.iter().zip(&draft.ids).enumerate() {
-        let mine = written.next().unwrap_or_default();
         let accepted = match inserted.get(id.as_str()) {
-            Some(&created_at) => created(id, event, created_at, mine),
+            Some(&created_at) => created(id, event, created_at, &written[i]),
             None => {
                 let winner = winners.get(&i).ok_or(ApiError::IdempotencyConflict)?;
                 replayed(winner, event)?
@@ -364,13 +361,13 @@ fn created(
     id: &EventId,
     event: &NewEvent,
     created_at: DateTime<Utc>,
-    written: Vec<Written>,
+    written: &[Written],
 ) -> AcceptedEvent {
     let mut deliveries: Vec<DeliveryRef> = written
-        .into_iter()
+        .iter()
         .map(|d| DeliveryRef {
-            id: d.id,
-            endpoint_id: d.endpoint_id,
+            id: d.id.clone(),
+            endpoint_id: d.endpoint_id.clone(),
         })
         .collect();
     // Id order, as a replayed answer lists them, so both answers are the same body.
@@ -419,9 +416,10 @@ fn rows(events: &[NewEvent], draft: &Draft) -> Rows {
 /// process dies, Postgres restarts), the Deliveries stay unnumbered and the worker numbers
 /// them before it lets them through the ordering gate. Endpoints are locked in id order so
 /// concurrent requests cannot deadlock on each other's counters.
-async fn assign_sequence_numbers(state: &AppState, written: &[Written]) {
+async fn assign_sequence_numbers(state: &AppState, written: &[Vec<Written>]) {
     let (deliveries, endpoints): (Vec<String>, Vec<String>) = written
         .iter()
+        .flatten()
         .filter(|d| d.ordered)
         .map(|d| (d.id.clone(), d.endpoint_id.clone()))
         .unzip();
