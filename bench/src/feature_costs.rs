@@ -4,7 +4,12 @@
 
 use serde_json::{Value, json};
 
-use crate::ingest::{Args, HEADER, Shape, checkpoint, closed_loop, row, start_api, start_api_with};
+use crate::ingest::{
+    Args, HEADER, Run, Shape, checkpoint, closed_loop, row, start_api, start_api_with,
+};
+
+/// Slices of each configuration's time in the filter phase (interleaved).
+const ROUNDS: u64 = 5;
 
 /// One plain endpoint and `filtered` endpoints, each subscribed to every type, whose payload
 /// filter declines the bench's Events (so every Event still makes one Delivery: the cost
@@ -24,7 +29,8 @@ fn filtered_endpoints(filtered: usize) -> Vec<Value> {
 /// Payload filters' cost (issue #42): single Events (c=16) and batches, from a project with
 /// one plain endpoint and from projects with 10 and 100 filtered endpoints beside it, all on
 /// one database (so each meets the same table, with statistics), after pgbench wrote the
-/// first project's rows there: the raw-Postgres baseline of the same run.
+/// first project's rows there: the raw-Postgres baseline of the same run. The
+/// configurations' measurements are interleaved (`ROUNDS`).
 pub(crate) async fn filter_phase(args: &Args) -> anyhow::Result<()> {
     let n = args.batch_size;
     println!(
@@ -41,15 +47,43 @@ pub(crate) async fn filter_phase(args: &Args) -> anyhow::Result<()> {
     checkpoint(&plain.pool).await;
     let mut base = crate::pgbench::run(&plain, 1, 16, args.seconds).await?;
     row("pgbench, 1 Delivery per Event, c=16", &mut base);
-    let mut none = None;
     let mut runs = vec![(0, plain.project.clone(), plain.key.clone())];
     runs.extend(projects);
-    for (filtered, project, key) in runs {
-        let api = plain.as_project(project, key);
+    // Interleaved: each configuration's time in ROUNDS slices, the order turned each round,
+    // so a drift of the machine over the run (another tenant, the page cache, autovacuum)
+    // falls on every configuration alike instead of on whichever ran at that moment.
+    let slice = (args.seconds / ROUNDS).max(1);
+    let mut measured: Vec<Option<(Run, Run)>> = runs.iter().map(|_| None).collect();
+    for round in 0..runs.len() * ROUNDS as usize {
+        let at = round % runs.len();
+        let (_, project, key) = &runs[at];
+        let api = plain.as_project(project.clone(), key.clone());
         checkpoint(&api.pool).await;
-        let mut single = closed_loop(&api, Shape::Single, 16, args.seconds).await;
+        let single = closed_loop(&api, Shape::Single, 16, slice).await;
         checkpoint(&api.pool).await;
-        let mut batch = closed_loop(&api, Shape::Batch(n), 16, args.seconds).await;
+        let batch = closed_loop(&api, Shape::Batch(n), 16, slice).await;
+        match &mut measured[at] {
+            Some((s, b)) => {
+                s.merge(single);
+                b.merge(batch);
+            }
+            none => *none = Some((single, batch)),
+        }
+        if at == runs.len() - 1 {
+            // The next round starts one configuration later.
+            runs.rotate_left(1);
+            measured.rotate_left(1);
+        }
+    }
+    // Back in the order given.
+    let mut results: Vec<(usize, Run, Run)> = runs
+        .iter()
+        .zip(measured)
+        .filter_map(|((f, _, _), m)| m.map(|(s, b)| (*f, s, b)))
+        .collect();
+    results.sort_by_key(|(f, _, _)| *f);
+    let mut none = None;
+    for (filtered, mut single, mut batch) in results {
         row(
             &format!("**single**, {filtered} filtered, c=16"),
             &mut single,

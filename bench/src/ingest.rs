@@ -130,6 +130,14 @@ impl Run {
         (self.ok * self.events_per_op as u64) as f64 / self.elapsed.as_secs_f64()
     }
 
+    /// Adds `other`, a later slice of the same load (an interleaved measurement's).
+    pub(crate) fn merge(&mut self, other: Run) {
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.elapsed += other.elapsed;
+        self.latencies.extend(other.latencies);
+    }
+
     fn cells(&mut self) -> String {
         let p = percentiles(&mut self.latencies).unwrap_or([f64::NAN; 4]);
         format!(

@@ -45,7 +45,7 @@ use serde_json::value::RawValue;
 use sqlx::PgPool;
 
 use crate::auth::Project;
-use crate::group_commit::{Inserted, Rows, insert_rows};
+use crate::group_commit::{Inserted, Rows, TableTexts, insert_rows};
 use crate::plan::{Audience, DeliveryPlan, Planner, Written};
 use crate::problem::{ApiError, InternalError};
 use crate::quota::Reservation;
@@ -296,7 +296,10 @@ async fn write_events(
         (inserted, written, results)
     } else {
         let mut tx = state.pool.begin().await?;
-        let inserted = insert_rows(&mut *tx, project.id.as_str(), &rows(events, &draft)).await?;
+        // With the tables' texts: an error inside the transaction could not be retried alone.
+        let rows = rows(events, &draft);
+        let inserted =
+            insert_rows(&mut *tx, project.id.as_str(), &rows, TableTexts::Always).await?;
         let written = draft.plan.written(&inserted);
         let results = outcomes(&mut *tx, project, events, &draft, &inserted, &written).await?;
         if state.faults.trip_ingest_before_commit() {

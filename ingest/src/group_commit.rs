@@ -118,14 +118,35 @@ impl Rows {
     }
 }
 
+/// Whether a statement that names its snapshot's stored filter tables sends their texts too
+/// (migration 20261206000028).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TableTexts {
+    /// Only until a statement of the snapshot has found or stored the row.
+    UntilStored,
+    /// Always: for a statement that cannot be retried alone (a batch's, inside its
+    /// transaction), and for the retry after Postgres did not find the row.
+    Always,
+}
+
+/// The SQLSTATE of a statement that named stored filter tables without their texts and
+/// found none (migration 20261206000028): it wrote nothing.
+const TABLES_NOT_STORED: &str = "RH001";
+
+fn tables_not_stored(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some(TABLES_NOT_STORED))
+}
+
 /// The one ingest statement (migrations/…_ingest_function.sql, with the trace context:
-/// …_trace_context.sql, and the audience: …_applications.sql): it takes the keys' locks and then inserts the Events whose key
+/// …_trace_context.sql, the audience: …_applications.sql, and the filters:
+/// …_filter_tables.sql): it takes the keys' locks and then inserts the Events whose key
 /// holds no Event of the window, their Deliveries and one Outbox row each, in one round
 /// trip. A single statement is atomic on its own, so it needs no BEGIN/COMMIT.
 pub(crate) async fn insert_rows(
     db: impl sqlx::PgExecutor<'_>,
     project: &str,
     rows: &Rows,
+    texts: TableTexts,
 ) -> Result<Inserted, sqlx::Error> {
     let plan = &rows.plan;
     if plan.filtered.len() >= MAX_CANDIDATES {
@@ -134,10 +155,15 @@ pub(crate) async fn insert_rows(
         ));
     }
     let filtered = plan.filtered.columns();
+    let seal = filtered.tables.and_then(|t| t.sealed());
+    let with_texts = filtered
+        .tables
+        .filter(|_| texts == TableTexts::Always || !seal.is_some_and(|s| s.is_stored()));
     let found = sqlx::query!(
         r#"SELECT id AS "id!", created_at AS "created_at!", passed
            FROM railhook_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
-                                $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)"#,
+                                $14, $15, $16, $17, $18, $19, $20, $21, $22, $23,
+                                $24, $25, $26, $27, $28)"#,
         project,
         &rows.ids,
         &rows.types,
@@ -160,10 +186,27 @@ pub(crate) async fn insert_rows(
         &filtered.route_ordered,
         &plan.filtered.events,
         &filtered.filter_of,
-        &filtered.route_of
+        &filtered.route_of,
+        seal.map(|s| &s.digest[..]),
+        with_texts.map(|t| &t.filters[..]),
+        with_texts.map(|t| &t.route_endpoints[..]),
+        with_texts.map(|t| &t.route_subscriptions[..]),
+        with_texts.map(|t| &t.route_ordered[..])
     )
     .fetch_all(db)
-    .await?;
+    .await;
+    let found = match found {
+        Ok(found) => found,
+        Err(e) => {
+            if let Some(seal) = seal.filter(|_| tables_not_stored(&e)) {
+                seal.mark_stored(false);
+            }
+            return Err(e);
+        }
+    };
+    if let Some(seal) = seal {
+        seal.mark_stored(true);
+    }
     let mut inserted = Inserted::default();
     for r in found {
         for n in r.passed.unwrap_or_default() {
@@ -184,7 +227,9 @@ pub(crate) async fn insert_rows(
 /// POST → 201 p99 at 600/s was 50–70 ms, against 15 later).
 pub async fn warm(pool: &PgPool) {
     railhook_common::db::open_ahead(pool, "ingest", |mut c| async move {
-        insert_rows(&mut *c, "", &Rows::default()).await.map(|_| ())
+        insert_rows(&mut *c, "", &Rows::default(), TableTexts::Always)
+            .await
+            .map(|_| ())
     })
     .await;
 }
@@ -196,13 +241,21 @@ pub async fn warm(pool: &PgPool) {
 async fn insert_or_find(
     pool: &PgPool,
     faults: &AnswerFault,
+    metrics: &IngestMetrics,
     project: &str,
     rows: &Rows,
 ) -> Result<Inserted, sqlx::Error> {
     let written = if faults.take() {
         insert_and_lose_answer(pool, project, rows).await
     } else {
-        insert_rows(pool, project, rows).await
+        match insert_rows(pool, project, rows, TableTexts::UntilStored).await {
+            // The row was gone (written nothing): again, with the texts to store it.
+            Err(e) if tables_not_stored(&e) => {
+                metrics.filter_tables_resent.inc();
+                insert_rows(pool, project, rows, TableTexts::Always).await
+            }
+            other => other,
+        }
     };
     match written {
         Ok(inserted) => Ok(inserted),
@@ -297,7 +350,7 @@ async fn insert_and_lose_answer(
     rows: &Rows,
 ) -> Result<Inserted, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    insert_rows(&mut *conn, project, rows).await?;
+    insert_rows(&mut *conn, project, rows, TableTexts::Always).await?;
     // Ends this very connection: the statement fails (or, in a race, answers) here.
     let _ = sqlx::query_scalar!(r#"SELECT pg_terminate_backend(pg_backend_pid()) AS "ended!""#)
         .fetch_one(&mut *conn)
@@ -353,7 +406,8 @@ impl GroupCommit {
         let inner = &self.inner;
         if inner.writers == 0 {
             inner.metrics.group_events.observe(rows.ids.len() as f64);
-            return insert_or_find(&inner.pool, &inner.faults, project, &rows).await;
+            return insert_or_find(&inner.pool, &inner.faults, &inner.metrics, project, &rows)
+                .await;
         }
         let queue = inner.queue.get_or_init(|| {
             let (tx, rx) = mpsc::channel(QUEUE);
@@ -377,7 +431,14 @@ impl GroupCommit {
             // The queue's task is gone: write this request on its own.
             Err(mpsc::error::SendError(job)) => {
                 inner.metrics.group_waiting.dec();
-                insert_or_find(&inner.pool, &inner.faults, project, &job.rows).await
+                insert_or_find(
+                    &inner.pool,
+                    &inner.faults,
+                    &inner.metrics,
+                    project,
+                    &job.rows,
+                )
+                .await
             }
         }
     }
@@ -471,7 +532,8 @@ impl Writer {
                 continue;
             }
             self.metrics.group_events.observe(job.rows.ids.len() as f64);
-            let result = insert_or_find(&self.pool, &self.faults, project, &job.rows).await;
+            let result =
+                insert_or_find(&self.pool, &self.faults, &self.metrics, project, &job.rows).await;
             let _ = job.reply.send(result);
         }
     }
@@ -487,7 +549,7 @@ impl Writer {
             all.append(&job.rows);
         }
         self.metrics.group_events.observe(all.ids.len() as f64);
-        match insert_or_find(&self.pool, &self.faults, project, &all).await {
+        match insert_or_find(&self.pool, &self.faults, &self.metrics, project, &all).await {
             Ok(inserted) => {
                 for (job, offset) in group.into_iter().zip(offsets) {
                     let candidates = offset..offset + job.rows.plan.filtered.len();

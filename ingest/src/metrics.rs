@@ -22,6 +22,7 @@ pub const GROUP_COMMIT_EVENTS: &str = "railhook_ingest_group_commit_events";
 pub const GROUP_COMMIT_WAITING: &str = "railhook_ingest_group_commit_waiting";
 pub const GROUP_COMMIT_RETRIED_TOTAL: &str = "railhook_ingest_group_commit_retried_total";
 pub const GROUP_COMMIT_ABANDONED_TOTAL: &str = "railhook_ingest_group_commit_abandoned_total";
+pub const FILTER_TABLES_RESENT_TOTAL: &str = "railhook_ingest_filter_tables_resent_total";
 pub const SEQUENCE_ASSIGNMENT_FAILED_TOTAL: &str =
     "railhook_ingest_sequence_assignment_failed_total";
 
@@ -53,6 +54,9 @@ pub struct IngestMetrics {
     /// Queued requests left out of their statement because their caller had gone (timed out
     /// at the API, or hung up): nothing was written for them.
     pub group_abandoned: IntCounter,
+    /// Single-Event statements that named stored filter tables Postgres did not have (SQLSTATE
+    /// RH001, migration 20261206000028) and were written again with the tables' texts.
+    pub filter_tables_resent: IntCounter,
     /// `provider`, `result`: `accepted` or `duplicate`.
     pub incoming_received: IntCounterVec,
     /// `provider`, `reason`: `missing`, `malformed`, `mismatch` or `stale`.
@@ -149,6 +153,11 @@ impl IngestMetrics {
                 &registry,
                 GROUP_COMMIT_RETRIED_TOTAL,
                 "Group ingest statements that failed and were written again one request at a time.",
+            ),
+            filter_tables_resent: counter(
+                &registry,
+                FILTER_TABLES_RESENT_TOTAL,
+                "Single-Event ingest statements that named stored filter tables Postgres did not have, written again with their texts.",
             ),
             group_abandoned: counter(
                 &registry,

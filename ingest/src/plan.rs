@@ -158,6 +158,7 @@ impl Prepared {
             .iter()
             .map(|sub| per_endpoint[sub.endpoint_id.as_str()] > 1)
             .collect();
+        tables.seal();
         Self {
             tables: Arc::new(tables),
             numbers,

@@ -174,7 +174,7 @@ async fn twenty_concurrent_retries_create_one_event() {
 /// The race the lock closes, made deterministic: a first writer of a key holds its
 /// transaction open; a second writer of the same key must wait for it (not look for the
 /// Event before the first commits) and then insert nothing. Both call the function
-/// production calls (`group_commit::insert_rows`: 13 arguments, with the trace context),
+/// production calls (`group_commit::insert_rows`: 28 arguments, with the stored filter tables),
 /// not an older overload (review #34 item 16).
 #[tokio::test]
 async fn a_second_writer_of_a_key_waits_for_the_first_and_inserts_nothing() {
@@ -184,7 +184,9 @@ async fn a_second_writer_of_a_key_waits_for_the_first_and_inserts_nothing() {
         sqlx::query_scalar::<_, String>(
             "SELECT id FROM railhook_ingest($1, ARRAY[$2], ARRAY['order.paid'], ARRAY['{}'],
                                             ARRAY['held-key'], '{}', '{}', '{}', '{}', '{}', 24,
-                                            ARRAY[NULL]::text[], ARRAY[NULL]::text[])",
+                                            ARRAY[NULL]::text[], ARRAY[NULL]::text[],
+                                            ARRAY[NULL]::text[], ARRAY[NULL]::text[], ARRAY[NULL]::text[],
+                                            '{}', '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL, NULL, NULL, NULL)",
         )
         .bind(project.clone())
         .bind(id)

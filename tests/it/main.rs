@@ -19,6 +19,7 @@ mod doze;
 mod egress;
 mod event_types;
 mod failover;
+mod filter_tables;
 mod fuzz;
 mod group_commit;
 mod hostile;

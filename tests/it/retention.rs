@@ -391,7 +391,7 @@ async fn idempotency_holds_across_the_boundary_of_two_day_partitions() {
     let first = EventId::generate_at(SystemTime::from(before_midnight)).into_string();
     let payload = json!({"order": 7});
     // The first request is still being written when its retries arrive: its statement —
-    // the one production runs, `railhook_ingest` with 13 arguments — holds the key's lock
+    // the one production runs, `railhook_ingest` with 28 arguments — holds the key's lock
     // in a transaction left open, so the retries must wait for it and then find its Event
     // in yesterday's partition. Without the lock they would see nothing (it is not
     // committed) and each insert an Event today (review #34 item 16: before, the first
@@ -400,7 +400,9 @@ async fn idempotency_holds_across_the_boundary_of_two_day_partitions() {
     let created: Vec<String> = sqlx::query_scalar(
         "SELECT id FROM railhook_ingest($1, ARRAY[$2], ARRAY['order.paid'], ARRAY[$3],
                                         ARRAY['key-at-midnight'], '{}', '{}', '{}', '{}', '{}',
-                                        24, ARRAY[NULL]::text[], ARRAY[NULL]::text[])",
+                                        24, ARRAY[NULL]::text[], ARRAY[NULL]::text[],
+                                        ARRAY[NULL]::text[], ARRAY[NULL]::text[], ARRAY[NULL]::text[],
+                                        '{}', '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL, NULL, NULL, NULL)",
     )
     .bind(&project)
     .bind(&first)

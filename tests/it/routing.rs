@@ -24,7 +24,7 @@ pub(crate) async fn call(
 }
 
 /// An endpoint from `body` (a dead URL unless given), subscribed to `order.*`.
-async fn endpoint(app: &TestApp, key: &str, mut body: Value) -> String {
+pub(crate) async fn endpoint(app: &TestApp, key: &str, mut body: Value) -> String {
     if body.get("url").is_none() {
         body["url"] = json!("http://127.0.0.1:9/hook");
     }
@@ -33,7 +33,12 @@ async fn endpoint(app: &TestApp, key: &str, mut body: Value) -> String {
     r.body["id"].as_str().expect("id").to_owned()
 }
 
-async fn subscription(app: &TestApp, key: &str, endpoint: &str, filter: Option<&str>) -> String {
+pub(crate) async fn subscription(
+    app: &TestApp,
+    key: &str,
+    endpoint: &str,
+    filter: Option<&str>,
+) -> String {
     let r = call(
         app,
         key,
@@ -49,7 +54,7 @@ async fn subscription(app: &TestApp, key: &str, endpoint: &str, filter: Option<&
 /// The endpoints an accepted Event's answer names, checked against what is stored: the
 /// same Deliveries (ids and endpoints; a filtered one's id is derived, not returned by the
 /// statement) and one Outbox row each.
-async fn reached(app: &TestApp, event: &Value) -> BTreeSet<String> {
+pub(crate) async fn reached(app: &TestApp, event: &Value) -> BTreeSet<String> {
     let answered: BTreeSet<(String, String)> = event["deliveries"]
         .as_array()
         .expect("deliveries")
@@ -80,6 +85,28 @@ async fn reached(app: &TestApp, event: &Value) -> BTreeSet<String> {
         "one Outbox row per Delivery"
     );
     stored_pairs.into_iter().map(|(_, e)| e).collect()
+}
+
+/// `POST /v1/events/batch` of `order.paid` Events with these payloads: the Events created.
+pub(crate) async fn batch(
+    app: &TestApp,
+    key: &str,
+    payloads: impl IntoIterator<Item = Value>,
+) -> Vec<Value> {
+    let events: Vec<Value> = payloads
+        .into_iter()
+        .map(|p| json!({"type": "order.paid", "payload": p}))
+        .collect();
+    let r = call(
+        app,
+        key,
+        Method::POST,
+        "/v1/events/batch",
+        Some(json!({ "events": events })),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    r.body["data"].as_array().expect("data").clone()
 }
 
 fn set(items: &[&String]) -> BTreeSet<String> {
@@ -144,20 +171,8 @@ async fn payload_filters_are_decided_by_the_ingest_statement() {
         ids.push(r.body["id"].as_str().expect("id").to_owned());
     }
     // A batch takes the transaction path: the same decisions.
-    let batch: Vec<Value> = cases
-        .iter()
-        .map(|(p, _)| json!({"type": "order.paid", "payload": p}))
-        .collect();
-    let r = call(
-        &app,
-        &key,
-        Method::POST,
-        "/v1/events/batch",
-        Some(json!({"events": batch})),
-    )
-    .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
-    for (event, (payload, want)) in r.body["data"].as_array().expect("data").iter().zip(&cases) {
+    let created = batch(&app, &key, cases.iter().map(|(p, _)| p.clone())).await;
+    for (event, (payload, want)) in created.iter().zip(&cases) {
         assert_eq!(&reached(&app, event).await, want, "batch: {payload}");
     }
 
