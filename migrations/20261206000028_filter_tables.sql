@@ -18,9 +18,8 @@
 -- same, or a database restored without it) fails with SQLSTATE RH001 and writes nothing; the
 -- ingest then sends the texts (group_commit.rs, `insert_or_find`).
 --
--- Expand only: a new table, and a new overload of railhook_ingest(); the 23-argument one of
--- migration 20261206000027 becomes a call of this one without stored tables, for the
--- previous release's ingest during a rolling deploy.
+-- Expand only: a new table, and railhook_ingest() with five more arguments that default to
+-- NULL, so the previous release's 23-argument call still finds it (below).
 CREATE TABLE filter_tables (
     digest bytea PRIMARY KEY,
     project_id text NOT NULL REFERENCES projects (id),
@@ -40,6 +39,15 @@ ALTER TABLE filter_tables
     ALTER COLUMN paths SET STORAGE EXTERNAL,
     ALTER COLUMN route_endpoints SET STORAGE EXTERNAL,
     ALTER COLUMN route_subscriptions SET STORAGE EXTERNAL;
+
+-- The 23-argument function of migration 20261206000027 gives way to this one, whose five
+-- new arguments default to NULL: the previous release's ingest, during a rolling deploy,
+-- calls it with 23 and gets the same statement without stored tables. (Both at once would
+-- make a 23-argument call ambiguous; drop and create are one transaction.)
+DROP FUNCTION railhook_ingest(
+    text, text[], text[], text[], text[], text[], text[], text[], text[], boolean[], integer,
+    text[], text[], text[], text[], text[], text[], text[], text[], boolean[], integer[],
+    integer[], integer[]);
 
 -- The ingest statement with stored filter tables. As the 23-argument one of migration
 -- 20261206000027, plus:
@@ -61,9 +69,9 @@ CREATE FUNCTION railhook_ingest(
     p_filters text[],
     p_route_endpoints text[], p_route_subscriptions text[], p_route_ordered boolean[],
     p_candidate_events integer[], p_candidate_filters integer[], p_candidate_routes integer[],
-    p_tables bytea,
-    p_table_filters text[], p_table_endpoints text[], p_table_subscriptions text[],
-    p_table_ordered boolean[]
+    p_tables bytea DEFAULT NULL,
+    p_table_filters text[] DEFAULT NULL, p_table_endpoints text[] DEFAULT NULL,
+    p_table_subscriptions text[] DEFAULT NULL, p_table_ordered boolean[] DEFAULT NULL
 ) RETURNS TABLE (id text, created_at timestamptz, passed integer[])
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -189,26 +197,3 @@ BEGIN
     SELECT ev.id, ev.created_at, k.ns
     FROM ev LEFT JOIN kept k ON k.event_id = ev.id;
 END $$;
-
--- The 23-argument signature, for the previous release's ingest during a rolling deploy: the
--- same statement, without stored tables.
-CREATE OR REPLACE FUNCTION railhook_ingest(
-    p_project text,
-    p_ids text[], p_types text[], p_payloads text[], p_keys text[],
-    p_delivery_ids text[], p_delivery_events text[], p_delivery_endpoints text[],
-    p_delivery_subscriptions text[], p_delivery_ordered boolean[],
-    p_window_hours integer,
-    p_traceparents text[], p_tracestates text[],
-    p_applications text[], p_channels text[], p_event_uids text[],
-    p_filters text[],
-    p_route_endpoints text[], p_route_subscriptions text[], p_route_ordered boolean[],
-    p_candidate_events integer[], p_candidate_filters integer[], p_candidate_routes integer[]
-) RETURNS TABLE (id text, created_at timestamptz, passed integer[])
-LANGUAGE sql VOLATILE AS $$
-    SELECT * FROM railhook_ingest(
-        p_project, p_ids, p_types, p_payloads, p_keys, p_delivery_ids, p_delivery_events,
-        p_delivery_endpoints, p_delivery_subscriptions, p_delivery_ordered, p_window_hours,
-        p_traceparents, p_tracestates, p_applications, p_channels, p_event_uids, p_filters,
-        p_route_endpoints, p_route_subscriptions, p_route_ordered, p_candidate_events,
-        p_candidate_filters, p_candidate_routes, NULL, NULL, NULL, NULL, NULL)
-$$;

@@ -54,34 +54,29 @@ pub(crate) async fn filter_phase(args: &Args) -> anyhow::Result<()> {
     // falls on every configuration alike instead of on whichever ran at that moment.
     let slice = (args.seconds / ROUNDS).max(1);
     let mut measured: Vec<Option<(Run, Run)>> = runs.iter().map(|_| None).collect();
-    for round in 0..runs.len() * ROUNDS as usize {
-        let at = round % runs.len();
-        let (_, project, key) = &runs[at];
-        let api = plain.as_project(project.clone(), key.clone());
-        checkpoint(&api.pool).await;
-        let single = closed_loop(&api, Shape::Single, 16, slice).await;
-        checkpoint(&api.pool).await;
-        let batch = closed_loop(&api, Shape::Batch(n), 16, slice).await;
-        match &mut measured[at] {
-            Some((s, b)) => {
-                s.merge(single);
-                b.merge(batch);
+    for round in 0..ROUNDS as usize {
+        for k in 0..runs.len() {
+            // Each round starts one configuration later.
+            let at = (round + k) % runs.len();
+            let (_, project, key) = &runs[at];
+            let api = plain.as_project(project.clone(), key.clone());
+            checkpoint(&api.pool).await;
+            let single = closed_loop(&api, Shape::Single, 16, slice).await;
+            checkpoint(&api.pool).await;
+            let batch = closed_loop(&api, Shape::Batch(n), 16, slice).await;
+            match &mut measured[at] {
+                Some((s, b)) => {
+                    s.merge(single);
+                    b.merge(batch);
+                }
+                none => *none = Some((single, batch)),
             }
-            none => *none = Some((single, batch)),
-        }
-        if at == runs.len() - 1 {
-            // The next round starts one configuration later.
-            runs.rotate_left(1);
-            measured.rotate_left(1);
         }
     }
-    // Back in the order given.
-    let mut results: Vec<(usize, Run, Run)> = runs
+    let results = runs
         .iter()
         .zip(measured)
-        .filter_map(|((f, _, _), m)| m.map(|(s, b)| (*f, s, b)))
-        .collect();
-    results.sort_by_key(|(f, _, _)| *f);
+        .filter_map(|((f, _, _), m)| m.map(|(s, b)| (*f, s, b)));
     let mut none = None;
     for (filtered, mut single, mut batch) in results {
         row(

@@ -78,8 +78,8 @@ impl Seal {
         self.stored.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn mark_stored(&self, stored: bool) {
-        self.stored.store(stored, Ordering::Relaxed);
+    pub(crate) fn mark_stored(&self) {
+        self.stored.store(true, Ordering::Relaxed);
     }
 }
 
@@ -126,12 +126,9 @@ impl Tables {
         }
         h.update((self.filters.len() as u64).to_le_bytes());
         h.update((self.route_endpoints.len() as u64).to_le_bytes());
-        h.update(
-            self.route_ordered
-                .iter()
-                .map(|&o| u8::from(o))
-                .collect::<Vec<u8>>(),
-        );
+        for &o in &self.route_ordered {
+            h.update([u8::from(o)]);
+        }
         self.seal = Some(Seal {
             digest: h.finalize().into(),
             stored: Arc::default(),
@@ -434,6 +431,7 @@ mod tests {
         assert_eq!(cols.route_endpoints, ["a", "a", "b", "c"]);
         assert_eq!(cols.route_of, [1, 2, 3, 2, 4, 2]);
     }
+
     fn sealed(n: usize, tag: &str) -> Arc<Tables> {
         let mut t = Tables::default();
         for i in 0..n {
