@@ -2,8 +2,9 @@
 //! manages the endpoint, that reshapes what one endpoint receives, or skips it.
 //!
 //! The program declares `function handler(webhook)`. It gets `{method, url, eventType,
-//! payload, headers}` (Svix's shape, so a Svix transformation runs unchanged; `headers` are
-//! the endpoint's custom headers) and returns that object changed: `payload` becomes the body
+//! payload, headers}` (Svix's shape, so a Svix transformation runs unchanged; `headers` is
+//! empty: a program never sees the endpoint's custom headers or its credentials, which
+//! are often secrets, issue #53) and returns that object changed: `payload` becomes the body
 //! (as JSON), `method` may be `POST` or `PUT`, `url` may change its path and query but not its
 //! scheme, host or port, `headers` adds headers (never one Railhook sets), and
 //! `cancel = true` skips the Delivery.
@@ -64,7 +65,36 @@ pub struct Input<'a> {
     pub event_type: &'a str,
     /// The Event's payload (JSON text).
     pub payload: &'a serde_json::value::RawValue,
-    pub headers: BTreeMap<String, String>,
+    /// Always `{}`: what the program may add to. Private, so no caller can hand a program
+    /// a header value (custom headers and credentials are often secrets, and a program can
+    /// put anything it reads into an error the API and the portal show).
+    headers: BTreeMap<String, String>,
+    /// The names (lowercase) of the headers the endpoint sets itself: its custom headers and
+    /// its `authorization`. A program may not set them; it never sees their values.
+    #[serde(skip)]
+    own_headers: std::collections::BTreeSet<String>,
+}
+
+impl<'a> Input<'a> {
+    pub fn new(
+        method: &'a str,
+        url: &'a str,
+        event_type: &'a str,
+        payload: &'a serde_json::value::RawValue,
+        own_headers: impl IntoIterator<Item = String>,
+    ) -> Self {
+        Self {
+            method,
+            url,
+            event_type,
+            payload,
+            headers: BTreeMap::new(),
+            own_headers: own_headers
+                .into_iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+        }
+    }
 }
 
 crate::words! {
@@ -337,7 +367,7 @@ fn check_header(name: &str, value: &str, input: &Input<'_>) -> Result<(), Failur
     if crate::headers::is_reserved(name) || name == "authorization" {
         return Err(invalid(format!("header {name} is set by Railhook")));
     }
-    if input.headers.keys().any(|k| k.eq_ignore_ascii_case(name)) {
+    if input.own_headers.contains(name) {
         return Err(invalid(format!("header {name} is the endpoint's own")));
     }
     Ok(())
@@ -362,23 +392,60 @@ fn same_origin(endpoint: &str, returned: &str) -> Result<String, Failure> {
 mod tests {
     use super::*;
 
-    fn input(payload: &str) -> (Box<serde_json::value::RawValue>, BTreeMap<String, String>) {
-        (
-            serde_json::value::RawValue::from_string(payload.to_owned()).expect("json"),
-            BTreeMap::new(),
-        )
+    fn go(code: &str, payload: &str) -> Result<Outcome, Failure> {
+        go_with(code, payload, [])
     }
 
-    fn go(code: &str, payload: &str) -> Result<Outcome, Failure> {
-        let (raw, headers) = input(payload);
-        let i = Input {
-            method: "POST",
-            url: "https://hooks.example.com/in?x=1",
-            event_type: "order.paid",
-            payload: &raw,
-            headers,
-        };
+    fn go_with<const N: usize>(
+        code: &str,
+        payload: &str,
+        own: [&str; N],
+    ) -> Result<Outcome, Failure> {
+        let raw = serde_json::value::RawValue::from_string(payload.to_owned()).expect("json");
+        let i = Input::new(
+            "POST",
+            "https://hooks.example.com/in?x=1",
+            "order.paid",
+            &raw,
+            own.map(str::to_owned),
+        );
         run(code, &i, &LIMITS)
+    }
+
+    #[test]
+    fn a_program_never_sees_the_endpoints_headers_and_may_return_the_webhook_whole() {
+        // Issue #53: the endpoint's custom header and Basic authorization were the program's
+        // input, so `throw new Error(w.headers.authorization)` showed the password, and a
+        // program returning the webhook object failed on the endpoint's own headers.
+        let threw = go_with(
+            "function handler(w) { throw new Error(JSON.stringify(w.headers)); }",
+            r#"{"a":1}"#,
+            ["x-api-key", "authorization"],
+        );
+        assert!(matches!(threw, Err(Failure::Threw(_))), "{threw:?}");
+        assert!(threw_text(&threw).contains("{}"), "{threw:?}");
+        let whole = go_with(
+            "function handler(w) { return w; }",
+            r#"{"a":1}"#,
+            ["x-api-key"],
+        );
+        assert!(matches!(whole, Ok(Outcome::Send(_))), "{whole:?}");
+        let overrides = go_with(
+            "function handler(w) { w.headers['X-Api-Key'] = 'mine'; return w; }",
+            r#"{"a":1}"#,
+            ["x-api-key"],
+        );
+        assert!(
+            matches!(&overrides, Err(Failure::InvalidResult(why)) if why.contains("endpoint's own")),
+            "{overrides:?}"
+        );
+    }
+
+    fn threw_text(r: &Result<Outcome, Failure>) -> String {
+        match r {
+            Err(Failure::Threw(t)) => t.clone(),
+            other => format!("{other:?}"),
+        }
     }
 
     #[test]

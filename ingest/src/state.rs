@@ -75,6 +75,10 @@ pub struct Limits {
     /// The largest endpoint `timeout_ms` (`endpoint_timeout_max_ms`): the processing timeout
     /// is checked against it, so the API may not accept more.
     pub endpoint_timeout_max_ms: i32,
+    /// Whether an OAuth2 `token_url` may be plain `http://`: only where the deployment
+    /// allows private targets (`allow_private_targets`, tests and internal networks), so a
+    /// client secret never travels in clear to the internet (issue #53).
+    pub plain_token_urls: bool,
 }
 
 impl Limits {
@@ -132,6 +136,7 @@ impl AppState {
                 header_read_timeout: Duration::from_secs(settings.http_header_timeout_seconds),
                 endpoint_timeout_max_ms: i32::try_from(settings.endpoint_timeout_max_ms)
                     .unwrap_or(i32::MAX),
+                plain_token_urls: !settings.allow_private_targets.trim().is_empty(),
             },
             admin_token: settings.admin_token.clone(),
             admin_token_previous: settings.admin_token_previous.clone(),

@@ -169,7 +169,12 @@ pub async fn finalise(
                                             AND x.failure_reason = 'payload_expunged')
                            THEN NULL ELSE $15 END,
                       NOT EXISTS (SELECT 1 FROM upd),
-                      $19::text::jsonb
+                      -- Nor the request a transformation made: its body is often the
+                      -- payload itself (issue #53).
+                      CASE WHEN NOT EXISTS (SELECT 1 FROM upd)
+                                AND EXISTS (SELECT 1 FROM deliveries x WHERE x.id = $1
+                                            AND x.failure_reason = 'payload_expunged')
+                           THEN NULL ELSE $19::text::jsonb END
                WHERE ($4 = 1)
                RETURNING id
            )

@@ -1,12 +1,29 @@
-//! The SSRF guard: webhooks go to the public internet only, unless configuration allows a
+//! The egress rule: webhooks go to the public internet only, unless configuration allows a
 //! private range (tests allow `127.0.0.0/8`).
 //!
-//! The check runs at send time against the addresses the request will actually use: it is
-//! the HTTP client's DNS resolver, so a name that resolved to a public address when the
-//! endpoint was created and to `10.0.0.5` now is refused, and there is no window between
-//! checking a name and connecting to it. Literal IP hosts never reach a resolver, so they are
-//! checked before the request is built. Redirects are not followed (a 3xx is a FAILED
-//! Attempt), so a public endpoint cannot bounce a request inward.
+//! One rule, applied where each socket is opened, to the address that socket connects to
+//! (issue #53: the rule had been applied per library at the spot each was wired, and two
+//! libraries connected elsewhere than what was checked). Every transport's connections go
+//! through [`addresses`], which resolves a name (or takes a literal) and refuses the lot if
+//! any address is outside the allowlist; the caller then connects to exactly those
+//! addresses, never to the name again:
+//!
+//! - HTTP (Attempts, OAuth2 token requests, SQS): the client's DNS resolver is
+//!   [`GuardedResolver`]; literal IP hosts never reach a resolver, so [`Allowlist::refuses_url`]
+//!   checks them where every request is sent (`http::Way::send`). Redirects are not
+//!   followed (a 3xx is a FAILED Attempt) and no ambient proxy is used, so the request's
+//!   host is the connection's host. Through the egress proxy, the tunnel's connector
+//!   checks the address it asks the proxy for (tunnel.rs).
+//! - RabbitMQ: lapin's connector is ours (amqp.rs): it connects to the checked address,
+//!   on the first connection and on every reconnection; TLS keeps the name for the
+//!   certificate.
+//! - Kafka: librdkafka's `connect_cb` (kafka.rs) sees the socket address of every broker
+//!   connection, bootstrap and metadata-learned alike, before `connect(2)`.
+//! - NATS: the client gets the checked address, never the name, and ignores the servers a
+//!   server announces (nats.rs); TLS verifies the certificate against the name.
+//!
+//! A check at endpoint creation would not do: a name that resolved to a public address
+//! when the endpoint was created may resolve to `10.0.0.5` now.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -38,6 +55,57 @@ impl Allowlist {
         let ip = canonical(ip);
         is_global(ip) || self.0.iter().any(|n| n.contains(&ip))
     }
+
+    /// Whether any non-global range is allowed (a test or an internal deployment).
+    pub fn allows_private(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// A URL whose host is a literal IP outside the allowlist (names are the resolver's).
+    pub fn refuses_url(&self, url: &url::Url) -> Option<Refused> {
+        let ip: IpAddr = match url.host()? {
+            url::Host::Ipv4(ip) => ip.into(),
+            url::Host::Ipv6(ip) => ip.into(),
+            url::Host::Domain(_) => return None,
+        };
+        (!self.permits(ip)).then_some(Refused(ip))
+    }
+}
+
+/// Why [`addresses`] gave no address to connect to.
+#[derive(Debug, thiserror::Error)]
+pub enum Unreachable {
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    #[error("cannot resolve {0}: {1}")]
+    Resolve(String, std::io::Error),
+    #[error("{0} has no address")]
+    NoAddress(String),
+}
+
+/// The one egress rule: the addresses to connect to for `host` (a name, or a literal IP,
+/// bracketed or not), every one of them checked. A name with one refused address is
+/// refused whole, so a round-robin answer cannot slip one in.
+pub async fn addresses(
+    allow: &Allowlist,
+    host: &str,
+    port: u16,
+) -> Result<Vec<SocketAddr>, Unreachable> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => tokio::net::lookup_host((bare, port))
+            .await
+            .map_err(|e| Unreachable::Resolve(bare.to_owned(), e))?
+            .collect(),
+    };
+    if let Some(bad) = addrs.iter().find(|a| !allow.permits(a.ip())) {
+        return Err(Refused(bad.ip()).into());
+    }
+    if addrs.is_empty() {
+        return Err(Unreachable::NoAddress(bare.to_owned()));
+    }
+    Ok(addrs)
 }
 
 /// An IPv6 address that carries an IPv4 address is judged as that IPv4 address: mapped
@@ -112,7 +180,7 @@ pub fn is_global(ip: IpAddr) -> bool {
 #[error("target address {0} is not allowed (private, loopback or otherwise non-global)")]
 pub struct Refused(pub IpAddr);
 
-/// A DNS resolver that refuses names resolving to any address outside the allowlist.
+/// The HTTP client's DNS resolver: refuses names resolving to any address outside the allowlist.
 #[derive(Debug, Clone)]
 pub struct GuardedResolver {
     pub allow: Allowlist,
@@ -122,12 +190,19 @@ impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let allow = self.allow.clone();
         Box::pin(async move {
-            let host = format!("{}:0", name.as_str());
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host(host).await?.collect();
-            if let Some(bad) = addrs.iter().find(|a| !allow.permits(a.ip())) {
-                return Err(Box::new(Refused(bad.ip())) as Box<dyn std::error::Error + Send + Sync>);
+            match addresses(&allow, name.as_str(), 0).await {
+                Ok(addrs) => Ok(Box::new(addrs.into_iter()) as Addrs),
+                Err(Unreachable::Refused(r)) => {
+                    Err(Box::new(r) as Box<dyn std::error::Error + Send + Sync>)
+                }
+                Err(Unreachable::Resolve(_, e)) => {
+                    Err(Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+                }
+                Err(e @ Unreachable::NoAddress(_)) => {
+                    Err(Box::new(std::io::Error::other(e.to_string()))
+                        as Box<dyn std::error::Error + Send + Sync>)
+                }
             }
-            Ok(Box::new(addrs.into_iter()) as Addrs)
         })
     }
 }

@@ -14,7 +14,6 @@
 //!   provider's bytes (its own signature may cover them), and a broker target has no URL or
 //!   method to shape.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use railhook_common::Word;
@@ -54,25 +53,20 @@ pub(crate) async fn apply(
     let url = target.url.clone();
     let event_type = target.event_type.clone();
     let payload = target.payload.clone();
-    // The endpoint's custom headers (opened by the turn), which the program may read.
-    let headers: BTreeMap<String, String> = attempt
+    // The names of the endpoint's own headers (custom ones and its Basic authorization):
+    // the program may not set them, and never sees their values.
+    let own: Vec<String> = attempt
         .extra
         .headers
         .iter()
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+        .map(|(k, _)| k.clone())
         .collect();
     let started = Instant::now();
     let ran = tokio::task::spawn_blocking(move || {
         let payload = serde_json::value::RawValue::from_string(payload).map_err(|e| {
             sandbox::Failure::InvalidResult(format!("the payload is not JSON: {e}"))
         })?;
-        let input = Input {
-            method: "POST",
-            url: &url,
-            event_type: &event_type,
-            payload: &payload,
-            headers,
-        };
+        let input = Input::new("POST", &url, &event_type, &payload, own);
         sandbox::run(&code, &input, &LIMITS)
     })
     .await;

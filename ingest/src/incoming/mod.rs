@@ -106,9 +106,11 @@ fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// An id or type name as Postgres' text can hold it: trimmed, bounded, without NUL (a body
+/// field may carry `\u0000`, which no text column stores).
 fn bounded(s: &str) -> Option<String> {
     let s = s.trim();
-    (!s.is_empty() && s.chars().count() <= MAX_ID_CHARS).then(|| s.to_owned())
+    (!s.is_empty() && s.chars().count() <= MAX_ID_CHARS && !s.contains('\0')).then(|| s.to_owned())
 }
 
 /// Verifies the signature on the raw body, exactly as the provider documents it.
@@ -232,9 +234,17 @@ pub async fn receive(
         .chain(["content-type"].iter())
         .filter_map(|name| Some((name.to_string(), Value::from(header(&headers, name)?))))
         .collect();
-    // The payload column is for search and the API: the JSON body when it is JSON, else
-    // the body as a string (lossy for non-UTF-8). What is forwarded is `raw_body`.
-    let payload = json.unwrap_or_else(|| Value::from(String::from_utf8_lossy(&body).into_owned()));
+    // The payload column is for search and the API: the JSON body when it is JSON that
+    // jsonb can store, else the body as a string (lossy for non-UTF-8, a NUL shown as
+    // U+FFFD). What is forwarded is `raw_body`, byte for byte. A provider's JSON holding
+    // `\u0000` (or nesting or a number jsonb refuses) is accepted like any other body
+    // (issue #53: it was a 500 on every resend, as /v1/events checks it and this did not).
+    let storable =
+        std::str::from_utf8(&body).is_ok_and(|text| crate::storable::check_storable(text).is_ok());
+    let payload = match json {
+        Some(value) if storable => value,
+        _ => Value::from(String::from_utf8_lossy(&body).replace('\0', "\u{fffd}")),
+    };
 
     let (traceparent, tracestate) = crate::extract::trace_of_request(&headers);
     let receipt = store::Receipt {

@@ -20,6 +20,7 @@ use crate::store::endpoints::Credentials;
 /// Authentication applies to HTTP endpoints, and is refused beside a custom `Authorization`
 /// header (two sources for one header).
 pub(crate) fn check_authentication(
+    state: &AppState,
     auth: &Authentication,
     http: bool,
     headers: &BTreeMap<String, String>,
@@ -40,7 +41,17 @@ pub(crate) fn check_authentication(
         ));
     }
     auth.validate()
-        .map_err(|e| ApiError::validation(e.field, e.detail))
+        .map_err(|e| ApiError::validation(e.field, e.detail))?;
+    if let Authentication::OAuth2ClientCredentials(client) = auth
+        && !state.limits.plain_token_urls
+        && !url::Url::parse(&client.token_url).is_ok_and(|u| u.scheme() == "https")
+    {
+        return Err(ApiError::validation(
+            "authentication.token_url",
+            "authentication.token_url must be https: the client secret is not sent in clear",
+        ));
+    }
+    Ok(())
 }
 
 /// A setting sealed whole, its secrets included, under `name` (`<endpoint id>/transport`,
@@ -63,9 +74,13 @@ fn open_whole<T: DeserializeOwned>(
 }
 
 /// A new endpoint's authentication and client certificate, checked against its kind.
-pub(crate) fn check_credentials(body: &CreateEndpoint, http: bool) -> ApiResult<()> {
+pub(crate) fn check_credentials(
+    state: &AppState,
+    body: &CreateEndpoint,
+    http: bool,
+) -> ApiResult<()> {
     if let Some(auth) = &body.authentication {
-        check_authentication(auth, http, &body.headers)?;
+        check_authentication(state, auth, http, &body.headers)?;
     }
     if let Some(cert) = &body.client_certificate {
         check_client_certificate(cert, http)?;
@@ -259,6 +274,14 @@ pub(crate) fn changed_authentication(
     current: &EndpointRow,
     body: &UpdateEndpoint,
 ) -> ApiResult<Option<Option<(serde_json::Value, String)>>> {
+    let moves = origin_changes(current, body);
+    if moves && current.authentication_secret.is_some() && body.authentication.is_none() {
+        return Err(ApiError::validation(
+            "authentication",
+            "the url moves to another origin: send the authentication again with its password \
+             or client_secret, or remove it (\"authentication\": null)",
+        ));
+    }
     let Some(Some(given)) = &body.authentication else {
         let adds_authorization = body.headers.as_ref().is_some_and(has_authorization);
         if adds_authorization && body.authentication.is_none() && current.authentication.is_some() {
@@ -276,16 +299,29 @@ pub(crate) fn changed_authentication(
     };
     let mut auth = given.clone();
     let name = endpoint_auth::sealing_id(&current.id);
-    if let Some(sealed) = &current.authentication_secret {
+    // A stored secret stays with the origin it was given for: a PATCH that moves the URL
+    // elsewhere must send it again (issue #53: anyone allowed to change the URL, a portal
+    // session included, could otherwise point it at a host of theirs and collect it).
+    if let Some(sealed) = current.authentication_secret.as_ref().filter(|_| !moves) {
         let old: Authentication = open_whole(state, &name, sealed, "authentication")?;
         auth.keep_credentials_of(&old);
     }
     check_authentication(
+        state,
         &auth,
         current.transport == TransportKind::Http.as_str(),
         &headers,
     )?;
     Ok(Some(Some((auth.shown(), seal_whole(state, &name, &auth)))))
+}
+
+/// Whether a PATCH's `url` names another origin (scheme, host, port) than the endpoint's.
+fn origin_changes(current: &EndpointRow, body: &UpdateEndpoint) -> bool {
+    let Some(new) = body.url.as_deref() else {
+        return false;
+    };
+    let origin = |raw: &str| url::Url::parse(raw).ok().map(|u| u.origin());
+    origin(new) != origin(&current.url)
 }
 
 fn has_authorization(headers: &BTreeMap<String, String>) -> bool {

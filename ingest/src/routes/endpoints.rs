@@ -197,7 +197,7 @@ pub(crate) async fn insert(
     source_id: Option<&str>,
 ) -> ApiResult<CreatedEndpoint> {
     let transport = target::transport_of(&body)?;
-    target::check_credentials(&body, transport.is_none())?;
+    target::check_credentials(state, &body, transport.is_none())?;
     let url = match &transport {
         None => validate_url(&body.url)?,
         Some(settings) => settings.display_url(),

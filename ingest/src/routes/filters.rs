@@ -63,9 +63,12 @@ pub(crate) async fn check_filter(
             "{field} must be a predicate that is true or false for a payload, such as `$.status == \"shipped\"`; a path alone (`$.status`) selects values and decides nothing"
         )));
     }
-    checked
+    let canonical = checked
         .canonical
-        .ok_or_else(|| bad(format!("{field} is not a valid SQL/JSON path")))
+        .ok_or_else(|| bad(format!("{field} is not a valid SQL/JSON path")))?;
+    super::filter_cost::check(&canonical)
+        .map_err(|why| bad(format!("{field} {}", why.detail())))?;
+    Ok(canonical)
 }
 
 /// A request's filter field: absent (`None`), `null` (`Some(None)`: remove it) or a filter,

@@ -18,6 +18,7 @@ pub mod endpoints;
 pub mod event_types;
 pub mod events;
 pub mod failed;
+pub(crate) mod filter_cost;
 pub mod filters;
 pub mod health;
 pub mod operational_endpoints;

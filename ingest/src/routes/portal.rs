@@ -73,10 +73,19 @@ fn public_base(state: &AppState, headers: &HeaderMap) -> ApiResult<String> {
                 "the request has no usable Host header; set RAILHOOK_PUBLIC_URL",
             )
         })?;
-    let scheme = if state.dashboard.cookie_secure {
-        "https"
-    } else {
-        "http"
+    // How the request reached Railhook: the API serves plain HTTP itself, so `https` only
+    // when a proxy in front says so (`X-Forwarded-Proto`). Issue #53: the scheme had followed
+    // the dashboard's cookie setting (secure by default), so a default install's link
+    // pointed at an `https://` nobody serves. Set RAILHOOK_PUBLIC_URL to choose it outright.
+    let scheme = match headers
+        .get("x-forwarded-proto")
+        .and_then(|h| h.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        Some("https") => "https",
+        _ => "http",
     };
     Ok(format!("{scheme}://{host}"))
 }

@@ -189,13 +189,7 @@ pub(crate) async fn try_program(
 ) -> ApiResult<TransformationResult> {
     let ran = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
-        let input = Input {
-            method: "POST",
-            url: &url,
-            event_type: &event_type,
-            payload: &payload,
-            headers,
-        };
+        let input = Input::new("POST", &url, &event_type, &payload, headers.into_keys());
         (sandbox::run(&code, &input, &LIMITS), started.elapsed())
     })
     .await

@@ -178,7 +178,8 @@ pub struct Expunge {
 /// transaction (the route's doc says what stays): the payload, the raw body and forwarded
 /// headers; Deliveries not sent yet end FAILED (`payload_expunged`) with their token
 /// cleared, so an Attempt in flight is fenced out; and the excerpts of every Attempt,
-/// which may quote the payload (review #34 item 6). `None`: no such Event.
+/// which may quote the payload (review #34 item 6), with the request a transformation
+/// made, whose body is often the payload itself (issue #53). `None`: no such Event.
 pub async fn expunge(
     pool: &PgPool,
     id: &str,
@@ -216,11 +217,12 @@ pub async fn expunge(
     .fetch_one(&mut *tx)
     .await?;
     // An Attempt in flight now is fenced out above, and its row is written without an
-    // excerpt (worker/src/fence.rs, `finalise`).
+    // excerpt or request (worker/src/fence.rs, `finalise`).
     sqlx::query!(
-        "UPDATE attempts a SET response_excerpt = NULL
+        "UPDATE attempts a SET response_excerpt = NULL, request = NULL
          FROM deliveries d
-         WHERE d.event_id = $1 AND a.delivery_id = d.id AND a.response_excerpt IS NOT NULL",
+         WHERE d.event_id = $1 AND a.delivery_id = d.id
+           AND (a.response_excerpt IS NOT NULL OR a.request IS NOT NULL)",
         id
     )
     .execute(&mut *tx)

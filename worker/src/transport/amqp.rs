@@ -8,9 +8,11 @@
 //! endpoint's Deliveries reach the queue in Sequence Number order. The Standard Webhooks
 //! headers travel as the message's `headers` table, `message_id` is the Delivery id.
 //!
-//! SSRF: the broker's name is resolved and checked by the guard (mod.rs), and a plain
-//! `amqp://` connection is opened to the checked address. An `amqps://` connection keeps
-//! the name, for the certificate check (docs/DESTINATIONS.md).
+//! Egress: lapin's connector is ours ([`open`]): every connection it makes, the first and
+//! each reconnection, resolves the broker's name through the egress rule (ssrf.rs) and
+//! connects the socket to a checked address; `amqps://` then verifies the certificate
+//! against the name. lapin never resolves or parses the host itself (issue #53: an IPv6
+//! address written back into the URL string was re-parsed by lapin as `localhost`).
 
 use std::sync::Arc;
 
@@ -68,19 +70,38 @@ impl Channels {
 }
 
 async fn open(r: &RabbitmqTarget, allow: &Allowlist) -> Result<Link, BrokerError> {
-    let mut url = url::Url::parse(&r.url)
+    let url = url::Url::parse(&r.url)
         .map_err(|_| BrokerError::refused("rabbitmq: the URL does not parse"))?;
-    let host = url.host_str().unwrap_or_default().to_owned();
-    let port = url
-        .port()
-        .unwrap_or(if url.scheme() == "amqps" { 5671 } else { 5672 });
-    let addrs = guard(allow, &host, port).await?;
-    if url.scheme() == "amqp"
-        && let Some(first) = addrs.first()
-    {
-        let _ = url.set_ip_host(first.ip());
-    }
-    let connection = Connection::connect(url.as_str(), ConnectionProperties::default())
+    let tls = url.scheme() == "amqps";
+    let host = match url.host() {
+        Some(url::Host::Domain(name)) => name.to_owned(),
+        Some(url::Host::Ipv4(ip)) => ip.to_string(),
+        Some(url::Host::Ipv6(ip)) => ip.to_string(),
+        None => return Err(BrokerError::refused("rabbitmq: the URL has no host")),
+    };
+    let port = url.port().unwrap_or(if tls { 5671 } else { 5672 });
+    // Checked once here for an Attempt's clear answer; the connector checks again on every
+    // connection it opens, and connects only to what it checked.
+    guard(allow, &host, port).await?;
+    let uri: lapin::uri::AMQPUri = r
+        .url
+        .parse()
+        .map_err(|_| BrokerError::refused("rabbitmq: the URL does not parse"))?;
+    let runtime = lapin::runtime::default_runtime().map_err(|e| classify(&e))?;
+    let allow = allow.clone();
+    let connect = async move |_uri: lapin::uri::AMQPUri, runtime| {
+        let addrs = crate::ssrf::addresses(&allow, &host, port)
+            .await
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
+        let stream = lapin::AsyncTcpStream::connect(&runtime, addrs[0]).await?;
+        if tls {
+            let config = lapin::tcp::OwnedTLSConfig::default();
+            Ok(stream.into_tls(&host, config.as_ref()).await?)
+        } else {
+            Ok(stream)
+        }
+    };
+    let connection = Connection::connector(uri, runtime, connect, ConnectionProperties::default())
         .await
         .map_err(|e| classify(&e))?;
     let channel = connection
@@ -149,6 +170,17 @@ async fn publish(
 /// A lapin error in Railhook's words: a broker's 403/404/406/530 no retry changes.
 fn classify(e: &lapin::Error) -> BrokerError {
     let message = format!("rabbitmq: {e}");
+    if let ErrorKind::IOError(io) = e.kind()
+        && let Some(crate::ssrf::Unreachable::Refused(r)) = io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<crate::ssrf::Unreachable>())
+    {
+        return BrokerError {
+            class: crate::attempt::ErrorClass::TargetRefused,
+            message: r.to_string(),
+            retry_after: None,
+        };
+    }
     match e.kind() {
         ErrorKind::ProtocolError(amqp) if matches!(amqp.get_id(), 403 | 404 | 406 | 530) => {
             BrokerError::refused(message)

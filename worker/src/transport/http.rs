@@ -113,15 +113,20 @@ impl Answer {
     }
 }
 
-/// One way out: directly (reqwest, the guard as its resolver) or through the egress proxy.
+/// One way out: directly (reqwest, the guard as its resolver, literal hosts checked in
+/// [`Way::send`]) or through the egress proxy (its connector checks, tunnel.rs).
 #[derive(Clone)]
 pub enum Way {
-    Direct(reqwest::Client),
+    Direct(reqwest::Client, Allowlist),
     Tunnel(Arc<tunnel::Client>),
 }
 
 impl Way {
-    /// Sends `x`; an error is why no status line came back.
+    /// Sends `x`; an error is why no status line came back. Every HTTP request the worker
+    /// makes (an Attempt, an OAuth2 token request, an SQS call) is sent here, so this is
+    /// where a literal IP host meets the egress rule: hyper's connector never asks the
+    /// resolver about one (issue #53: an OAuth2 `token_url` of `http://127.0.0.1:…` was
+    /// requested and its answer shown as the Attempt's excerpt).
     pub async fn send(&self, x: Exchange) -> Result<Answer, ErrorClass> {
         let mut headers = HeaderMap::new();
         for (name, value) in &x.headers {
@@ -133,7 +138,10 @@ impl Way {
             }
         }
         match self {
-            Way::Direct(client) => {
+            Way::Direct(client, allow) => {
+                if allow.refuses_url(&x.url).is_some() {
+                    return Err(ErrorClass::TargetRefused);
+                }
                 let r = client
                     .request(x.method, x.url)
                     .headers(headers)
@@ -204,7 +212,7 @@ impl Ways {
             allow,
             extra_roots: Arc::new(extra_roots),
             proxy,
-            shared: Way::Direct(reqwest::Client::new()),
+            shared: Way::Direct(reqwest::Client::new(), Allowlist::default()),
             by_identity: Arc::new(Pool::default()),
         };
         ways.shared = ways.build(None)?;
@@ -271,7 +279,7 @@ impl Ways {
             let pem = cert.identity_pem().unwrap_or_default();
             builder = builder.identity(reqwest::Identity::from_pem(pem.as_bytes())?);
         }
-        Ok(Way::Direct(builder.build()?))
+        Ok(Way::Direct(builder.build()?, self.allow.clone()))
     }
 
     /// The way for an Attempt with this client certificate (or none).
@@ -378,13 +386,17 @@ impl Runner {
         &self.ways.shared
     }
 
-    /// Literal IP hosts never reach the guarded resolver; they are checked here.
+    /// A literal IP host outside the allowlist: refused before anything else is done
+    /// (`Way::send` refuses it again, for every request, token requests included).
     pub(crate) fn literal_refused(&self, url: &url::Url) -> bool {
-        match url.host() {
-            Some(url::Host::Ipv4(ip)) => !self.allow.permits(ip.into()),
-            Some(url::Host::Ipv6(ip)) => !self.allow.permits(ip.into()),
-            _ => false,
-        }
+        self.allow.refuses_url(url).is_some()
+    }
+
+    /// Whether an OAuth2 client's secret may be sent to its `token_url`: over TLS, or in
+    /// clear only where the deployment allows private targets (tests, internal networks).
+    fn token_url_allowed(&self, token_url: &str) -> bool {
+        url::Url::parse(token_url)
+            .is_ok_and(|u| u.scheme() == "https" || self.allow.allows_private())
     }
 
     /// Runs one Attempt. Invariant 2: this function can reach nothing but the network.
@@ -423,7 +435,9 @@ impl Runner {
         if let (Some(oauth), Ok((r, Some(token)))) = (&a.oauth, &answer)
             && r.status == StatusCode::UNAUTHORIZED
         {
-            self.tokens.reject(&a.endpoint_id, oauth, token).await;
+            self.tokens
+                .reject(&a.endpoint_id, &a.url, oauth, token)
+                .await;
             answer = self
                 .exchange(a, &way, started_at.timestamp(), deadline)
                 .await;
@@ -464,10 +478,16 @@ impl Runner {
         let mut headers = a.signed_headers(timestamp);
         let token = match &a.oauth {
             None => None,
+            Some(client) if !self.token_url_allowed(&client.token_url) => {
+                return Err((
+                    ErrorClass::OAuthTokenRefused,
+                    Some("the OAuth2 token_url must be https: the client secret is not sent in clear".into()),
+                ));
+            }
             Some(client) => {
                 let token = self
                     .tokens
-                    .get(&a.endpoint_id, client, way, left())
+                    .get(&a.endpoint_id, &a.url, client, way, left())
                     .await
                     .map_err(|e| (e.class, Some(e.message)))?;
                 headers.retain(|(n, _)| !n.eq_ignore_ascii_case(AUTHORIZATION.as_str()));

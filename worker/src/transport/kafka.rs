@@ -7,28 +7,126 @@
 //! land in one partition in that order. The Standard Webhooks headers travel as record
 //! headers.
 //!
-//! SSRF: librdkafka resolves and connects by itself, to the bootstrap brokers and then to
-//! every broker the cluster's metadata names. Before a producer is used, the bootstrap
-//! names and every broker of the cluster's metadata are resolved and checked by the guard
-//! (mod.rs, `guard`); a cluster that names a refused address is refused. What this cannot
-//! see: a broker name whose DNS answer changes after the check (docs/DESTINATIONS.md).
+//! Egress: librdkafka resolves and connects by itself, to the bootstrap brokers and then
+//! to every broker the cluster's metadata names, now or after a leader move or a refresh.
+//! So the rule (ssrf.rs) is librdkafka's `connect_cb` ([`connect_checked`]): it sees the
+//! socket address of every broker connection the producer opens and refuses one outside
+//! the allowlist before `connect(2)` (issue #53: the check had run once, when the producer
+//! opened, and later metadata could name any address). The callback is installed before
+//! the producer knows any broker: it is created without `bootstrap.servers`, and the
+//! brokers are added (`rd_kafka_brokers_add`) once the callback is in place. Before a
+//! producer is used, its bootstrap names and the cluster's metadata are also checked with
+//! `guard`, so an Attempt towards a refused cluster says so at once.
 
-use std::sync::Arc;
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use railhook_common::transport::KafkaTarget;
-use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientConfig, ClientContext};
+use tokio::sync::oneshot;
 
 use super::{BrokerError, Pool, Stopwatch, guard, ordering_key, pool_key};
 use crate::attempt::{Attempt, Report};
 use crate::ssrf::Allowlist;
 
+/// What a produce's delivery report answers: the partition and offset, or why not.
+type Acknowledgement = Result<(i32, i64), KafkaError>;
+
+/// An endpoint's producer. Its context is what `connect_cb` reads.
+type EndpointProducer = ThreadedProducer<Guarded>;
+
+/// The context of an endpoint's producer: the allowlist `connect_cb` applies, and the last
+/// address it refused (for the Attempt's words).
+struct Guarded {
+    allow: Allowlist,
+    refused: Mutex<Option<IpAddr>>,
+}
+
+impl ClientContext for Guarded {}
+
+impl ProducerContext for Guarded {
+    type DeliveryOpaque = Box<oneshot::Sender<Acknowledgement>>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, reply: Self::DeliveryOpaque) {
+        let answer = match result {
+            Ok(m) => Ok((m.partition(), m.offset())),
+            Err((e, _)) => Err(e.clone()),
+        };
+        let _ = reply.send(answer);
+    }
+}
+
+/// librdkafka's socket connect callback: the egress rule on the address the broker socket
+/// is about to connect to, then the `connect(2)` librdkafka would have made (non-blocking:
+/// `EINPROGRESS` is a connection under way). Returns 0 or an errno, as librdkafka asks.
+///
+/// # Safety
+/// librdkafka calls it with a valid socket, `addr` of `addrlen` bytes, and `opaque` set by
+/// rdkafka to the producer's context (`Arc<Guarded>`), which outlives the client.
+#[allow(unsafe_code)]
+unsafe extern "C" fn connect_checked(
+    sockfd: c_int,
+    addr: *const libc::sockaddr,
+    addrlen: c_int,
+    _id: *const c_char,
+    opaque: *mut c_void,
+) -> c_int {
+    // SAFETY: see above; rdkafka sets the opaque to the context before any broker exists.
+    let context = unsafe { &*(opaque as *const Guarded) };
+    // SAFETY: `addr` points at `addrlen` bytes of a socket address.
+    let Some(ip) = (unsafe { ip_of(addr, addrlen) }) else {
+        return libc::EAFNOSUPPORT;
+    };
+    if !context.allow.permits(ip) {
+        if let Ok(mut last) = context.refused.lock() {
+            *last = Some(ip);
+        }
+        return libc::EACCES;
+    }
+    // SAFETY: the arguments are librdkafka's own, passed on unchanged.
+    let r = unsafe { libc::connect(sockfd, addr, addrlen as libc::socklen_t) };
+    if r == 0 {
+        return 0;
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EINPROGRESS) => 0,
+        Some(e) => e,
+        None => libc::EIO,
+    }
+}
+
+/// The IP address of an IPv4 or IPv6 socket address.
+///
+/// # Safety
+/// `addr` points at `len` readable bytes.
+#[allow(unsafe_code)]
+unsafe fn ip_of(addr: *const libc::sockaddr, len: c_int) -> Option<IpAddr> {
+    if addr.is_null() {
+        return None;
+    }
+    let len = usize::try_from(len).ok()?;
+    // SAFETY: a sockaddr starts with its family; the casts below are checked by length.
+    match c_int::from(unsafe { (*addr).sa_family }) {
+        libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
+            let v4 = unsafe { &*(addr as *const libc::sockaddr_in) };
+            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr))))
+        }
+        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            let v6 = unsafe { &*(addr as *const libc::sockaddr_in6) };
+            Some(IpAddr::V6(Ipv6Addr::from(v6.sin6_addr.s6_addr)))
+        }
+        _ => None,
+    }
+}
+
 #[derive(Clone)]
 pub struct Producers {
-    pool: Arc<Pool<FutureProducer>>,
+    pool: Arc<Pool<EndpointProducer>>,
     allow: Allowlist,
 }
 
@@ -57,7 +155,7 @@ impl Producers {
 }
 
 async fn produce(
-    producer: &FutureProducer,
+    producer: &EndpointProducer,
     a: &Attempt,
     k: &KafkaTarget,
 ) -> Result<String, BrokerError> {
@@ -71,19 +169,36 @@ async fn produce(
         });
     }
     let key = ordering_key(a, &k.key);
-    let record = FutureRecord::to(&k.topic)
+    let (reply, acknowledged) = oneshot::channel();
+    let record = BaseRecord::with_opaque_to(&k.topic, Box::new(reply))
         .key(&key)
         .payload(a.body.as_ref())
         .headers(headers);
+    producer.send(record).map_err(|(e, _)| classify(&e))?;
     // The producer's message.timeout.ms is the Attempt's timeout: librdkafka answers within
     // it, acknowledged or not.
-    match producer.send(record, Duration::from_secs(0)).await {
-        Ok(delivery) => Ok(format!(
-            "kafka: acknowledged (acks=all) at partition {} offset {}",
-            delivery.partition, delivery.offset
+    let answer = acknowledged
+        .await
+        .unwrap_or_else(|_| Err(KafkaError::Canceled));
+    match answer {
+        Ok((partition, offset)) => Ok(format!(
+            "kafka: acknowledged (acks=all) at partition {partition} offset {offset}"
         )),
-        Err((e, _)) => Err(classify(&e)),
+        Err(e) => Err(refusal(producer).unwrap_or_else(|| classify(&e))),
     }
+}
+
+/// The address `connect_cb` last refused for this producer, as the Attempt's answer: a
+/// produce that fails because every broker it may reach is refused says so.
+fn refusal(producer: &EndpointProducer) -> Option<BrokerError> {
+    let ip = producer.context().refused.lock().ok()?.take()?;
+    Some(BrokerError {
+        class: crate::attempt::ErrorClass::TargetRefused,
+        message: format!(
+            "kafka: broker address {ip} is not allowed (private, loopback or otherwise non-global)"
+        ),
+        retry_after: None,
+    })
 }
 
 /// A produce error in Railhook's words: what no retry changes is refused, the rest is
@@ -110,20 +225,20 @@ fn classify(e: &KafkaError) -> BrokerError {
     }
 }
 
-/// A producer for `k`, its cluster checked by the SSRF guard first.
+/// A producer for `k`, every connection it opens under the egress rule.
 async fn open(
     k: &KafkaTarget,
     allow: &Allowlist,
     timeout: Duration,
-) -> Result<FutureProducer, BrokerError> {
+) -> Result<EndpointProducer, BrokerError> {
     for broker in &k.brokers {
         if let Some((host, port)) = railhook_common::transport::host_port(broker) {
             guard(allow, &host, port).await?;
         }
     }
     let mut config = ClientConfig::new();
+    // No bootstrap.servers: the brokers are added below, once connect_cb is installed.
     config
-        .set("bootstrap.servers", k.brokers.join(","))
         .set("client.id", "railhook-endpoint")
         .set("acks", "all")
         .set("enable.idempotence", "true")
@@ -155,9 +270,29 @@ async fn open(
             config.set("ssl.ca.pem", pem);
         }
     }
-    let producer: FutureProducer = config
-        .create()
+    let producer: EndpointProducer = config
+        .create_with_context(Guarded {
+            allow: allow.clone(),
+            refused: Mutex::new(None),
+        })
         .map_err(|e| BrokerError::refused(format!("kafka: cannot build a producer: {e}")))?;
+    let brokers = CString::new(k.brokers.join(","))
+        .map_err(|_| BrokerError::refused("kafka: a broker address holds a NUL"))?;
+    let rk = producer.client().native_ptr();
+    // SAFETY: `rk` is the live client. Its configuration is read by broker threads when
+    // they connect, and no broker thread exists yet (no bootstrap.servers), so setting the
+    // callback races with nothing; the callback's opaque is the context rdkafka set.
+    #[allow(unsafe_code)]
+    let added = unsafe {
+        let conf = rdkafka::bindings::rd_kafka_conf(rk).cast_mut();
+        rdkafka::bindings::rd_kafka_conf_set_connect_cb(conf, Some(connect_checked));
+        rdkafka::bindings::rd_kafka_brokers_add(rk, brokers.as_ptr())
+    };
+    if added == 0 {
+        return Err(BrokerError::refused(
+            "kafka: no broker address could be added",
+        ));
+    }
     // The cluster's own brokers, as its metadata names them, through the guard too.
     let probe = producer.clone();
     let topic = k.topic.clone();

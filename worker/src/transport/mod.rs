@@ -9,8 +9,9 @@
 //!   Railhook-Kafka work while an Attempt is in flight.
 //! - 4: outcomes are read by `retry_policy::classify` (HTTP) and
 //!   `retry_policy::classify_broker` (brokers), nowhere else.
-//! - The SSRF guard sees every address a transport connects to before it connects
-//!   (`guard`; the Kafka cluster's own brokers as its metadata names them, kafka.rs).
+//! - The egress rule (ssrf.rs) sees every address a transport connects to before the
+//!   socket connects, and the socket connects to the address it saw (`guard`; librdkafka's
+//!   `connect_cb` for every Kafka broker connection, kafka.rs).
 //! - Connections are pooled per target (one connection per endpoint's settings, so a
 //!   broker keeps one endpoint's publish order) and closed once unused for [`IDLE`]
 //!   (checked when an Attempt of that kind is made, at most once a minute).
@@ -151,32 +152,24 @@ fn truncate(text: &mut String, max: usize) {
     }
 }
 
-/// The SSRF guard for a broker address: resolves `host` and checks every address, as the
-/// HTTP client's resolver does. Returns the addresses to connect to (the checked ones, so
-/// there is no window for the name to resolve elsewhere in between).
+/// The egress rule (ssrf.rs, `addresses`) for a broker address, in a broker Attempt's
+/// words. Returns the addresses to connect to: the checked ones, so there is no window
+/// for the name to resolve elsewhere in between.
 pub(crate) async fn guard(
     allow: &Allowlist,
     host: &str,
     port: u16,
 ) -> Result<Vec<SocketAddr>, BrokerError> {
-    let refused = |ip: std::net::IpAddr| BrokerError {
-        class: ErrorClass::TargetRefused,
-        message: format!(
-            "target address {ip} is not allowed (private, loopback or otherwise non-global)"
-        ),
-        retry_after: None,
-    };
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+    crate::ssrf::addresses(allow, host, port)
         .await
-        .map_err(|e| BrokerError::unavailable(format!("cannot resolve {host}: {e}")))?
-        .collect();
-    if let Some(bad) = addrs.iter().find(|a| !allow.permits(a.ip())) {
-        return Err(refused(bad.ip()));
-    }
-    if addrs.is_empty() {
-        return Err(BrokerError::unavailable(format!("{host} has no address")));
-    }
-    Ok(addrs)
+        .map_err(|e| match e {
+            crate::ssrf::Unreachable::Refused(r) => BrokerError {
+                class: ErrorClass::TargetRefused,
+                message: r.to_string(),
+                retry_after: None,
+            },
+            other => BrokerError::unavailable(other.to_string()),
+        })
 }
 
 /// Connections towards brokers, one per target's settings (the key), opened on first use

@@ -11,9 +11,12 @@
 //! info): a server that just restarted answers "no responders" until its streams are back,
 //! and that is worth another Attempt.
 //!
-//! SSRF: the server's name is resolved and checked by the guard (mod.rs), and a plain
-//! `nats://` connection is opened to the checked address; `tls://` keeps the name for the
-//! certificate check (docs/DESTINATIONS.md). The client's reconnects go to the same address.
+//! Egress: the server's name is resolved and checked by the egress rule (ssrf.rs), and the
+//! client is given the checked address, never the name, so neither its first connection
+//! nor a reconnection resolves anything. It ignores the servers a server announces in its
+//! `INFO` (`connect_urls`), which would otherwise join its reconnect pool unchecked
+//! (issue #53). `tls://` verifies the certificate against the endpoint's name
+//! ([`NamedVerifier`]), not against the address connected to.
 
 use std::sync::Arc;
 
@@ -62,30 +65,107 @@ impl Streams {
 async fn open(n: &NatsTarget, allow: &Allowlist, a: &Attempt) -> Result<Context, BrokerError> {
     let mut url = url::Url::parse(&n.url)
         .map_err(|_| BrokerError::refused("nats: the URL does not parse"))?;
-    let host = url.host_str().unwrap_or_default().to_owned();
+    let (host, name) = match url.host() {
+        Some(url::Host::Domain(d)) => (d.to_owned(), Some(d.to_owned())),
+        Some(url::Host::Ipv4(ip)) => (ip.to_string(), None),
+        Some(url::Host::Ipv6(ip)) => (ip.to_string(), None),
+        None => return Err(BrokerError::refused("nats: the URL has no host")),
+    };
     let port = url.port().unwrap_or(4222);
     let addrs = guard(allow, &host, port).await?;
-    if url.scheme() == "nats"
-        && let Some(first) = addrs.first()
-    {
-        let _ = url.set_ip_host(first.ip());
-    }
-    let client = async_nats::ConnectOptions::new()
+    let checked = addrs[0];
+    let _ = url.set_ip_host(checked.ip());
+    let _ = url.set_port(Some(checked.port()));
+    let mut options = async_nats::ConnectOptions::new()
         .connection_timeout(a.timeout)
         .name("railhook")
-        .connect(url.as_str())
-        .await
-        .map_err(|e| {
-            let message = format!("nats: {e}");
-            match e.kind() {
-                async_nats::ConnectErrorKind::AuthorizationViolation
-                | async_nats::ConnectErrorKind::Authentication => BrokerError::refused(message),
-                _ => BrokerError::unavailable(message),
-            }
-        })?;
+        .ignore_discovered_servers();
+    if url.scheme() == "tls" {
+        options = options
+            .require_tls(true)
+            .tls_client_config(tls_for(name.as_deref().unwrap_or(&host))?);
+    }
+    let client = options.connect(url.as_str()).await.map_err(|e| {
+        let message = format!("nats: {e}");
+        match e.kind() {
+            async_nats::ConnectErrorKind::AuthorizationViolation
+            | async_nats::ConnectErrorKind::Authentication => BrokerError::refused(message),
+            _ => BrokerError::unavailable(message),
+        }
+    })?;
     let mut js = jetstream::new(client);
     js.set_timeout(a.timeout);
     Ok(js)
+}
+
+/// TLS towards a server reached by its checked address: the system's roots, and the
+/// certificate verified against the endpoint's own host name.
+fn tls_for(name: &str) -> Result<rustls::ClientConfig, BrokerError> {
+    let bad = |e: String| BrokerError::refused(format!("nats: TLS settings: {e}"));
+    let expected =
+        rustls::pki_types::ServerName::try_from(name.to_owned()).map_err(|e| bad(e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let inner = rustls_platform_verifier::Verifier::new(provider.clone())
+        .map_err(|e| bad(e.to_string()))?;
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NamedVerifier {
+            expected,
+            inner: Arc::new(inner),
+        }))
+        .with_no_client_auth();
+    Ok(config)
+}
+
+/// Verifies a server's certificate against the name the endpoint gave, whatever address the
+/// connection was made to (the checked one).
+#[derive(Debug)]
+struct NamedVerifier {
+    expected: rustls::pki_types::ServerName<'static>,
+    inner: Arc<dyn rustls::client::danger::ServerCertVerifier>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for NamedVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _connected_to: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            &self.expected,
+            ocsp_response,
+            now,
+        )
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }
 
 /// Whether JetStream itself answers (its account info request gets a reply), read raw so a

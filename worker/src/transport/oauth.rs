@@ -66,14 +66,13 @@ struct TokenResponse {
     expires_in: Option<f64>,
 }
 
-fn key(endpoint_id: &str, c: &OAuth2Client) -> String {
-    format!(
-        "{endpoint_id}\u{1f}{}\u{1f}{}\u{1f}{}\u{1f}{}",
-        c.token_url,
-        c.client_id,
-        c.scope.as_deref().unwrap_or(""),
-        c.audience.as_deref().unwrap_or("")
-    )
+/// The cache key of an endpoint's token: every setting of the client, its secret included
+/// (issue #53: a rotated secret kept the token the old one had fetched), and the origin the
+/// token is sent to, so a token never follows the endpoint's URL to another host. As the
+/// broker pools key their connections (mod.rs, `pool_key`); held in memory only.
+fn key(endpoint_id: &str, target: &url::Url, c: &OAuth2Client) -> String {
+    let origin = target.origin().ascii_serialization();
+    super::pool_key(c, &format!("{endpoint_id}|{origin}"))
 }
 
 impl Tokens {
@@ -86,11 +85,12 @@ impl Tokens {
     pub async fn get(
         &self,
         endpoint_id: &str,
+        target: &url::Url,
         client: &OAuth2Client,
         way: &Way,
         timeout: Duration,
     ) -> Result<Arc<str>, TokenError> {
-        let slot = self.slot(&key(endpoint_id, client)).await;
+        let slot = self.slot(&key(endpoint_id, target, client)).await;
         let mut held = slot.lock().await;
         if let Some(t) = held.as_ref().filter(|t| Instant::now() < t.renew_at) {
             return Ok(t.value.clone());
@@ -102,8 +102,14 @@ impl Tokens {
     }
 
     /// Drops `token` if it is still the endpoint's (a receiver answered 401 to it).
-    pub async fn reject(&self, endpoint_id: &str, client: &OAuth2Client, token: &str) {
-        let slot = self.slot(&key(endpoint_id, client)).await;
+    pub async fn reject(
+        &self,
+        endpoint_id: &str,
+        target: &url::Url,
+        client: &OAuth2Client,
+        token: &str,
+    ) {
+        let slot = self.slot(&key(endpoint_id, target, client)).await;
         let mut held = slot.lock().await;
         if held.as_ref().is_some_and(|t| &*t.value == token) {
             *held = None;

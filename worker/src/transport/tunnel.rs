@@ -16,7 +16,7 @@
 
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::ssrf::{Allowlist, Refused};
+use crate::ssrf::Allowlist;
 
 /// Bounds on the proxy's answer to `CONNECT`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -198,20 +198,14 @@ impl Connector {
         Ok(Tunnel(Box::new(tls)))
     }
 
-    /// The guard, as the direct client's resolver applies it: every address of the name
-    /// must be allowed, and the first is the one the proxy is asked for.
+    /// The egress rule (ssrf.rs), as the direct client's resolver applies it: every address
+    /// of the name must be allowed, and the first is the one the proxy is asked for.
     async fn checked_address(&self, host: &str, port: u16) -> Result<SocketAddr, BoxError> {
-        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
-            Ok(ip) => vec![SocketAddr::new(ip, port)],
-            Err(_) => tokio::net::lookup_host((host, port)).await?.collect(),
-        };
-        if let Some(bad) = addrs.iter().find(|a| !self.allow.permits(a.ip())) {
-            return Err(Box::new(Refused(bad.ip())));
+        match crate::ssrf::addresses(&self.allow, host, port).await {
+            Ok(addrs) => Ok(addrs[0]),
+            Err(crate::ssrf::Unreachable::Refused(r)) => Err(Box::new(r)),
+            Err(e) => Err(Box::new(io::Error::other(e.to_string()))),
         }
-        addrs
-            .into_iter()
-            .next()
-            .ok_or_else(|| Box::new(io::Error::other("the name has no address")) as BoxError)
     }
 
     /// Connects to the proxy (TLS when configured) and asks it for `target`.
