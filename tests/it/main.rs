@@ -17,6 +17,7 @@ mod dashboard;
 mod deferrals;
 mod doze;
 mod egress;
+mod egress_matrix;
 mod event_types;
 mod failover;
 mod filter_tables;

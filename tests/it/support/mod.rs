@@ -77,6 +77,10 @@ fn test_figment(database_url: &str, redis_url: &str) -> Figment {
         .merge(("api_metrics", true))
         .merge(("metrics_token", METRICS_TOKEN))
         .merge(("db_max_connections", 30))
+        // As the pipeline's worker (support/pipeline.rs): receivers, token endpoints and
+        // brokers on loopback. The API reads it too: an OAuth2 token_url may be plain http
+        // only where private targets are allowed.
+        .merge(("allow_private_targets", "127.0.0.0/8"))
         // The tests' ladders are a fraction of a second; the overload floor (5 s by default,
         // unit-tested in worker/src/retry_policy.rs) would hold every retry after a timeout.
         .merge(("retry_overload_floor_ms", 0))

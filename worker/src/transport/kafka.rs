@@ -14,9 +14,10 @@
 //! the allowlist before `connect(2)` (issue #53: the check had run once, when the producer
 //! opened, and later metadata could name any address). The callback is installed before
 //! the producer knows any broker: it is created without `bootstrap.servers`, and the
-//! brokers are added (`rd_kafka_brokers_add`) once the callback is in place. Before a
-//! producer is used, its bootstrap names and the cluster's metadata are also checked with
-//! `guard`, so an Attempt towards a refused cluster says so at once.
+//! brokers are added (`rd_kafka_brokers_add`) once the callback is in place. The bootstrap
+//! names are also checked with `guard` before the producer is built, so an Attempt towards a refused
+//! bootstrap address says so at once; a broker the metadata names and the callback refuses
+//! makes the produce fail at its timeout, reported as that refusal ([`refusal`]).
 
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -293,32 +294,24 @@ async fn open(
             "kafka: no broker address could be added",
         ));
     }
-    // The cluster's own brokers, as its metadata names them, through the guard too.
     let probe = producer.clone();
     let topic = k.topic.clone();
     let wait = timeout.max(Duration::from_secs(1));
-    let (brokers, topic_error) = tokio::task::spawn_blocking(move || {
+    // The cluster's metadata: whether it has the topic. The brokers it names are not
+    // checked here: connect_cb checks each connection to them, now and after any later
+    // metadata, against the address actually connected to.
+    let topic_error = tokio::task::spawn_blocking(move || {
         probe.client().fetch_metadata(Some(&topic), wait).map(|m| {
-            let brokers = m
-                .brokers()
-                .iter()
-                .map(|b| (b.host().to_owned(), u16::try_from(b.port()).unwrap_or(0)))
-                .collect::<Vec<_>>();
-            let topic_error = m
-                .topics()
+            m.topics()
                 .iter()
                 .find(|t| t.name() == topic)
                 .and_then(|t| t.error())
-                .map(RDKafkaErrorCode::from);
-            (brokers, topic_error)
+                .map(RDKafkaErrorCode::from)
         })
     })
     .await
     .map_err(|_| BrokerError::unavailable("kafka: the metadata request did not finish"))?
     .map_err(|e| classify(&e))?;
-    for (host, port) in brokers {
-        guard(allow, &host, port).await?;
-    }
     // A topic the cluster says it does not have (and does not create) is refused here: a
     // produce to it would wait out its timeout on every Attempt of the ladder instead.
     if let Some(code) = topic_error {
