@@ -45,10 +45,18 @@ pub const MAX_PATTERNS: usize = 64;
 /// The most bytes one compiled pattern may take (the `regex` crate's size limit); a pattern
 /// that compiles larger (`(a{1000}){1000}`) is refused when its schema is stored.
 pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
-/// How long one request's validation may take, waiting for a slot included.
+/// How long one validation may run once it has its slot (issue #53: the deadline had
+/// included the wait for a slot, so another tenant's heavy schema turned this tenant's
+/// Events into a non-retryable `schema_too_slow`).
 pub const VALIDATION_DEADLINE: Duration = Duration::from_millis(500);
+/// How long a validation may wait for its slots: past it the request is a `503` to retry
+/// (the service is busy), never a verdict on the payload.
+pub const SLOT_WAIT: Duration = Duration::from_secs(5);
 /// Validations running at once on the blocking pool, across every tenant.
 pub const VALIDATION_SLOTS: usize = 4;
+/// Validations one project may run at once: half the slots, so however costly one project's
+/// schemas and payloads are, another project always finds a slot free of them.
+pub const PROJECT_SLOTS: usize = VALIDATION_SLOTS / 2;
 /// The compiled validators kept, weighed by the size of their schemas' JSON text.
 pub const CACHE_BYTES: u64 = 64 << 20;
 
@@ -56,6 +64,23 @@ pub const CACHE_BYTES: u64 = 64 << 20;
 /// deadline) instead of taking every thread of the blocking pool.
 static SLOTS: LazyLock<Arc<Semaphore>> =
     LazyLock::new(|| Arc::new(Semaphore::new(VALIDATION_SLOTS)));
+
+/// Each project's own share of the slots ([`PROJECT_SLOTS`]), created on first use and
+/// dropped once idle (checked when the table grows past a thousand projects).
+static BY_PROJECT: LazyLock<std::sync::Mutex<HashMap<String, Arc<Semaphore>>>> =
+    LazyLock::new(Default::default);
+
+fn project_slots(project: &str) -> Arc<Semaphore> {
+    let mut map = BY_PROJECT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if map.len() > 1_000 {
+        map.retain(|_, s| Arc::strong_count(s) > 1 || s.available_permits() < PROJECT_SLOTS);
+    }
+    map.entry(project.to_owned())
+        .or_insert_with(|| Arc::new(Semaphore::new(PROJECT_SLOTS)))
+        .clone()
+}
 
 /// A compiled schema and the bytes it is weighed by in the cache.
 struct Compiled {
@@ -181,6 +206,7 @@ impl SchemaCache {
     pub async fn check<E>(
         &self,
         pool: &PgPool,
+        project: &str,
         schemas: &HashMap<String, i64>,
         events: &[E],
         parts: impl Fn(&E) -> (&str, &str),
@@ -197,7 +223,7 @@ impl SchemaCache {
                 continue;
             };
             let field = format!("{}payload", prefix(i));
-            if let Some((at, rule)) = validate(validator, raw.to_owned(), &field).await? {
+            if let Some((at, rule)) = validate(validator, project, raw.to_owned(), &field).await? {
                 return Err(ApiError::SchemaViolation {
                     field,
                     detail: format!(
@@ -215,31 +241,38 @@ impl SchemaCache {
 }
 
 /// Validates one payload (JSON text) on the blocking pool, within [`VALIDATION_DEADLINE`]
-/// from the moment it asks for a slot. Returns the first failure's pointer and rule. A
-/// validation past its deadline is answered `schema_too_slow` at once; its thread finishes
-/// on its own (the engine is linear-time, so it does) and then gives its slot back.
+/// from the moment it holds a slot of its project's and one of the pool's. Returns the first
+/// failure's pointer and rule. A validation past its deadline is answered `schema_too_slow`
+/// at once; its thread finishes on its own (the engine is linear-time, so it does) and then
+/// gives its slots back. No slot within [`SLOT_WAIT`]: `503`, to retry.
 async fn validate(
     compiled: Arc<Compiled>,
+    project: &str,
     raw: String,
     field: &str,
 ) -> ApiResult<Option<(String, String)>> {
-    let run = async {
-        let slot = SLOTS.clone().acquire_owned().await;
-        tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            // Already parsed once as JSON by the request extractor; a second, typed parse
-            // only for Events that have a schema.
-            let payload: Value = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
-            Ok::<_, String>(
-                compiled
-                    .validator
-                    .iter_errors(&payload)
-                    .next()
-                    .map(|e| (pointer(&e), keyword_message(&e))),
-            )
-        })
-        .await
+    let own = project_slots(project);
+    let slots = async {
+        let own = own.acquire_owned().await;
+        let shared = SLOTS.clone().acquire_owned().await;
+        (own, shared)
     };
+    let Ok((own, shared)) = tokio::time::timeout(SLOT_WAIT, slots).await else {
+        return Err(ApiError::TimedOut);
+    };
+    let run = tokio::task::spawn_blocking(move || {
+        let _slots = (own, shared);
+        // Already parsed once as JSON by the request extractor; a second, typed parse
+        // only for Events that have a schema.
+        let payload: Value = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
+        Ok::<_, String>(
+            compiled
+                .validator
+                .iter_errors(&payload)
+                .next()
+                .map(|e| (pointer(&e), keyword_message(&e))),
+        )
+    });
     match tokio::time::timeout(VALIDATION_DEADLINE, run).await {
         Ok(Ok(Ok(failure))) => Ok(failure),
         Ok(Ok(Err(parse))) => Err(ApiError::validation(field, parse)),

@@ -217,6 +217,7 @@ pub(crate) async fn accept_one(
         .schemas
         .check(
             &state.pool,
+            sender.project.id.as_str(),
             &sender.schemas,
             std::slice::from_ref(&event),
             |e| (e.event_type.as_str(), e.payload.get()),
@@ -285,6 +286,7 @@ pub async fn create_batch(
         .schemas
         .check(
             &state.pool,
+            sender.project.id.as_str(),
             &sender.schemas,
             &events,
             |e| (e.event_type.as_str(), e.payload.get()),
