@@ -396,3 +396,100 @@ async fn a_filtered_ordered_endpoint_numbers_only_what_was_written() {
     let ns: Vec<Option<i64>> = numbered.iter().map(|(_, s)| *s).collect();
     assert_eq!(ns, [Some(1), Some(2)], "{numbered:?}");
 }
+
+/// Issue #53 finding 5: one tenant's filter `exists($.a[*] ? (@ == $.b[*]))` on 12,000-item
+/// arrays ran inside the shared ingest writers for minutes, held them from every other
+/// tenant (503 after 30 s) and grew a backend to 6 GB until the kernel killed it. A filter
+/// whose cost is a product of two parts of the payload is now refused where it is stored
+/// (ingest/src/routes/filter_cost.rs), on an endpoint and on a subscription, so what a
+/// stored filter costs grows with its own Events' size only: while one project posts
+/// Events of two 12,000-item arrays through a filter of its own, another project's single
+/// Events keep their normal answer time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_projects_filter_cannot_cost_another_project() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let (_, other) = app.project().await;
+    let plain = endpoint(&app, &key, json!({})).await;
+    for (filter, words) in [
+        ("exists($.a[*] ? (@ == $.b[*]))", "`$` path inside a filter"),
+        ("$.a[*] == $.b[*]", "compares two parts"),
+        ("$.a == $.b", "compares two parts"),
+        ("exists($.a[*] ? (@.x > $.min))", "`$` path inside a filter"),
+        ("exists($.a[*] ? (@.x[*] == @.y[*]))", "compares two parts"),
+        (r#"$.s like_regex "(a+)\\1""#, "back reference"),
+    ] {
+        for (method, path, body) in [
+            (
+                Method::POST,
+                "/v1/endpoints".to_owned(),
+                json!({"url": "http://127.0.0.1:9/x", "filter": filter}),
+            ),
+            (
+                Method::PATCH,
+                format!("/v1/endpoints/{plain}"),
+                json!({"filter": filter}),
+            ),
+            (
+                Method::POST,
+                "/v1/subscriptions".to_owned(),
+                json!({"endpoint_id": plain, "event_types": ["order.*"], "filter": filter}),
+            ),
+        ] {
+            let r = call(&app, &key, method.clone(), &path, Some(body)).await;
+            assert_eq!(
+                r.status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{method} {path} {filter}: {:?}",
+                r.body
+            );
+            let detail = r.body["detail"].as_str().unwrap_or_default();
+            assert!(detail.contains(words), "{filter}: {detail}");
+        }
+    }
+    // What is allowed costs one pass over the payload: the same question asked of one part.
+    let filtered = endpoint(&app, &key, json!({"filter": "exists($.a[*] ? (@ == 7))"})).await;
+    subscription(&app, &key, &filtered, None).await;
+    let victim = endpoint(&app, &other, json!({"filter": "$.n >= 0"})).await;
+    subscription(&app, &other, &victim, None).await;
+
+    let alone = std::time::Instant::now();
+    let r = app
+        .post_event(&other, "order.paid", json!({"n": 0}), None)
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let normal = alone.elapsed();
+    let big: Vec<i64> = (0..12_000).collect();
+    let heavy = json!({"a": big, "b": big});
+    let flood: Vec<_> = (0..8)
+        .map(|_| {
+            let (url, client, key) = (
+                format!("{}/v1/events", app.base),
+                app.client.clone(),
+                key.clone(),
+            );
+            let body = json!({"type": "order.paid", "payload": heavy});
+            tokio::spawn(async move {
+                let r = client.post(url).bearer_auth(key).json(&body).send().await;
+                r.expect("request").status()
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for n in 1..=5 {
+        let during = std::time::Instant::now();
+        let r = app
+            .post_event(&other, "order.paid", json!({"n": n}), None)
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        slowest = slowest.max(during.elapsed());
+    }
+    for f in flood {
+        assert_eq!(f.await.expect("flood"), StatusCode::CREATED);
+    }
+    println!("the other project's POST: {normal:?} alone, at most {slowest:?} beside the flood");
+    assert!(
+        slowest < Duration::from_secs(2).max(normal * 20),
+        "the other project waited {slowest:?} (alone: {normal:?})"
+    );
+}
