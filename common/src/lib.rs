@@ -10,6 +10,7 @@ pub mod db;
 pub mod doorbell;
 pub mod endpoint_auth;
 pub mod event_type;
+pub mod fair_slots;
 pub mod headers;
 pub mod health;
 pub mod http_server;

@@ -12,8 +12,20 @@
 //! Invariant: a program can neither hang nor exhaust the worker, nor reach anything outside
 //! its input. It runs in QuickJS (rquickjs; docs/ROUTING.md has the measurement behind the
 //! choice), in a runtime of its own made for this one run and dropped after it, with
-//! - a wall-clock limit ([`Limits::time`]), enforced by QuickJS's interrupt handler, which the
-//!   interpreter polls inside loops and calls: `for(;;){}` ends with "time limit";
+//! - a CPU-time limit ([`Limits::time`]): the CPU time of the thread that runs it, from the
+//!   sandbox's start (loading the program, parsing its input, the handler, the result's
+//!   JSON), enforced by QuickJS's interrupt handler, which the interpreter polls inside
+//!   loops and calls: `for(;;){}` ends with "time limit". CPU time, not wall-clock time, so
+//!   a busy machine (a program waiting for a core) does not turn an accepted Event into a
+//!   FAILED `time_limit`, and the same program on the same Event fails the same way (issue
+//!   #53); a wall-clock backstop ([`Limits::wall`], ten times as long) ends a run that a
+//!   starved thread would stretch further;
+//! - slots ([`SLOTS`], common/src/fair_slots.rs): at most [`SANDBOXES`] runs at once in a
+//!   process, [`SANDBOXES_PER_TENANT`] of them for one tenant, so the heaps together stay
+//!   under `SANDBOXES` × [`Limits::memory_bytes`] and one tenant's programs never hold every
+//!   slot. A native built-in (`Array.prototype.sort` on a million items) does not poll the
+//!   interrupt handler; its work is bounded by what the heap can hold, and the thread keeps
+//!   its slot until it ends, so what such a program delays is its own tenant's slots;
 //! - a memory limit ([`Limits::memory_bytes`]) on the runtime's allocator and a stack limit:
 //!   an allocation past it fails inside the program ("memory limit");
 //! - an output limit ([`Limits::output_bytes`]) on what it returns;
@@ -35,8 +47,11 @@ use serde::{Deserialize, Serialize};
 /// The sandbox's limits for one run.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Wall-clock time for the whole run: loading the program and calling the handler.
+    /// CPU time of the running thread for the whole run: loading the program, its input,
+    /// calling the handler, reading its result.
     pub time: Duration,
+    /// Wall-clock time for the whole run: a backstop for a thread that gets little CPU.
+    pub wall: Duration,
     /// The runtime's heap (the input object included).
     pub memory_bytes: usize,
     /// The interpreter's stack (deep recursion ends with "stack overflow").
@@ -48,10 +63,49 @@ pub struct Limits {
 /// The limits every transformation runs under (docs/ROUTING.md gives them as measured).
 pub const LIMITS: Limits = Limits {
     time: Duration::from_millis(100),
+    wall: Duration::from_secs(1),
     memory_bytes: 32 << 20,
     stack_bytes: 256 << 10,
     output_bytes: 1 << 20,
 };
+
+/// Sandboxes that may run at once in one process, across tenants: with [`LIMITS`]' heap
+/// each, at most 256 MiB for every program together (issue #53: the worker ran up to 96
+/// at once, and the API's test and PUT routes without a bound).
+pub const SANDBOXES: usize = 8;
+/// Sandboxes one tenant may run at once (the worker: an endpoint's program; the API: a
+/// project's requests).
+pub const SANDBOXES_PER_TENANT: usize = 2;
+
+/// The slots every caller takes before it starts a run, and hands to the thread that runs it.
+pub static SLOTS: std::sync::LazyLock<crate::fair_slots::FairSlots> =
+    std::sync::LazyLock::new(|| crate::fair_slots::FairSlots::new(SANDBOXES, SANDBOXES_PER_TENANT));
+
+/// A run's budget: the CPU time of the thread it started on, and a wall-clock backstop.
+#[derive(Clone, Copy)]
+struct Budget {
+    cpu_at_start: Option<cpu_time::ThreadTime>,
+    cpu: Duration,
+    wall_deadline: Instant,
+}
+
+impl Budget {
+    /// Starts counting on the calling thread, which must be the one that runs the program.
+    fn start(limits: &Limits) -> Self {
+        Self {
+            cpu_at_start: cpu_time::ThreadTime::try_now().ok(),
+            cpu: limits.time,
+            wall_deadline: Instant::now() + limits.wall,
+        }
+    }
+
+    fn spent(&self) -> bool {
+        let cpu_spent = self
+            .cpu_at_start
+            .is_some_and(|t| t.try_elapsed().is_ok_and(|used| used >= self.cpu));
+        cpu_spent || Instant::now() >= self.wall_deadline
+    }
+}
 
 /// The longest program accepted, in bytes.
 pub const MAX_CODE_BYTES: usize = 64 << 10;
@@ -171,12 +225,12 @@ struct Returned {
 }
 
 /// A fresh runtime with the limits, and a context with the language only.
-fn sandbox(limits: &Limits, deadline: Instant) -> Result<(Runtime, Context), Failure> {
+fn sandbox(limits: &Limits, budget: Budget) -> Result<(Runtime, Context), Failure> {
     let internal = |e: rquickjs::Error| Failure::Threw(format!("the sandbox did not start: {e}"));
     let runtime = Runtime::new().map_err(internal)?;
     runtime.set_memory_limit(limits.memory_bytes);
     runtime.set_max_stack_size(limits.stack_bytes);
-    runtime.set_interrupt_handler(Some(Box::new(move || Instant::now() >= deadline)));
+    runtime.set_interrupt_handler(Some(Box::new(move || budget.spent())));
     let context = Context::custom::<(
         intrinsic::Eval,
         intrinsic::Json,
@@ -217,10 +271,10 @@ fn describe(v: &Value<'_>) -> String {
         .unwrap_or_else(|| v.type_name().to_owned())
 }
 
-/// Turns what QuickJS raised into a Failure: its interrupt (past the deadline) is the time
+/// Turns what QuickJS raised into a Failure: its interrupt (the budget spent) is the time
 /// limit, an allocation refused is the memory limit, anything else is the program's own.
-fn classify(text: String, limits: &Limits, deadline: Instant) -> Failure {
-    if text.contains("interrupted") && Instant::now() >= deadline {
+fn classify(text: String, limits: &Limits, budget: Budget) -> Failure {
+    if text.contains("interrupted") && budget.spent() {
         return Failure::TimeLimit(limits.time.as_millis());
     }
     if text.contains("out of memory") || text.contains("Allocation") {
@@ -250,13 +304,13 @@ pub fn check(code: &str, limits: &Limits) -> Result<(), Failure> {
             code.len()
         )));
     }
-    let deadline = Instant::now() + limits.time;
-    let (_runtime, context) = sandbox(limits, deadline)?;
+    let budget = Budget::start(limits);
+    let (_runtime, context) = sandbox(limits, budget)?;
     context.with(|ctx| {
         let loaded: rquickjs::Result<()> = ctx.eval(code);
         if let Err(e) = loaded.catch(&ctx) {
             let text = caught(&e);
-            return Err(match classify(text, limits, deadline) {
+            return Err(match classify(text, limits, budget) {
                 Failure::Threw(t) if t.starts_with("SyntaxError") => Failure::Syntax(t),
                 other => other,
             });
@@ -271,12 +325,12 @@ pub fn check(code: &str, limits: &Limits) -> Result<(), Failure> {
 /// Runs `code` on `input` under `limits`. The result's URL must keep the scheme, host and
 /// port of `input.url` (the endpoint's).
 pub fn run(code: &str, input: &Input<'_>, limits: &Limits) -> Result<Outcome, Failure> {
-    let deadline = Instant::now() + limits.time;
+    let budget = Budget::start(limits);
     let input_json =
         serde_json::to_string(input).map_err(|e| Failure::InvalidResult(e.to_string()))?;
-    let (_runtime, context) = sandbox(limits, deadline)?;
+    let (_runtime, context) = sandbox(limits, budget)?;
     let output = context.with(|ctx| -> Result<String, Failure> {
-        let fail = |e: CaughtError<'_>| classify(caught(&e), limits, deadline);
+        let fail = |e: CaughtError<'_>| classify(caught(&e), limits, budget);
         let loaded: rquickjs::Result<()> = ctx.eval(code);
         loaded.catch(&ctx).map_err(|e| match fail(e) {
             Failure::Threw(t) if t.starts_with("SyntaxError") => Failure::Syntax(t),
@@ -438,6 +492,55 @@ mod tests {
         assert!(
             matches!(&overrides, Err(Failure::InvalidResult(why)) if why.contains("endpoint's own")),
             "{overrides:?}"
+        );
+    }
+
+    /// Issue #53 finding 7: the limit had been wall-clock time, so a program that needs 40 %
+    /// of it failed `time_limit` whenever it waited for a core. Eight threads spin on the
+    /// machine's cores while it runs: it waits for longer than the limit, and still sends.
+    #[test]
+    fn the_time_limit_counts_cpu_time_not_the_wait_for_a_core() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let program = |n: u64| {
+            format!(
+                "function handler(w) {{ let s = 0; for (let i = 0; i < {n}; i++) {{ s += i % 7; }} \
+                 w.payload = {{s: s}}; return w; }}"
+            )
+        };
+        let timed = |code: &str| {
+            let cpu = cpu_time::ThreadTime::now();
+            let wall = Instant::now();
+            let r = go(code, "{}");
+            (r, cpu.elapsed(), wall.elapsed())
+        };
+        // Calibrated alone: a loop that takes about 40 % of the limit in CPU time.
+        let (_, base, _) = timed(&program(200_000));
+        let n = (200_000.0 * LIMITS.time.as_secs_f64() * 0.4 / base.as_secs_f64().max(1e-6)) as u64;
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinners: Vec<_> = (0..8)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let (r, cpu, wall) = timed(&program(n));
+        stop.store(true, Ordering::Relaxed);
+        for s in spinners {
+            let _ = s.join();
+        }
+        assert!(
+            matches!(r, Ok(Outcome::Send(_))),
+            "{r:?} after {cpu:?} of CPU and {wall:?} of wall-clock time ({n} iterations)"
+        );
+        // The test means something only if the run did wait for a core.
+        assert!(
+            wall > LIMITS.time,
+            "the run was not held up ({wall:?} of wall-clock time, {cpu:?} of CPU)"
         );
     }
 

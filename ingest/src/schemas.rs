@@ -34,9 +34,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use railhook_common::fair_slots::FairSlots;
 use serde_json::Value;
 use sqlx::PgPool;
-use tokio::sync::Semaphore;
 
 use crate::problem::{ApiError, ApiResult};
 
@@ -60,27 +60,11 @@ pub const PROJECT_SLOTS: usize = VALIDATION_SLOTS / 2;
 /// The compiled validators kept, weighed by the size of their schemas' JSON text.
 pub const CACHE_BYTES: u64 = 64 << 20;
 
-/// One slot per running validation: a flood of costly payloads queues here (and meets its
-/// deadline) instead of taking every thread of the blocking pool.
-static SLOTS: LazyLock<Arc<Semaphore>> =
-    LazyLock::new(|| Arc::new(Semaphore::new(VALIDATION_SLOTS)));
-
-/// Each project's own share of the slots ([`PROJECT_SLOTS`]), created on first use and
-/// dropped once idle (checked when the table grows past a thousand projects).
-static BY_PROJECT: LazyLock<std::sync::Mutex<HashMap<String, Arc<Semaphore>>>> =
-    LazyLock::new(Default::default);
-
-fn project_slots(project: &str) -> Arc<Semaphore> {
-    let mut map = BY_PROJECT
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if map.len() > 1_000 {
-        map.retain(|_, s| Arc::strong_count(s) > 1 || s.available_permits() < PROJECT_SLOTS);
-    }
-    map.entry(project.to_owned())
-        .or_insert_with(|| Arc::new(Semaphore::new(PROJECT_SLOTS)))
-        .clone()
-}
+/// One slot per running validation, at most [`PROJECT_SLOTS`] to one project
+/// (common/src/fair_slots.rs): a flood of costly payloads queues behind its own project's
+/// validations (and meets its deadline) instead of taking every thread of the blocking pool.
+static SLOTS: LazyLock<FairSlots> =
+    LazyLock::new(|| FairSlots::new(VALIDATION_SLOTS, PROJECT_SLOTS));
 
 /// A compiled schema and the bytes it is weighed by in the cache.
 struct Compiled {
@@ -251,17 +235,11 @@ async fn validate(
     raw: String,
     field: &str,
 ) -> ApiResult<Option<(String, String)>> {
-    let own = project_slots(project);
-    let slots = async {
-        let own = own.acquire_owned().await;
-        let shared = SLOTS.clone().acquire_owned().await;
-        (own, shared)
-    };
-    let Ok((own, shared)) = tokio::time::timeout(SLOT_WAIT, slots).await else {
+    let Ok(slot) = tokio::time::timeout(SLOT_WAIT, SLOTS.acquire(project)).await else {
         return Err(ApiError::TimedOut);
     };
     let run = tokio::task::spawn_blocking(move || {
-        let _slots = (own, shared);
+        let _slot = slot;
         // Already parsed once as JSON by the request extractor; a second, typed parse
         // only for Events that have a schema.
         let payload: Value = serde_json::from_str(&raw).map_err(|e| e.to_string())?;

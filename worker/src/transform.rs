@@ -3,7 +3,8 @@
 //!
 //! Invariants:
 //! - The program runs on a blocking thread, never on the runtime's workers: it may take its
-//!   whole time limit, and a turn's neighbours must not wait for it.
+//!   whole time limit, and a turn's neighbours must not wait for it. It holds one of its
+//!   endpoint's sandbox slots (at most 2 of the process's 8) until the thread ends.
 //! - What it returned is what is signed and sent: the body, method, URL and added headers
 //!   replace the Attempt's before the signature is made (the transport signs `attempt.body`),
 //!   and the same request is recorded with the Attempt (`attempts.request`).
@@ -62,14 +63,24 @@ pub(crate) async fn apply(
         .map(|(k, _)| k.clone())
         .collect();
     let started = Instant::now();
+    // One of the endpoint's sandbox slots (common/src/transformation.rs, `SLOTS`), held by
+    // the thread until the run ends: a program whose native built-in outlasts the wait below
+    // keeps only its own endpoint's slots.
+    let slot = sandbox::SLOTS.acquire(&claimed.endpoint_id).await;
     let ran = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         let payload = serde_json::value::RawValue::from_string(payload).map_err(|e| {
             sandbox::Failure::InvalidResult(format!("the payload is not JSON: {e}"))
         })?;
         let input = Input::new("POST", &url, &event_type, &payload, own);
         sandbox::run(&code, &input, &LIMITS)
-    })
-    .await;
+    });
+    // The run's own budget ends it (CPU time, then the wall-clock backstop) unless a native
+    // built-in does not yield; this wait is the turn's bound for that case.
+    let ran = match tokio::time::timeout(LIMITS.wall * 2, ran).await {
+        Ok(ran) => ran,
+        Err(_) => Ok(Err(sandbox::Failure::TimeLimit(LIMITS.time.as_millis()))),
+    };
     let took = started.elapsed().as_secs_f64();
     let (outcome, next, error) = match ran {
         Ok(Ok(Outcome::Send(request))) => match into_attempt(attempt, &request) {

@@ -112,8 +112,12 @@ pub(super) async fn save(
         code: c.to_owned(),
         enabled: Some(f.get("enabled").is_some()),
     });
-    let (code, enabled) =
-        transformations::check_change("transformation", Some(program.as_ref())).await?;
+    let (code, enabled) = transformations::check_change(
+        session.project.id.as_str(),
+        "transformation",
+        Some(program.as_ref()),
+    )
+    .await?;
     transformations::set(state, &session.project, &e.id, code, enabled).await?;
     session.log("endpoint.transformation", &e.id);
     Ok(())
@@ -150,8 +154,15 @@ pub(super) async fn test(
     let payload = RawValue::from_string(payload)
         .map_err(|_| ApiError::validation("payload", "the example payload is not valid JSON"))?;
     let headers = e.opened_headers(&state.keyring);
-    let r = transformations::try_program(code.clone(), e.url.clone(), headers, event_type, payload)
-        .await?;
+    let r = transformations::try_program(
+        session.project.id.as_str(),
+        code.clone(),
+        e.url.clone(),
+        headers,
+        event_type,
+        payload,
+    )
+    .await?;
     let base = session.href(&format!("endpoints/{}", e.id));
     let body = html! {
         p { a href=(base) { "← back to the endpoint" } }

@@ -143,6 +143,7 @@ pub async fn update(
     )
     .await?;
     let (transformation_code, transformation_enabled) = transformations::check_change(
+        project.id.as_str(),
         "transformation",
         body.transformation.as_ref().map(Option::as_ref),
     )

@@ -174,14 +174,21 @@ pub async fn create(
 }
 
 /// A new endpoint's payload filter and transformation, each checked.
-async fn routing(state: &AppState, body: &CreateEndpoint) -> ApiResult<store::Routing> {
+async fn routing(
+    state: &AppState,
+    project: &Project,
+    body: &CreateEndpoint,
+) -> ApiResult<store::Routing> {
     let filter = match &body.filter {
         Some(f) => Some(check_filter(&state.pool, "filter", f).await?),
         None => None,
     };
-    let (code, enabled) =
-        transformations::check_change("transformation", body.transformation.as_ref().map(Some))
-            .await?;
+    let (code, enabled) = transformations::check_change(
+        project.id.as_str(),
+        "transformation",
+        body.transformation.as_ref().map(Some),
+    )
+    .await?;
     Ok(store::Routing {
         filter,
         transformation_code: code.flatten(),
@@ -228,7 +235,7 @@ pub(crate) async fn insert(
         check_uid("uid", uid, EndpointId::PREFIX)?;
     }
     let metadata = check_metadata(&body.metadata)?;
-    let routing = routing(state, &body).await?;
+    let routing = routing(state, project, &body).await?;
     let application = match &body.application {
         Some(_) if source_id.is_some() => {
             return Err(ApiError::validation(

@@ -57,17 +57,30 @@ impl Transformation {
 }
 
 /// Checks a program in the sandbox (off the async threads: a check may run for the
-/// sandbox's whole time limit) and answers 422 naming `field` when it cannot run.
-pub(crate) async fn check_code(field: &str, code: &str) -> ApiResult<()> {
+/// sandbox's whole time limit, in one of `project`'s sandbox slots) and answers 422 naming
+/// `field` when it cannot run.
+pub(crate) async fn check_code(project: &str, field: &str, code: &str) -> ApiResult<()> {
     let owned = code.to_owned();
-    let checked = tokio::task::spawn_blocking(move || sandbox::check(&owned, &LIMITS))
+    let slot = sandbox::SLOTS.acquire(project).await;
+    let checked = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        sandbox::check(&owned, &LIMITS)
+    });
+    let checked = tokio::time::timeout(LIMITS.wall * 2, checked)
         .await
+        .map_err(|_| {
+            ApiError::validation(
+                field,
+                format!("{field}: {}", Failure::TimeLimit(LIMITS.time.as_millis())),
+            )
+        })?
         .map_err(|_| ApiError::validation(field, "the program could not be checked"))?;
     checked.map_err(|f| ApiError::validation(field, format!("{field}: {f}")))
 }
 
 /// A request's transformation field: absent, `null` (remove) or a program (checked).
 pub(crate) async fn check_change(
+    project: &str,
     field: &str,
     change: Option<Option<&TransformationIn>>,
 ) -> ApiResult<(Option<Option<String>>, Option<bool>)> {
@@ -75,7 +88,7 @@ pub(crate) async fn check_change(
         None => Ok((None, None)),
         Some(None) => Ok((Some(None), Some(false))),
         Some(Some(t)) => {
-            check_code(&format!("{field}.code"), &t.code).await?;
+            check_code(project, &format!("{field}.code"), &t.code).await?;
             Ok((Some(Some(t.code.clone())), Some(t.enabled.unwrap_or(true))))
         }
     }
@@ -110,7 +123,8 @@ pub async fn put(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<TransformationIn>,
 ) -> ApiResult<Json<Transformation>> {
-    let (code, enabled) = check_change("transformation", Some(Some(&body))).await?;
+    let (code, enabled) =
+        check_change(project.id.as_str(), "transformation", Some(Some(&body))).await?;
     let row = set(&state, &project, &id, code, enabled).await?;
     Transformation::of(&row)
         .map(Json)
@@ -181,13 +195,16 @@ pub struct TransformationError {
 
 /// Runs a program on an example under the worker's limits; nothing is sent or stored.
 pub(crate) async fn try_program(
+    project: &str,
     code: String,
     url: String,
     headers: std::collections::BTreeMap<String, String>,
     event_type: String,
     payload: Box<RawValue>,
 ) -> ApiResult<TransformationResult> {
+    let slot = sandbox::SLOTS.acquire(project).await;
     let ran = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         let started = Instant::now();
         let input = Input::new("POST", &url, &event_type, &payload, headers.into_keys());
         (sandbox::run(&code, &input, &LIMITS), started.elapsed())
@@ -256,7 +273,15 @@ pub async fn test(
         }
     };
     let headers = row.opened_headers(&state.keyring);
-    let result = try_program(code, row.url, headers, body.event_type, body.payload).await?;
+    let result = try_program(
+        project.id.as_str(),
+        code,
+        row.url,
+        headers,
+        body.event_type,
+        body.payload,
+    )
+    .await?;
     Ok(Json(result))
 }
 

@@ -71,7 +71,7 @@ pub async fn patch(
                 code,
                 enabled: body.enabled.or(Some(row.transformation_enabled)),
             };
-            transformations::check_change("code", Some(Some(&program))).await?
+            transformations::check_change(project.id.as_str(), "code", Some(Some(&program))).await?
         }
         Some(None) => (Some(None), Some(false)),
         None => {
