@@ -179,7 +179,11 @@ impl Lane {
         if ask == Ask::Bad {
             metrics.bad_hints.inc();
         }
-        match self.book.kafka_copy(partition, offset) {
+        let named = match &ask {
+            Ask::Claim(id) => Some(id.as_str()),
+            _ => None,
+        };
+        match self.book.kafka_copy(partition, offset, named) {
             Some(State::Answered) => ask = Ask::Answered,
             // Not claimed yet: this copy takes the express hint's place.
             Some(State::Waiting) => {
@@ -225,7 +229,7 @@ impl Lane {
                 count(ExpressOutcome::NotHeld, 1);
                 continue;
             }
-            match self.book.admit(h.partition, h.offset) {
+            match self.book.admit(h.partition, h.offset, &h.delivery_id) {
                 Admit::Queued => {
                     count(ExpressOutcome::Queued, 1);
                     self.waiting.push_back(Waiting {
