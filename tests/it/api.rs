@@ -408,11 +408,15 @@ async fn an_expunged_payload_is_gone_from_every_table_and_its_unsent_deliveries_
         .to_owned();
     assert!(!app.tables_containing(marker).await.is_empty());
     // A receiver that echoed the body into its answer (review #34 item 6): the Attempt's
-    // excerpt holds the payload too, and must go with it.
+    // excerpt holds the payload too, and must go with it; so must the request a
+    // transformation made (issue #53), whose body is often the payload itself.
     sqlx::query(
         "INSERT INTO attempts (delivery_id, attempt_number, started_at, finished_at,
-                               status_code, outcome, duration_ms, response_excerpt, fenced)
-         VALUES ($1, 1, now(), now(), 422, 'FAILED', 5, $2, false)",
+                               status_code, outcome, duration_ms, response_excerpt, fenced,
+                               request)
+         VALUES ($1, 1, now(), now(), 422, 'FAILED', 5, $2, false,
+                 jsonb_build_object('method', 'POST', 'url', 'https://x.example/in',
+                                    'headers', '{}'::jsonb, 'body', $2::text))",
     )
     .bind(&delivery)
     .bind(format!("invalid card: {{\"pan\": \"{marker}\"}}"))

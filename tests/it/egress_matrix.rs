@@ -449,3 +449,84 @@ async fn a_token_url_in_clear_is_refused_where_private_targets_are_not_allowed()
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
 }
+
+/// Issue #53 finding 14: a PATCH of an endpoint's `url` kept its stored password (and the
+/// worker its token) for the new host, so anyone allowed to change the URL (a portal
+/// session included) could point it at a host of theirs and collect the write-only secret.
+/// Moving to another origin now needs the credential again; a path change does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_does_not_follow_the_url_to_another_origin() {
+    let app = crate::support::spawn_app().await;
+    let (_, key) = app.project().await;
+    let patch = |id: String, body: Value| {
+        let (app, key) = (&app, key.clone());
+        async move {
+            app.call(
+                Method::PATCH,
+                &format!("/v1/endpoints/{id}"),
+                Some(&key),
+                Some(body),
+            )
+            .await
+        }
+    };
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/endpoints",
+            Some(&key),
+            Some(
+                json!({"url": "https://hooks.example.com/in", "authentication":
+                {"type": "basic", "username": "u", "password": "write-only"}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let id = r.body["id"].as_str().expect("id").to_owned();
+    // Same origin, another path: the password stays.
+    let r = patch(
+        id.clone(),
+        json!({"url": "https://hooks.example.com/other"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    // Another host, the credential left out or sent without its secret: refused.
+    for body in [
+        json!({"url": "https://collector.example.net/in"}),
+        json!({"url": "https://collector.example.net/in",
+               "authentication": {"type": "basic", "username": "u"}}),
+        json!({"url": "https://hooks.example.com:8443/in"}),
+        json!({"url": "http://hooks.example.com/other"}),
+    ] {
+        let r = patch(id.clone(), body.clone()).await;
+        assert_eq!(
+            r.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {:?}",
+            r.body
+        );
+        assert!(
+            r.body["field"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("authentication"),
+            "{body}: {:?}",
+            r.body
+        );
+    }
+    // Sent again with its secret, or removed: accepted.
+    let r = patch(
+        id.clone(),
+        json!({"url": "https://collector.example.net/in",
+               "authentication": {"type": "basic", "username": "u", "password": "new-one"}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    let r = patch(
+        id.clone(),
+        json!({"url": "https://elsewhere.example.org/in", "authentication": null}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["authentication"], Value::Null, "{:?}", r.body);
+}

@@ -537,3 +537,41 @@ async fn an_incoming_receipt_can_be_expunged_raw_body_and_all() {
     assert_eq!(again.status, StatusCode::OK, "{:?}", again.body);
     assert_eq!(again.body["created"], json!(false));
 }
+
+/// Issue #53 finding 13: a provider's JSON holding `\u0000` (which `jsonb` cannot store) was
+/// a 500 on every resend, so the provider retried it until it gave up. It is accepted like
+/// any other body: forwarded byte for byte, its payload column holding the body as text.
+#[tokio::test]
+async fn a_webhook_holding_a_nul_escape_is_accepted_and_its_resend_is_a_duplicate() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let secret = "nul-secret";
+    let src = source(&app, &key, "github", secret).await;
+    let body = r#"{"action":"opened","title":"a\u0000b","id":"x\u0000y"}"#;
+    let headers = vec![
+        (
+            "x-hub-signature-256",
+            node_sign("github", secret, body, None),
+        ),
+        ("x-github-event", "issues".to_owned()),
+        ("x-github-delivery", "nul-1".to_owned()),
+    ];
+    let first = post_in(&app, &src, &headers, body).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{:?}", first.body);
+    let event = first.body["event_id"].as_str().expect("event").to_owned();
+    let again = post_in(&app, &src, &headers, body).await;
+    assert_eq!(
+        again.status,
+        StatusCode::OK,
+        "a duplicate: {:?}",
+        again.body
+    );
+    assert_eq!(again.body["event_id"], json!(event));
+    let raw: Vec<u8> = sqlx::query_scalar("SELECT raw_body FROM events WHERE id = $1")
+        .bind(&event)
+        .fetch_one(&app.pool)
+        .await
+        .expect("raw body");
+    assert_eq!(raw, body.as_bytes(), "kept byte for byte, to forward");
+    assert_eq!(incoming_events(&app, &src).await, 1);
+}

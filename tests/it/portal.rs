@@ -1073,3 +1073,36 @@ async fn the_portal_sets_filters_and_tries_transformations() {
     let (_, shown, _) = get(&app, &shown_path).await;
     assert!(shown.contains("id=\"transformation-state\">on"), "{shown}");
 }
+
+/// Issue #53 finding 16: without `RAILHOOK_PUBLIC_URL`, a link's scheme is how the request
+/// arrived (`http`, or `https` when a proxy says `X-Forwarded-Proto: https`), not the
+/// dashboard's cookie setting, which is secure by default and made a default install's link
+/// point at an `https://` that nothing served.
+#[tokio::test]
+async fn a_link_without_a_public_url_uses_the_scheme_the_request_arrived_with() {
+    let app = spawn_app().await;
+    assert!(app.state.dashboard.cookie_secure, "the default setting");
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "scheme").await;
+    let issue = |proto: Option<&'static str>| {
+        let mut req = app
+            .client
+            .post(format!("{}/v1/applications/{a}/portal-access", app.base))
+            .bearer_auth(&key)
+            .json(&json!({}));
+        if let Some(p) = proto {
+            req = req.header("x-forwarded-proto", p);
+        }
+        async move { TestApp::reply(req.send().await.expect("request")).await }
+    };
+    let plain = issue(None).await;
+    assert_eq!(plain.status, StatusCode::CREATED, "{:?}", plain.body);
+    let url = plain.body["url"].as_str().expect("url");
+    assert!(
+        url.starts_with(&format!("{}/portal/access/", app.base)),
+        "{url}"
+    );
+    let proxied = issue(Some("https")).await;
+    let url = proxied.body["url"].as_str().expect("url");
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+}
