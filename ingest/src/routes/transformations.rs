@@ -208,10 +208,16 @@ pub(crate) async fn try_program(
         let started = Instant::now();
         let input = Input::new("POST", &url, &event_type, &payload, headers.into_keys());
         (sandbox::run(&code, &input, &LIMITS), started.elapsed())
-    })
-    .await
-    .map_err(|_| ApiError::validation("code", "the program could not be run"))?;
-    let (result, took) = ran;
+    });
+    // The run's own budget ends it; a native built-in that does not yield is waited for
+    // twice the wall-clock backstop at most (its thread keeps the project's slot until done).
+    let (result, took) = match tokio::time::timeout(LIMITS.wall * 2, ran).await {
+        Ok(ran) => ran.map_err(|_| ApiError::validation("code", "the program could not be run"))?,
+        Err(_) => (
+            Err(Failure::TimeLimit(LIMITS.time.as_millis())),
+            LIMITS.wall * 2,
+        ),
+    };
     let duration_ms = took.as_secs_f64() * 1000.0;
     Ok(match result {
         Ok(Outcome::Send(request)) => TransformationResult {
