@@ -45,6 +45,9 @@ impl FairSlots {
             .by_tenant
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        if let Some(share) = map.get(tenant) {
+            return share.clone();
+        }
         if map.len() > PRUNE_ABOVE {
             let full = self.per_tenant;
             map.retain(|_, s| Arc::strong_count(s) > 1 || s.available_permits() < full);

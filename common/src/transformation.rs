@@ -20,7 +20,7 @@
 //!   FAILED `time_limit`, and the same program on the same Event fails the same way (issue
 //!   #53); a wall-clock backstop ([`Limits::wall`], ten times as long) ends a run that a
 //!   starved thread would stretch further;
-//! - slots ([`SLOTS`], common/src/fair_slots.rs): at most [`SANDBOXES`] runs at once in a
+//! - slots ([`run_in_slot`], common/src/fair_slots.rs): at most [`SANDBOXES`] runs at once in a
 //!   process, [`SANDBOXES_PER_TENANT`] of them for one tenant, so the heaps together stay
 //!   under `SANDBOXES` × [`Limits::memory_bytes`] and one tenant's programs never hold every
 //!   slot. A native built-in (`Array.prototype.sort` on a million items) does not poll the
@@ -77,9 +77,39 @@ pub const SANDBOXES: usize = 8;
 /// project's requests).
 pub const SANDBOXES_PER_TENANT: usize = 2;
 
-/// The slots every caller takes before it starts a run, and hands to the thread that runs it.
-pub static SLOTS: std::sync::LazyLock<crate::fair_slots::FairSlots> =
+/// The sandbox slots, taken by [`run_in_slot`] for every check and run.
+static SLOTS: std::sync::LazyLock<crate::fair_slots::FairSlots> =
     std::sync::LazyLock::new(|| crate::fair_slots::FairSlots::new(SANDBOXES, SANDBOXES_PER_TENANT));
+
+/// Why [`run_in_slot`] has no answer from the thread it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unanswered {
+    /// Not done within twice [`Limits::wall`]: a native built-in that does not yield. Its
+    /// thread keeps its slot until it ends; the caller answers [`Failure::time_limit`].
+    TooLong,
+    /// The thread panicked.
+    Panicked,
+}
+
+/// Runs `work` (a program's check or run) on a blocking thread that holds one of `tenant`'s
+/// sandbox slots until it ends, and waits for it at most twice [`LIMITS`]' wall-clock
+/// backstop. The worker and the API's routes all run programs through here, so the slots and
+/// the wait are one rule.
+pub async fn run_in_slot<T: Send + 'static>(
+    tenant: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Unanswered> {
+    let slot = SLOTS.acquire(tenant).await;
+    let thread = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        work()
+    });
+    match tokio::time::timeout(LIMITS.wall * 2, thread).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(_)) => Err(Unanswered::Panicked),
+        Err(_) => Err(Unanswered::TooLong),
+    }
+}
 
 /// A run's budget: the CPU time of the thread it started on, and a wall-clock backstop.
 #[derive(Clone, Copy)]
@@ -198,6 +228,11 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// The time limit of [`LIMITS`], as a Failure.
+    pub fn time_limit() -> Self {
+        Failure::TimeLimit(LIMITS.time.as_millis())
+    }
+
     /// A stable code for the Failure (API responses, the Delivery's failure reason).
     pub fn code(&self) -> &'static str {
         match self {

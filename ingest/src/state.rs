@@ -136,7 +136,11 @@ impl AppState {
                 header_read_timeout: Duration::from_secs(settings.http_header_timeout_seconds),
                 endpoint_timeout_max_ms: i32::try_from(settings.endpoint_timeout_max_ms)
                     .unwrap_or(i32::MAX),
-                plain_token_urls: !settings.allow_private_targets.trim().is_empty(),
+                // Read as the worker's allowlist reads it (comma-separated, blanks ignored).
+                plain_token_urls: settings
+                    .allow_private_targets
+                    .split(',')
+                    .any(|range| !range.trim().is_empty()),
             },
             admin_token: settings.admin_token.clone(),
             admin_token_previous: settings.admin_token_previous.clone(),

@@ -83,8 +83,7 @@ struct HostileKafka {
 
 impl HostileKafka {
     fn start(advertised: u16) -> Self {
-        let bin = std::env::var("RAILHOOK_BROKER_BIN")
-            .unwrap_or_else(|_| "/opt/railhook-tools/tansu-0.6.0/bin/tansu".to_owned());
+        let bin = crate::support::relay::broker_bin();
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("rh-hostile-kafka-{port}"));
         std::fs::create_dir_all(&dir).expect("dir");

@@ -72,6 +72,16 @@ impl Allowlist {
     }
 }
 
+/// A URL's host as a name or an unbracketed IP literal: what [`addresses`] resolves and what
+/// a TLS handshake verifies the certificate against.
+pub fn host_of(url: &url::Url) -> Option<String> {
+    Some(match url.host()? {
+        url::Host::Domain(name) => name.to_owned(),
+        url::Host::Ipv4(ip) => ip.to_string(),
+        url::Host::Ipv6(ip) => ip.to_string(),
+    })
+}
+
 /// Why [`addresses`] gave no address to connect to.
 #[derive(Debug, thiserror::Error)]
 pub enum Unreachable {

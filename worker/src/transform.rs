@@ -63,24 +63,20 @@ pub(crate) async fn apply(
         .map(|(k, _)| k.clone())
         .collect();
     let started = Instant::now();
-    // One of the endpoint's sandbox slots (common/src/transformation.rs, `SLOTS`), held by
-    // the thread until the run ends: a program whose native built-in outlasts the wait below
-    // keeps only its own endpoint's slots.
-    let slot = sandbox::SLOTS.acquire(&claimed.endpoint_id).await;
-    let ran = tokio::task::spawn_blocking(move || {
-        let _slot = slot;
+    // In one of the endpoint's sandbox slots (common/src/transformation.rs, `run_in_slot`):
+    // a program whose native built-in outlasts the wait keeps only its own endpoint's slots.
+    let ran = sandbox::run_in_slot(&claimed.endpoint_id, move || {
         let payload = serde_json::value::RawValue::from_string(payload).map_err(|e| {
             sandbox::Failure::InvalidResult(format!("the payload is not JSON: {e}"))
         })?;
         let input = Input::new("POST", &url, &event_type, &payload, own);
         sandbox::run(&code, &input, &LIMITS)
+    })
+    .await
+    .or_else(|unanswered| match unanswered {
+        sandbox::Unanswered::TooLong => Ok(Err(sandbox::Failure::time_limit())),
+        sandbox::Unanswered::Panicked => Err(()),
     });
-    // The run's own budget ends it (CPU time, then the wall-clock backstop) unless a native
-    // built-in does not yield; this wait is the turn's bound for that case.
-    let ran = match tokio::time::timeout(LIMITS.wall * 2, ran).await {
-        Ok(ran) => ran,
-        Err(_) => Ok(Err(sandbox::Failure::TimeLimit(LIMITS.time.as_millis()))),
-    };
     let took = started.elapsed().as_secs_f64();
     let (outcome, next, error) = match ran {
         Ok(Ok(Outcome::Send(request))) => match into_attempt(attempt, &request) {

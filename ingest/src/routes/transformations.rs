@@ -61,20 +61,17 @@ impl Transformation {
 /// `field` when it cannot run.
 pub(crate) async fn check_code(project: &str, field: &str, code: &str) -> ApiResult<()> {
     let owned = code.to_owned();
-    let slot = sandbox::SLOTS.acquire(project).await;
-    let checked = tokio::task::spawn_blocking(move || {
-        let _slot = slot;
-        sandbox::check(&owned, &LIMITS)
-    });
-    let checked = tokio::time::timeout(LIMITS.wall * 2, checked)
-        .await
-        .map_err(|_| {
-            ApiError::validation(
+    let checked = match sandbox::run_in_slot(project, move || sandbox::check(&owned, &LIMITS)).await
+    {
+        Ok(checked) => checked,
+        Err(sandbox::Unanswered::TooLong) => Err(Failure::time_limit()),
+        Err(sandbox::Unanswered::Panicked) => {
+            return Err(ApiError::validation(
                 field,
-                format!("{field}: {}", Failure::TimeLimit(LIMITS.time.as_millis())),
-            )
-        })?
-        .map_err(|_| ApiError::validation(field, "the program could not be checked"))?;
+                "the program could not be checked",
+            ));
+        }
+    };
     checked.map_err(|f| ApiError::validation(field, format!("{field}: {f}")))
 }
 
@@ -202,21 +199,18 @@ pub(crate) async fn try_program(
     event_type: String,
     payload: Box<RawValue>,
 ) -> ApiResult<TransformationResult> {
-    let slot = sandbox::SLOTS.acquire(project).await;
-    let ran = tokio::task::spawn_blocking(move || {
-        let _slot = slot;
+    let ran = sandbox::run_in_slot(project, move || {
         let started = Instant::now();
         let input = Input::new("POST", &url, &event_type, &payload, headers.into_keys());
         (sandbox::run(&code, &input, &LIMITS), started.elapsed())
-    });
-    // The run's own budget ends it; a native built-in that does not yield is waited for
-    // twice the wall-clock backstop at most (its thread keeps the project's slot until done).
-    let (result, took) = match tokio::time::timeout(LIMITS.wall * 2, ran).await {
-        Ok(ran) => ran.map_err(|_| ApiError::validation("code", "the program could not be run"))?,
-        Err(_) => (
-            Err(Failure::TimeLimit(LIMITS.time.as_millis())),
-            LIMITS.wall * 2,
-        ),
+    })
+    .await;
+    let (result, took) = match ran {
+        Ok(ran) => ran,
+        Err(sandbox::Unanswered::TooLong) => (Err(Failure::time_limit()), LIMITS.wall * 2),
+        Err(sandbox::Unanswered::Panicked) => {
+            return Err(ApiError::validation("code", "the program could not be run"));
+        }
     };
     let duration_ms = took.as_secs_f64() * 1000.0;
     Ok(match result {

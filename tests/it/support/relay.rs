@@ -223,7 +223,7 @@ pub struct PrivateBroker {
 }
 
 /// `RAILHOOK_BROKER_BIN`, which deploy/local/broker.sh records in `.local/env`.
-fn broker_bin() -> String {
+pub fn broker_bin() -> String {
     std::env::var("RAILHOOK_BROKER_BIN")
         .unwrap_or_else(|_| "/opt/railhook-tools/tansu-0.6.0/bin/tansu".to_owned())
 }

@@ -73,12 +73,8 @@ async fn open(r: &RabbitmqTarget, allow: &Allowlist) -> Result<Link, BrokerError
     let url = url::Url::parse(&r.url)
         .map_err(|_| BrokerError::refused("rabbitmq: the URL does not parse"))?;
     let tls = url.scheme() == "amqps";
-    let host = match url.host() {
-        Some(url::Host::Domain(name)) => name.to_owned(),
-        Some(url::Host::Ipv4(ip)) => ip.to_string(),
-        Some(url::Host::Ipv6(ip)) => ip.to_string(),
-        None => return Err(BrokerError::refused("rabbitmq: the URL has no host")),
-    };
+    let host = crate::ssrf::host_of(&url)
+        .ok_or_else(|| BrokerError::refused("rabbitmq: the URL has no host"))?;
     let port = url.port().unwrap_or(if tls { 5671 } else { 5672 });
     // Checked once here for an Attempt's clear answer; the connector checks again on every
     // connection it opens, and connects only to what it checked.
@@ -175,11 +171,7 @@ fn classify(e: &lapin::Error) -> BrokerError {
             .get_ref()
             .and_then(|inner| inner.downcast_ref::<crate::ssrf::Unreachable>())
     {
-        return BrokerError {
-            class: crate::attempt::ErrorClass::TargetRefused,
-            message: r.to_string(),
-            retry_after: None,
-        };
+        return BrokerError::target_refused(r.to_string());
     }
     match e.kind() {
         ErrorKind::ProtocolError(amqp) if matches!(amqp.get_id(), 403 | 404 | 406 | 530) => {

@@ -193,13 +193,9 @@ async fn produce(
 /// produce that fails because every broker it may reach is refused says so.
 fn refusal(producer: &EndpointProducer) -> Option<BrokerError> {
     let ip = producer.context().refused.lock().ok()?.take()?;
-    Some(BrokerError {
-        class: crate::attempt::ErrorClass::TargetRefused,
-        message: format!(
-            "kafka: broker address {ip} is not allowed (private, loopback or otherwise non-global)"
-        ),
-        retry_after: None,
-    })
+    Some(BrokerError::target_refused(format!(
+        "kafka: broker address {ip} is not allowed (private, loopback or otherwise non-global)"
+    )))
 }
 
 /// A produce error in Railhook's words: what no retry changes is refused, the rest is

@@ -91,6 +91,10 @@ impl BrokerError {
     pub fn refused(message: impl Into<String>) -> Self {
         Self::new(ErrorClass::BrokerRefused, message)
     }
+    /// Refused by the egress rule (ssrf.rs): nothing was sent.
+    pub fn target_refused(message: impl Into<String>) -> Self {
+        Self::new(ErrorClass::TargetRefused, message)
+    }
     pub fn throttled(message: impl Into<String>) -> Self {
         Self::new(ErrorClass::BrokerThrottled, message)
     }
@@ -163,11 +167,7 @@ pub(crate) async fn guard(
     crate::ssrf::addresses(allow, host, port)
         .await
         .map_err(|e| match e {
-            crate::ssrf::Unreachable::Refused(r) => BrokerError {
-                class: ErrorClass::TargetRefused,
-                message: r.to_string(),
-                retry_after: None,
-            },
+            crate::ssrf::Unreachable::Refused(r) => BrokerError::target_refused(r.to_string()),
             other => BrokerError::unavailable(other.to_string()),
         })
 }

@@ -65,12 +65,8 @@ impl Streams {
 async fn open(n: &NatsTarget, allow: &Allowlist, a: &Attempt) -> Result<Context, BrokerError> {
     let mut url = url::Url::parse(&n.url)
         .map_err(|_| BrokerError::refused("nats: the URL does not parse"))?;
-    let (host, name) = match url.host() {
-        Some(url::Host::Domain(d)) => (d.to_owned(), Some(d.to_owned())),
-        Some(url::Host::Ipv4(ip)) => (ip.to_string(), None),
-        Some(url::Host::Ipv6(ip)) => (ip.to_string(), None),
-        None => return Err(BrokerError::refused("nats: the URL has no host")),
-    };
+    let host = crate::ssrf::host_of(&url)
+        .ok_or_else(|| BrokerError::refused("nats: the URL has no host"))?;
     let port = url.port().unwrap_or(4222);
     let addrs = guard(allow, &host, port).await?;
     let checked = addrs[0];
@@ -81,9 +77,7 @@ async fn open(n: &NatsTarget, allow: &Allowlist, a: &Attempt) -> Result<Context,
         .name("railhook")
         .ignore_discovered_servers();
     if url.scheme() == "tls" {
-        options = options
-            .require_tls(true)
-            .tls_client_config(tls_for(name.as_deref().unwrap_or(&host))?);
+        options = options.require_tls(true).tls_client_config(tls_for(&host)?);
     }
     let client = options.connect(url.as_str()).await.map_err(|e| {
         let message = format!("nats: {e}");

@@ -62,13 +62,9 @@ impl Queues {
             .parse()
             .map_err(|_| BrokerError::refused("sqs: the endpoint URL does not parse"))?;
         if self.http.literal_refused(&url) {
-            return Err(BrokerError {
-                class: ErrorClass::TargetRefused,
-                message:
-                    "target address is not allowed (private, loopback or otherwise non-global)"
-                        .into(),
-                retry_after: None,
-            });
+            return Err(BrokerError::target_refused(
+                "target address is not allowed (private, loopback or otherwise non-global)",
+            ));
         }
         let body = serde_json::to_vec(&message(a, s)).unwrap_or_default();
         let headers = signed(s, url.as_str(), &body)?;
