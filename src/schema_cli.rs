@@ -114,15 +114,7 @@ async fn print_failover(
     client: &mut sqlx::PgConnection,
     name: &str,
 ) -> anyhow::Result<()> {
-    // `failover` exists from PostgreSQL 17: read through to_jsonb, null before.
-    let failover = sqlx::query_scalar!(
-        r#"SELECT (to_jsonb(s) ->> 'failover')::boolean AS failover
-           FROM pg_replication_slots s WHERE s.slot_name = $1"#,
-        name
-    )
-    .fetch_optional(&mut *client)
-    .await?
-    .flatten();
+    let failover = slot::is_failover(client, name).await?;
     println!(
         "failover             {}",
         failover.map_or_else(
@@ -161,26 +153,21 @@ async fn standby_copy(
         Ok(c) => c,
         Err(e) => return format!("unreachable ({e})"),
     };
-    let row = sqlx::query!(
-        r#"SELECT (to_jsonb(s) ->> 'synced')::boolean AS synced,
-                  (to_jsonb(s) ->> 'temporary')::boolean AS temporary,
-                  s.confirmed_flush_lsn::text AS confirmed
-           FROM pg_replication_slots s WHERE s.slot_name = $1"#,
-        name
-    )
-    .fetch_optional(&mut conn)
-    .await;
-    match row {
+    match slot::copy_on(&mut conn, name).await {
         Err(e) => format!("unreadable ({e})"),
-        Ok(None) => "no copy of the Slot".into(),
-        Ok(Some(r)) if r.synced == Some(true) && r.temporary != Some(true) => format!(
+        Ok(slot::Copy::Missing) => "no copy of the Slot".into(),
+        Ok(slot::Copy::Ready {
+            confirmed_flush_lsn,
+        }) => format!(
             "ready: synchronized, confirmed_flush_lsn {}",
-            r.confirmed.unwrap_or_default()
+            confirmed_flush_lsn.unwrap_or_default()
         ),
-        Ok(Some(r)) if r.synced == Some(true) => {
+        Ok(slot::Copy::NotReady) => {
             "synchronized but not ready yet (temporary: dropped if promoted now)".into()
         }
-        Ok(Some(_)) => "a Slot of the same name that is not a synchronized copy".into(),
+        Ok(slot::Copy::NotACopy) => {
+            "a Slot of the same name that is not a synchronized copy".into()
+        }
     }
 }
 

@@ -142,6 +142,60 @@ where
 /// A pooled connection idle for longer than this is pinged before it is handed out.
 const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
+/// How long a statement on Railhook's hot paths (an Event's insert, a Claim, a Fence write,
+/// the relay's heartbeat) may go unanswered before Railhook gives up on its connection.
+/// Those statements take milliseconds; ten seconds is far past any lock wait they meet.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+/// The same, for the periodic sweeps and the prune, which scan more.
+pub const SWEEP_ANSWER_WITHIN: Duration = Duration::from_secs(60);
+/// How long a ping (before a connection is handed out, after it is given back) may take.
+const PING_WITHIN: Duration = Duration::from_secs(3);
+
+/// A database wait with a deadline of Railhook's own.
+///
+/// Why this exists (issue #53, finding 11): a primary whose host froze, or whose network
+/// drops packets, never answers and never resets the connection. The kernel keeps such a
+/// socket open for ~15 minutes (unacknowledged data) or for ever (an idle socket, or a
+/// proxy in front that froze and whose kernel keeps acknowledging), and neither sqlx nor
+/// the replication client has a read timeout, so a task that waits on it waits that long —
+/// a group-commit writer, the worker's Claim loop, the relay's control connection — and a
+/// failover to a promoted standby never reaches it. TCP keepalive and `TCP_USER_TIMEOUT`
+/// cannot help when a frozen proxy's kernel still acknowledges, so the deadline is kept
+/// here, in the client, around each unit of work; a server-side `statement_timeout` cannot
+/// fire on a server that is not running.
+///
+/// When the deadline passes the future is dropped: a transaction in it never committed (or
+/// committed without its answer, which the caller treats as any lost answer: the Claim's
+/// Fence, the insert's idempotency check), and its connection goes back to the pool, whose
+/// release check (see [`connect`]) closes it when it does not answer either.
+pub async fn answered<T>(
+    within: Duration,
+    what: &'static str,
+    work: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    match tokio::time::timeout(within, work).await {
+        Ok(result) => result,
+        Err(_) => Err(unanswered(what, within)),
+    }
+}
+
+/// The error of a database wait that passed its deadline ([`answered`]).
+pub fn unanswered(what: &str, within: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the database did not answer {what} within {} s",
+            within.as_secs()
+        ),
+    ))
+}
+
+/// A ping bounded by [`PING_WITHIN`]: a connection to a server that stopped answering fails
+/// it instead of holding its caller.
+async fn ping_within(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    answered(PING_WITHIN, "a ping", sqlx::Connection::ping(conn)).await
+}
+
 /// The pool every role uses.
 ///
 /// sqlx pings every connection before handing it out by default: one extra round trip per
@@ -178,9 +232,28 @@ pub fn connect_planned(settings: &Settings, planning: Planning) -> Result<PgPool
         .before_acquire(|conn, meta| {
             Box::pin(async move {
                 if meta.idle_for > PING_IF_IDLE_FOR {
-                    sqlx::Connection::ping(conn).await?;
+                    ping_within(conn).await?;
                 }
                 Ok(true)
+            })
+        })
+        // A connection given back is checked by sqlx with a ping that has no deadline. A
+        // query future dropped mid-statement (by [`answered`] or a request's timeout) leaves
+        // its answer, or its transaction's rollback, outstanding, and on a frozen server
+        // that ping would wait for it for ever, holding the connection's place in the pool.
+        // This runs first and waits only for what is outstanding (`flush`: no I/O at all on
+        // a clean connection, so no extra round trip), within [`PING_WITHIN`]; an error
+        // closes the connection without further I/O. `flush` is sqlx 0.8's hidden trait
+        // method for exactly this wait (pinned by Cargo.lock).
+        .after_release(|conn, _meta| {
+            Box::pin(async move {
+                answered(
+                    PING_WITHIN,
+                    "a released connection's last statement",
+                    async { sqlx::Connection::flush(conn).await },
+                )
+                .await
+                .map(|()| true)
             })
         })
         .connect_lazy_with(options);

@@ -200,7 +200,13 @@ impl From<PgConnectOptions> for Dial {
 async fn ring_loop(mut rx: mpsc::Receiver<Knock>, dial: Dial) {
     let ringing = || dial.options().options([("synchronous_commit", "off")]);
     // Connected ahead; a failure here is retried at the first ring.
-    let mut conn: Option<PgConnection> = PgConnection::connect_with(&ringing()).await.ok();
+    let mut conn: Option<PgConnection> = crate::db::answered(
+        crate::db::ANSWER_WITHIN,
+        "the doorbell's connect",
+        PgConnection::connect_with(&ringing()),
+    )
+    .await
+    .ok();
     let mut last: Option<tokio::time::Instant> = None;
     while let Some(first) = rx.recv().await {
         let mut express = Vec::new();
@@ -220,7 +226,11 @@ async fn ring_loop(mut rx: mpsc::Receiver<Knock>, dial: Dial) {
         // A NOTIFY that failed is tried once more on a new connection: the old one may
         // have been closed by a Postgres restart since the last ring.
         for _ in 0..2 {
-            match notify(&mut conn, &ringing(), &payloads).await {
+            // Bounded (db::answered): a NOTIFY to a frozen primary must not end the ringing.
+            let within = crate::db::ANSWER_WITHIN;
+            let options = ringing();
+            let rung = notify(&mut conn, &options, &payloads);
+            match crate::db::answered(within, "a doorbell NOTIFY", rung).await {
                 Ok(()) => break,
                 Err(e) => {
                     conn = None;
@@ -304,7 +314,13 @@ async fn listen_loop(
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .connect_lazy_with(dial.options());
-        match subscribe(&pool).await {
+        match crate::db::answered(
+            crate::db::ANSWER_WITHIN,
+            "the doorbell's LISTEN",
+            subscribe(&pool),
+        )
+        .await
+        {
             Ok(mut listener) => {
                 backoff.reset();
                 tx.send_modify(|h| {
@@ -314,7 +330,34 @@ async fn listen_loop(
                 // Ok(None) is a connection lost, Err anything else (a Postgres that is
                 // shutting down says so before it closes): either way, start again.
                 loop {
-                    match listener.try_recv().await {
+                    // A connection that has said nothing for LISTENER_CHECK_EVERY is asked
+                    // to answer a query: a primary that froze never closes it, and a worker
+                    // that believes it is listening may doze through every later ring.
+                    let heard = match tokio::time::timeout(
+                        LISTENER_CHECK_EVERY,
+                        listener.try_recv(),
+                    )
+                    .await
+                    {
+                        Ok(heard) => heard,
+                        Err(_) => {
+                            let probe = sqlx::query_scalar!(r#"SELECT 1 AS "one!""#)
+                                .fetch_one(&mut listener);
+                            let answer = crate::db::answered(
+                                crate::db::ANSWER_WITHIN,
+                                "the doorbell listener's check",
+                                probe,
+                            );
+                            match answer.await {
+                                Ok(_) => continue,
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "doorbell listener's connection stopped answering");
+                                    break;
+                                }
+                            }
+                        }
+                    };
+                    match heard {
                         Ok(Some(n)) => {
                             let hints = Express::decode_all(n.payload());
                             if !hints.is_empty() {
@@ -340,6 +383,9 @@ async fn listen_loop(
         tokio::time::sleep(backoff.next_wait()).await;
     }
 }
+
+/// How long a silent LISTEN connection goes before it is checked.
+const LISTENER_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn subscribe(pool: &sqlx::PgPool) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;

@@ -259,15 +259,17 @@ fn tls_failure(e: &sqlx::Error) -> Option<String> {
 
 /// Probes `pool` with `SELECT 1` and records the outcome.
 pub async fn probe_postgres(deps: &Dependencies, pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
-    let result = match sqlx::query_scalar!(r#"SELECT 1 AS "one!""#)
-        .fetch_one(pool)
-        .await
-    {
+    // Bounded (db::answered): /readyz must say "down" about a primary that froze, not wait.
+    let within = crate::db::ANSWER_WITHIN;
+    let one = sqlx::query_scalar!(r#"SELECT 1 AS "one!""#).fetch_one(pool);
+    let result = match crate::db::answered(within, "a readiness probe", one).await {
         // The pool only says it found no connection in time; one direct attempt says why
         // (refused, a certificate, …). If that attempt succeeds, the pool is saturated.
         Err(sqlx::Error::PoolTimedOut) => {
             use sqlx::Connection;
-            match sqlx::PgConnection::connect_with(&pool.connect_options()).await {
+            let options = pool.connect_options();
+            let connect = sqlx::PgConnection::connect_with(&options);
+            match crate::db::answered(within, "a readiness probe's connect", connect).await {
                 Ok(conn) => {
                     let _ = conn.close().await;
                     Err(sqlx::Error::PoolTimedOut)

@@ -262,10 +262,15 @@ impl PostgresTarget {
         if !self.chooses_server() {
             return Ok(self.clone());
         }
+        // Every host is asked at once (each check is bounded): a host that froze costs its
+        // check's deadline once, not once per host ahead of the one that answers. The first
+        // in the URL's order that qualifies is still the one chosen, as in libpq.
+        let candidates: Vec<Self> = self.hosts.iter().map(|(h, p)| self.at(h, *p)).collect();
+        let checks = futures::future::join_all(candidates.iter().map(Self::check)).await;
         let mut last = None;
-        for (host, port) in &self.hosts {
-            let candidate = self.at(host, *port);
-            match candidate.check().await {
+        for (candidate, checked) in candidates.into_iter().zip(checks) {
+            let (host, port) = (&candidate.host, candidate.port);
+            match checked {
                 Ok(true) => return Ok(candidate),
                 Ok(false) => {
                     // Transient, like a refused connection: a standby is promoted in seconds.

@@ -21,6 +21,8 @@ command -v promtool >/dev/null || apt_install prometheus
 # ip (iproute2) builds the far host behind a router for the network-partition scenario
 # (tests/it/support/netns.rs).
 command -v ip >/dev/null || apt_install iproute2
+# socat, the proxy a failover test freezes in front of the primary (tests/it/failover.rs).
+command -v socat >/dev/null || apt_install socat
 # The compose file, Kubernetes manifests and Prometheus config, checked offline.
 "$ROOT/deploy/validate.sh"
 source "$ENV_FILE"

@@ -44,6 +44,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
+use railhook_common::db::{ANSWER_WITHIN, answered};
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -238,21 +239,36 @@ async fn insert_or_find(
     project: &str,
     rows: &Rows,
 ) -> Result<Inserted, sqlx::Error> {
+    // Each wait has its deadline (db::answered): a primary that froze must not hold this
+    // writer, and every request queued behind it, past the failover.
     let written = if faults.take() {
         insert_and_lose_answer(pool, project, rows).await
     } else {
-        match insert_rows(pool, project, rows, TableTexts::UntilStored).await {
+        let insert = |texts| {
+            answered(
+                ANSWER_WITHIN,
+                "an Event insert",
+                insert_rows(pool, project, rows, texts),
+            )
+        };
+        match insert(TableTexts::UntilStored).await {
             // The row was gone (written nothing): again, with the texts to store it.
             Err(e) if tables_not_stored(&e) => {
                 metrics.filter_tables_resent.inc();
-                insert_rows(pool, project, rows, TableTexts::Always).await
+                insert(TableTexts::Always).await
             }
             other => other,
         }
     };
     match written {
         Ok(inserted) => Ok(inserted),
-        Err(e) => match committed(pool, &rows.ids, &rows.plan).await {
+        Err(e) => match answered(
+            ANSWER_WITHIN,
+            "an Event lookup",
+            committed(pool, &rows.ids, &rows.plan),
+        )
+        .await
+        {
             Ok(found) if !found.is_empty() => {
                 tracing::warn!(
                     events = found.len(),

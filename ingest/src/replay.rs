@@ -40,7 +40,14 @@ const IDLE: Duration = Duration::from_millis(300);
 /// a batch that failed rolled back whole, so it is simply done again.
 pub async fn run(pool: PgPool) {
     loop {
-        match step(&pool).await {
+        // A batch is bounded like a sweep (db::answered): a frozen primary ends it, and the
+        // next one runs on whichever server is the primary then.
+        let batch = railhook_common::db::answered(
+            railhook_common::db::SWEEP_ANSWER_WITHIN,
+            "a Replay batch",
+            step(&pool),
+        );
+        match batch.await {
             Ok(true) => {}
             Ok(false) => tokio::time::sleep(IDLE).await,
             Err(e) => {

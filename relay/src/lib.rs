@@ -4,6 +4,7 @@
 //! confirmation rule, [`slot`] for the operator's view of the Slot.
 
 mod config;
+mod copy_watch;
 mod error;
 pub mod metrics;
 mod outbox;

@@ -25,6 +25,8 @@ pub const COMMIT_TO_ACK_SECONDS: &str = "railhook_relay_commit_to_ack_seconds";
 pub const COMMIT_TO_READ_SECONDS: &str = "railhook_relay_commit_to_read_seconds";
 pub const STANDBY_SLOT_ACTIVE: &str = "railhook_relay_standby_slot_active";
 pub const STANDBY_SLOT_LAG_BYTES: &str = "railhook_relay_standby_slot_lag_bytes";
+pub const SLOT_COPY_READY: &str = "railhook_relay_slot_copy_ready";
+const SLOT_COPY_READY_HELP: &str = "1 while this server (a standby of the multi-host URL) holds a ready copy of the failover Slot; 0: a promotion there now loses the Slot.";
 
 /// The values `wal_status` can take (PostgreSQL 13+).
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreachable", "lost"];
@@ -63,6 +65,9 @@ pub struct RelayMetrics {
     pub standby_slot_active: IntGaugeVec,
     /// The same slots' distance behind the primary's WAL.
     pub standby_slot_lag_bytes: IntGaugeVec,
+    /// Per other server of a multi-host URL, 1 while it holds a ready copy of a failover
+    /// Slot (one a promotion keeps), 0 otherwise (relay/src/copy_watch.rs).
+    pub slot_copy_ready: IntGaugeVec,
 }
 
 use railhook_common::metrics_http::register as reg;
@@ -136,6 +141,7 @@ impl RelayMetrics {
                 "1 while the standby of a slot in synchronized_standby_slots streams; 0 holds the relay back.",
                 "slot",
             ),
+            slot_copy_ready: gauges(SLOT_COPY_READY, SLOT_COPY_READY_HELP, "server"),
             standby_slot_lag_bytes: gauges(
                 STANDBY_SLOT_LAG_BYTES,
                 "WAL the standby of a slot in synchronized_standby_slots has not confirmed (pg_current_wal_lsn - restart_lsn).",

@@ -35,6 +35,7 @@
 //! other gets SQLSTATE 55006 ("replication slot is active") and waits as a standby, trying
 //! again every `STANDBY_RETRY` until the active one's connection is gone.
 
+use railhook_common::db::{ANSWER_WITHIN, SWEEP_ANSWER_WITHIN};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -56,6 +57,7 @@ use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use sqlx::PgConnection;
 use tokio::sync::watch;
 
+use crate::copy_watch::CopyWatch;
 use crate::metrics::RelayMetrics;
 use crate::pgoutput::{self, PgOutput};
 use crate::prune::{AbortOnDrop, Pruner};
@@ -243,14 +245,21 @@ impl Relay {
         if primary.chooses_server() {
             tracing::info!(host = %primary.host, port = primary.port, "replicating from this primary");
         }
-        let mut control = slot::connect(&primary).await?;
+        // Every wait on Postgres below has a deadline (`db::answered`, issue #53 finding 11):
+        // a primary that froze never answers and never closes the connection, and without
+        // one the relay would wait on it past the failover for as long as the kernel keeps
+        // the socket. A session that ends this way starts again from `primary()`.
+        let connect = slot::connect(&primary);
+        let mut control = within(ANSWER_WITHIN, "the relay's control connect", connect).await??;
         self.deps.up(REPLICATION);
-        slot::ensure_usable(&mut control, &self.config.slot, &self.config.publication).await?;
+        let usable = slot::ensure_usable(&mut control, &self.config.slot, &self.config.publication);
+        within(ANSWER_WITHIN, "the Slot's check", usable).await??;
         if self.metrics.slot_unusable.get() == 1 {
             // The Slot is back after being missing or lost: what was written meanwhile was
             // never in any Slot. `railhook slot create` does the same; whichever runs first
             // hands the rows over, the second finds nothing left to move.
-            let moved = slot::reannounce_missed(&mut control).await?;
+            let reannounce = slot::reannounce_missed(&mut control);
+            let moved = within(SWEEP_ANSWER_WITHIN, "the re-announcement", reannounce).await??;
             tracing::info!(slot = %self.config.slot, deliveries = moved, "slot usable again; deliveries written without it handed to the retry path");
         }
         self.metrics.slot_unusable.set(0);
@@ -266,10 +275,20 @@ impl Relay {
             self.topic_ready.store(true, Ordering::Relaxed);
         }
         self.deps.up("kafka");
-        let mut stream = ReplicationClient::connect(self.replication_config(&primary))
-            .await
-            .map_err(stream_error)?;
-        stream.wait_started().await.map_err(stream_error)?;
+        let mut stream = within(
+            ANSWER_WITHIN,
+            "the replication connect",
+            ReplicationClient::connect(self.replication_config(&primary)),
+        )
+        .await?
+        .map_err(stream_error)?;
+        within(
+            ANSWER_WITHIN,
+            "the replication start",
+            stream.wait_started(),
+        )
+        .await?
+        .map_err(stream_error)?;
         self.metrics.active.set(1);
         self.deps.set_role("active");
         self.metrics.sessions.inc();
@@ -292,6 +311,14 @@ impl Relay {
             metrics: self.metrics.clone(),
         };
         let _prune = AbortOnDrop(tokio::spawn(pruner.run(confirmed)));
+        // A failover Slot's standby copies, asked about while this session streams.
+        let copies = CopyWatch {
+            primary: primary.clone(),
+            slot: self.config.slot.clone(),
+            metrics: self.metrics.clone(),
+            deps: self.deps.clone(),
+        };
+        let _copies = AbortOnDrop(tokio::spawn(copies.run()));
         // The doorbell (common/src/doorbell.rs), on a connection of its own.
         let ringer = Ringer::spawn(
             primary
@@ -345,11 +372,17 @@ impl Relay {
                     }
                 }
                 _ = heartbeat.tick(), if !draining => {
-                    if let Err(e) = slot::heartbeat(&mut *control).await {
-                        tracing::warn!(error = %e, "heartbeat not written");
+                    match within(ANSWER_WITHIN, "a heartbeat", slot::heartbeat(&mut *control)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat not written"),
+                        // The control connection's server stopped answering: this session's
+                        // primary is gone (or frozen); start again from `primary()`.
+                        Err(e) => return Err(e),
                     }
                 }
-                _ = status.tick() => self.report_status(&mut *control, s).await?,
+                _ = status.tick() => {
+                    within(ANSWER_WITHIN, "the Slot's status", self.report_status(&mut *control, s)).await??;
+                }
             }
             self.metrics
                 .in_flight_messages
@@ -538,4 +571,18 @@ impl Relay {
             .set(seconds_since_pg_micros(committed.commit_time_micros));
         Ok(())
     }
+}
+
+/// `work` with a deadline: the relay's form of `db::answered`, for waits whose own error is
+/// not sqlx's. A wait past it is an I/O timeout of the session's Postgres connection.
+async fn within<T>(
+    deadline: Duration,
+    what: &'static str,
+    work: impl Future<Output = T>,
+) -> Result<T, RelayError> {
+    tokio::time::timeout(deadline, work).await.map_err(|_| {
+        RelayError::Slot(SlotError::Postgres(railhook_common::db::unanswered(
+            what, deadline,
+        )))
+    })
 }

@@ -254,3 +254,67 @@ pub async fn heartbeat(conn: &mut PgConnection) -> Result<(), SlotError> {
     .await?;
     Ok(())
 }
+
+/// Whether `name` is a failover Slot (`failover` exists from PostgreSQL 17: read through
+/// `to_jsonb`, so older servers answer `None`).
+pub async fn is_failover(conn: &mut PgConnection, name: &str) -> Result<Option<bool>, sqlx::Error> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT (to_jsonb(s) ->> 'failover')::boolean AS failover
+           FROM pg_replication_slots s WHERE s.slot_name = $1"#,
+        name
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .flatten())
+}
+
+/// How another server (a standby) holds the Slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Copy {
+    /// A synchronized copy a promotion keeps: `synced` and not `temporary`.
+    Ready { confirmed_flush_lsn: Option<String> },
+    /// Synchronized but still temporary: a promotion now drops it.
+    NotReady,
+    /// No Slot of that name.
+    Missing,
+    /// A Slot of that name that is not a synchronized copy.
+    NotACopy,
+}
+
+impl Copy {
+    pub fn is_ready(&self) -> bool {
+        matches!(self, Copy::Ready { .. })
+    }
+}
+
+/// How the server behind `conn` holds a copy of `name` (docs/OPERATIONS.md, "Failover").
+pub async fn copy_on(conn: &mut PgConnection, name: &str) -> Result<Copy, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"SELECT (to_jsonb(s) ->> 'synced')::boolean AS synced,
+                  (to_jsonb(s) ->> 'temporary')::boolean AS temporary,
+                  s.confirmed_flush_lsn::text AS confirmed
+           FROM pg_replication_slots s WHERE s.slot_name = $1"#,
+        name
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(match row {
+        None => Copy::Missing,
+        Some(r) if r.synced == Some(true) && r.temporary != Some(true) => Copy::Ready {
+            confirmed_flush_lsn: r.confirmed,
+        },
+        Some(r) if r.synced == Some(true) => Copy::NotReady,
+        Some(_) => Copy::NotACopy,
+    })
+}
+
+/// Logs a running-transactions snapshot in the WAL now (`pg_log_standby_snapshot()`,
+/// PostgreSQL 16+), so decoding can advance the Slot's `catalog_xmin` and `restart_lsn`
+/// without waiting for the checkpointer's own (relay/src/copy_watch.rs says why).
+#[allow(clippy::disallowed_methods)] // The function is PostgreSQL 16+; the offline query data is prepared against 15.
+pub async fn log_standby_snapshot(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_log_standby_snapshot()")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}

@@ -61,7 +61,12 @@ pub(crate) async fn drain(shared: &Shared, config: &WorkerConfig, fresh: &Lane, 
         .lock()
         .map(|r| r.iter().map(|(id, t)| (id.clone(), *t)).collect())
         .unwrap_or_default();
-    match fence::release(&shared.pool, &left).await {
+    let release = railhook_common::db::answered(
+        railhook_common::db::ANSWER_WITHIN,
+        "the drain's release",
+        fence::release(&shared.pool, &left),
+    );
+    match release.await {
         Ok(n) => tracing::warn!(
             released = n,
             "drain timed out; unfinished claims handed back"
@@ -76,14 +81,18 @@ pub(crate) async fn drain(shared: &Shared, config: &WorkerConfig, fresh: &Lane, 
 /// await, so this is a bound, not a wait).
 const TURNS_STOP_WAIT: Duration = Duration::from_secs(5);
 
-/// Retries `op` while Postgres is away, so no offset moves past an unanswered hint.
-async fn until_ok<T, F, Fut>(what: &str, mut op: F) -> T
+/// Retries `op` while Postgres is away, so no offset moves past an unanswered hint. Each
+/// try has a deadline (`db::answered`): a primary that froze ends the try, and the next one
+/// goes to whichever server the pool connects to then (after a failover, the promoted
+/// standby). A Claim that committed without its answer is PROCESSING under a token nobody
+/// holds; the processing sweep hands it back, as after a worker's crash.
+async fn until_ok<T, F, Fut>(what: &'static str, mut op: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
     loop {
-        match op().await {
+        match railhook_common::db::answered(railhook_common::db::ANSWER_WITHIN, what, op()).await {
             Ok(v) => return v,
             Err(e) => {
                 tracing::warn!(error = %e, "{what} failed; retrying");
@@ -158,7 +167,12 @@ async fn watch_for_rows(shared: Shared, mut ids: Vec<String>, lane: Arc<Semaphor
     {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(LOOK_MOST);
-        let Ok(unseen) = claim::invisible(&shared.pool, &ids).await else {
+        let look = railhook_common::db::answered(
+            railhook_common::db::ANSWER_WITHIN,
+            "a visibility look",
+            claim::invisible(&shared.pool, &ids),
+        );
+        let Ok(unseen) = look.await else {
             continue;
         };
         let seen: Vec<String> = ids

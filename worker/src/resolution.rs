@@ -91,7 +91,23 @@ pub(crate) async fn write_resolution(
 /// Writes a Resolution behind the Fence. For an ordered Delivery that resolves (SUCCEEDED
 /// or FAILED, not a retry), the write runs under the endpoint's ordering lock and, if it
 /// landed, releases the next parked Delivery in the same transaction (see `ordering`).
+///
+/// The write has a deadline (`db::answered`): a primary that froze fails it, and the
+/// caller's retry (or the processing sweep) finds the primary in charge then.
 pub(crate) async fn resolve(
+    shared: &Shared,
+    claimed: &Claimed,
+    what: Resolution<'_>,
+) -> sqlx::Result<Resolved> {
+    railhook_common::db::answered(
+        railhook_common::db::ANSWER_WITHIN,
+        "an outcome write",
+        resolve_now(shared, claimed, what),
+    )
+    .await
+}
+
+async fn resolve_now(
     shared: &Shared,
     claimed: &Claimed,
     what: Resolution<'_>,
@@ -192,7 +208,12 @@ pub(crate) async fn defer(shared: &Shared, claimed: &Claimed, reason: Reason, as
         shared.policy.deferral_max,
         rand::random::<f64>(),
     );
-    match fence::defer(&shared.pool, claimed, wait).await {
+    let write = railhook_common::db::answered(
+        railhook_common::db::ANSWER_WITHIN,
+        "a Deferral",
+        fence::defer(&shared.pool, claimed, wait),
+    );
+    match write.await {
         Ok(true) => shared
             .metrics
             .deferrals

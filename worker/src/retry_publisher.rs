@@ -93,7 +93,14 @@ pub(crate) async fn schedule_retries(
     producer: &Producer,
     ringer: &Ringer,
 ) -> Round {
-    let due = match claim::claim_due(&shared.pool, ROUND).await {
+    // Each statement has a deadline (`db::answered`): a frozen primary ends the round.
+    let due = match railhook_common::db::answered(
+        railhook_common::db::ANSWER_WITHIN,
+        "the due retries",
+        claim::claim_due(&shared.pool, ROUND),
+    )
+    .await
+    {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %e, "retry scheduler could not read due deliveries");
@@ -150,7 +157,12 @@ pub(crate) async fn schedule_retries(
             failed = failed.len(),
             "retry hints not published; handing their deliveries back"
         );
-        if let Err(e) = fence::unclaim(&shared.pool, &failed).await {
+        let unclaim = railhook_common::db::answered(
+            railhook_common::db::ANSWER_WITHIN,
+            "an unclaim",
+            fence::unclaim(&shared.pool, &failed),
+        );
+        if let Err(e) = unclaim.await {
             tracing::warn!(error = %e, "unpublished deliveries not handed back; the sweep will");
         }
         return Round::PublishFailed;
@@ -161,7 +173,12 @@ pub(crate) async fn schedule_retries(
 /// Best-effort: a row left unmarked is swept back after the unpublished window and hinted
 /// again, which the Claim absorbs.
 pub(crate) async fn mark_published(shared: &Shared, tokens: &[Uuid]) {
-    if let Err(e) = fence::mark_published(&shared.pool, tokens).await {
+    let mark = railhook_common::db::answered(
+        railhook_common::db::ANSWER_WITHIN,
+        "a published mark",
+        fence::mark_published(&shared.pool, tokens),
+    );
+    if let Err(e) = mark.await {
         tracing::warn!(error = %e, hints = tokens.len(), "published hints not marked; the sweep will hint them again");
     }
 }

@@ -122,9 +122,14 @@ async fn write_alone(
     claimed: &Claimed,
     report: &Report,
 ) -> sqlx::Result<bool> {
-    fence::finalise(pool, claimed, report, &Decision::Succeeded, streak)
-        .await
-        .map(|done| done.wrote)
+    let write = fence::finalise(pool, claimed, report, &Decision::Succeeded, streak);
+    railhook_common::db::answered(
+        railhook_common::db::ANSWER_WITHIN,
+        "an outcome write",
+        write,
+    )
+    .await
+    .map(|done| done.wrote)
 }
 
 /// Each time a writer is free, takes what is queued (up to [`MAX_GROUP`], each Delivery at
@@ -178,7 +183,14 @@ async fn write_group(
         return write_each(pool, streak, group).await;
     }
     let outcomes = group.iter().map(|j| (&j.outcome.0, &j.outcome.1));
-    match write_successes(pool, streak, outcomes).await {
+    let write = write_successes(pool, streak, outcomes);
+    match railhook_common::db::answered(
+        railhook_common::db::ANSWER_WITHIN,
+        "a group of outcomes",
+        write,
+    )
+    .await
+    {
         Ok(wrote) => {
             for job in group {
                 let _ = job.reply.send(Ok(wrote.contains(&job.outcome.0.id)));

@@ -29,7 +29,16 @@ pub(crate) async fn run_sweeps(
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        sweep_round(&shared, &config).await;
+        // A round has a deadline (`db::answered`): a primary that froze ends it, and the
+        // next round runs on the primary in charge then.
+        let within = railhook_common::db::SWEEP_ANSWER_WITHIN;
+        let round = async {
+            sweep_round(&shared, &config).await;
+            Ok(())
+        };
+        if let Err(e) = railhook_common::db::answered(within, "a sweep round", round).await {
+            tracing::warn!(error = %e, "sweep round abandoned");
+        }
     }
 }
 

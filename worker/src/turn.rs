@@ -63,7 +63,13 @@ pub(crate) async fn turns(shared: &Shared, claimed: Claimed, target: claim::Targ
         let (claimed, target) = *taken;
         if shared.draining.load(Ordering::SeqCst) {
             // Told to stop after the hand-off was claimed: give it back at once.
-            if let Err(e) = fence::release(&shared.pool, &[(claimed.id, claimed.token)]).await {
+            let claims = [(claimed.id, claimed.token)];
+            let release = railhook_common::db::answered(
+                railhook_common::db::ANSWER_WITHIN,
+                "a hand-off's release",
+                fence::release(&shared.pool, &claims),
+            );
+            if let Err(e) = release.await {
                 tracing::warn!(error = %e, "hand-off not given back; the processing sweep will");
             }
             return;
@@ -84,7 +90,14 @@ async fn breaker_changed(shared: &Shared, endpoint_id: &str, state: BreakerState
         state = state.as_str(),
         "circuit breaker changed"
     );
-    if let Err(e) = crate::limits::set_breaker(&shared.pool, endpoint_id, state.as_str()).await {
+    let write = crate::limits::set_breaker(&shared.pool, endpoint_id, state.as_str());
+    if let Err(e) = railhook_common::db::answered(
+        railhook_common::db::ANSWER_WITHIN,
+        "a breaker's state",
+        write,
+    )
+    .await
+    {
         tracing::warn!(error = %e, "breaker state not mirrored to the endpoint row");
     }
 }
@@ -131,7 +144,12 @@ async fn admit_application(
 /// the endpoint's breaker and limits.
 async fn admit(shared: &Shared, claimed: &mut Claimed, limits: &EndpointLimits) -> Admitted {
     if claimed.ordered && !claimed.gated {
-        match ordering::gate(&shared.pool, claimed, shared.gap_timeout).await {
+        let gate = railhook_common::db::answered(
+            railhook_common::db::ANSWER_WITHIN,
+            "the ordering gate",
+            ordering::gate(&shared.pool, claimed, shared.gap_timeout),
+        );
+        match gate.await {
             Ok(Gate::Go { sequence_number }) => claimed.sequence_number = Some(sequence_number),
             Ok(Gate::GoAfterGap { sequence_number }) => {
                 shared.metrics.ordering_gap_timeouts.inc();
@@ -249,7 +267,10 @@ async fn prepare(
         return Err(give_up(shared, claimed, "payload_expunged").await);
     }
     if !open_secrets(shared, claimed, &mut target) {
-        let _ = fence::defer(&shared.pool, claimed, SECRET_UNAVAILABLE_WAIT).await;
+        let defer = fence::defer(&shared.pool, claimed, SECRET_UNAVAILABLE_WAIT);
+        let _ =
+            railhook_common::db::answered(railhook_common::db::ANSWER_WITHIN, "a Deferral", defer)
+                .await;
         return Err(None);
     }
     let Some(mut attempt) = build_attempt(claimed, &target) else {
@@ -360,7 +381,12 @@ async fn send(
     // restarts the processing window, so the request and its finalise fit inside it
     // (review #19 item 1; configuration refuses a window that cannot hold the longest
     // request and [`railhook_common::config::PROCESSING_MARGIN`]).
-    let kept = fence::restamp(&shared.pool, claimed).await;
+    let kept = railhook_common::db::answered(
+        railhook_common::db::ANSWER_WITHIN,
+        "a re-stamp",
+        fence::restamp(&shared.pool, claimed),
+    )
+    .await;
     if !matches!(kept, Ok(true)) {
         if let Err(e) = &kept {
             tracing::warn!(error = %e, "claim not re-stamped; not sending, the sweep will hand it back");
