@@ -241,7 +241,12 @@ pub(crate) fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
 
 /// The worker's lazy pool: its statements keep one generic plan each (`db::Planning`).
 fn connect_worker(settings: &Settings) -> anyhow::Result<PgPool> {
-    db::connect_planned(settings, db::Planning::Generic).context("configuration: database_url")
+    db::connect_committing(
+        settings,
+        db::Planning::Generic,
+        settings.worker_synchronous_commit,
+    )
+    .context("configuration: database_url")
 }
 
 pub async fn ingest(settings: &Settings) -> anyhow::Result<()> {

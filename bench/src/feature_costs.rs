@@ -1,6 +1,6 @@
 //! What ingest features cost (`railhook-bench ingest --schema-only` / `--filters-only`):
 //! the same load without and with an event-type schema, and with 0, 10 and 100 endpoints
-//! whose payload filter declines every Event (docs/BENCHMARKS.md).
+//! whose payload filter declines every Event (docs/BENCHMARKS-HISTORY.md).
 
 use serde_json::{Value, json};
 

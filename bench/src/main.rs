@@ -14,6 +14,7 @@ mod ingest;
 mod isolation;
 mod memory;
 mod ordered;
+mod peers;
 mod pgbench;
 mod relay;
 mod retention;
@@ -62,6 +63,12 @@ enum Bench {
     /// Ordered deliveries/s on one endpoint against an unordered one in the same run, and
     /// whether they arrived in Sequence Number order.
     Ordered(ordered::Args),
+    /// Railhook and a peer (Svix, built from source) under the same open-loop client, the
+    /// same receiver process and the same Postgres and Redis, one row each (issue #54).
+    Peers(peers::Args),
+    /// The peers benchmark's receiver, in a process of its own (started by `peers`).
+    #[command(hide = true)]
+    Receiver(peers::ReceiverArgs),
 }
 
 #[tokio::main]
@@ -69,6 +76,8 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
         Bench::Ingest(args) => ingest::run(args).await,
         Bench::Ordered(args) => ordered::run(args).await,
+        Bench::Peers(args) => peers::run(args).await,
+        Bench::Receiver(args) => peers::receiver(args).await,
         Bench::Relay(args) => relay::run(args).await,
         Bench::RelayMemory(args) => memory::run(args).await,
         Bench::E2e(args) => e2e::run(args).await,

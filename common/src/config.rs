@@ -207,6 +207,11 @@ pub struct Settings {
     /// partitions until the doorbell rings (common/src/doorbell.rs); 0: never doze, always
     /// fetch. At least 1,000 ms, so a ring always outlives the ringer's gap.
     pub worker_doze_after_ms: u64,
+    /// Whether the worker's commits (Claims, re-stamps, outcomes, Deferrals) wait for their
+    /// WAL flush. Off: a Postgres crash can lose the last fraction of a second of them, and
+    /// the Deliveries they moved are sent again (docs/ARCHITECTURE.md, duplicate windows);
+    /// no Event answered 201 is ever at risk (the API's commits always wait).
+    pub worker_synchronous_commit: bool,
     /// Claim the Deliveries the relay's doorbell names as soon as it rings, before their
     /// Announcements arrive through Kafka (common/src/doorbell.rs, `Express`).
     pub worker_express_hints: bool,

@@ -61,7 +61,7 @@ pub enum Planning {
     /// Postgres's cost rule never prefers it to a custom plan that pruned at planning time,
     /// and it plans the statement again at every call. With 30 days of retention (38 day
     /// partitions) the outcome write (`fence::finalise`) was planned at each of its 18,001
-    /// calls, 1.19 ms each, more than its 1.06 ms of execution (docs/BENCHMARKS.md,
+    /// calls, 1.19 ms each, more than its 1.06 ms of execution (docs/BENCHMARKS-HISTORY.md,
     /// "Partitions and planning").
     Generic,
 }
@@ -73,7 +73,7 @@ pub enum Planning {
 /// managed Postgres). The Claim statement's estimate grows with the PENDING rows the planner
 /// thinks its join may touch, and once autovacuum's statistics showed a few thousand of them
 /// it passed 900,000: every Claim then spent 3–5 s of CPU compiling itself to run for 5 ms.
-/// Measured at 1,000 Events/s (docs/BENCHMARKS.md, "JIT"): 10,000 of 20,000 Events
+/// Measured at 1,000 Events/s (docs/BENCHMARKS-HISTORY.md, "JIT"): 10,000 of 20,000 Events
 /// delivered within the run, Postgres at 6.7 ms of CPU per message. Railhook's hot
 /// statements each touch a handful of rows through indexes, where compiling can never pay
 /// for itself.
@@ -148,8 +148,15 @@ const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 /// The same, for the periodic sweeps and the prune, which scan more.
 pub const SWEEP_ANSWER_WITHIN: Duration = Duration::from_secs(60);
-/// How long a ping (before a connection is handed out, after it is given back) may take.
-const PING_WITHIN: Duration = Duration::from_secs(3);
+/// How long the ping before a connection is handed out may take (the pool's acquire time is
+/// 5 s in all).
+const PING_WITHIN: Duration = Duration::from_secs(5);
+/// How long a connection given back with a statement outstanding may take to answer it
+/// before it is closed. Most such connections come from a deadline that passed, so their
+/// server is already late; waiting longer only keeps a frozen server's connections in the
+/// pool. Measured with the frozen-primary test (tests/it/failover.rs): 3 s here, first
+/// delivery 15.5 s after the freeze; 10 s, 45.8 s.
+const RELEASE_WITHIN: Duration = Duration::from_secs(3);
 
 /// A database wait with a deadline of Railhook's own.
 ///
@@ -200,7 +207,7 @@ async fn ping_within(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
 ///
 /// sqlx pings every connection before handing it out by default: one extra round trip per
 /// acquire, and an API request acquires several times. Measured in the ingest benchmark
-/// (docs/BENCHMARKS.md), those pings were a large share of Postgres's work per request. A
+/// (docs/BENCHMARKS-HISTORY.md), those pings were a large share of Postgres's work per request. A
 /// connection that was in use within the last second has just proven itself, so only one
 /// that sat idle longer is pinged (and replaced if the ping fails). What this gives up: a
 /// connection broken in that last second (Postgres restarted under load) fails the one
@@ -220,10 +227,24 @@ pub fn connect(settings: &Settings) -> Result<PgPool, sqlx::Error> {
 
 /// [`connect`], with the statements planned as `planning` says.
 pub fn connect_planned(settings: &Settings, planning: Planning) -> Result<PgPool, sqlx::Error> {
+    connect_committing(settings, planning, true)
+}
+
+/// [`connect_planned`]; with `synchronous: false` the pool's commits return before their
+/// WAL is flushed (`synchronous_commit = off`, a startup parameter of every connection):
+/// the worker's, when `worker_synchronous_commit` is off (docs/CONFIGURATION.md).
+pub fn connect_committing(
+    settings: &Settings,
+    planning: Planning,
+    synchronous: bool,
+) -> Result<PgPool, sqlx::Error> {
     let target = settings
         .postgres()
         .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
-    let options = target.sqlx_options()?;
+    let mut options = target.sqlx_options()?;
+    if !synchronous {
+        options = options.options([("synchronous_commit", "off")]);
+    }
     let pool = PgPoolOptions::new()
         .max_connections(settings.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
@@ -242,13 +263,13 @@ pub fn connect_planned(settings: &Settings, planning: Planning) -> Result<PgPool
         // its answer, or its transaction's rollback, outstanding, and on a frozen server
         // that ping would wait for it for ever, holding the connection's place in the pool.
         // This runs first and waits only for what is outstanding (`flush`: no I/O at all on
-        // a clean connection, so no extra round trip), within [`PING_WITHIN`]; an error
+        // a clean connection, so no extra round trip), within [`RELEASE_WITHIN`]; an error
         // closes the connection without further I/O. `flush` is sqlx 0.8's hidden trait
         // method for exactly this wait (pinned by Cargo.lock).
         .after_release(|conn, _meta| {
             Box::pin(async move {
                 answered(
-                    PING_WITHIN,
+                    RELEASE_WITHIN,
                     "a released connection's last statement",
                     async { sqlx::Connection::flush(conn).await },
                 )
@@ -258,7 +279,7 @@ pub fn connect_planned(settings: &Settings, planning: Planning) -> Result<PgPool
         })
         .connect_lazy_with(options);
     if target.chooses_server() {
-        follow_primary(pool.clone(), target);
+        follow_primary(pool.clone(), target, synchronous);
     }
     Ok(pool)
 }
@@ -273,7 +294,7 @@ const PRIMARY_CHECK_EVERY: Duration = Duration::from_secs(2);
 /// server that is a primary becomes the one new connections go to. Connections to the old
 /// server fail their next statement and are closed (see [`connect`]); a transaction in
 /// flight at the failover never committed, so its client retries as after any 5xx.
-fn follow_primary(pool: PgPool, target: crate::postgres_url::PostgresTarget) {
+fn follow_primary(pool: PgPool, target: crate::postgres_url::PostgresTarget, synchronous: bool) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -285,7 +306,10 @@ fn follow_primary(pool: PgPool, target: crate::postgres_url::PostgresTarget) {
                 match target.primary().await {
                     Ok(found) if (found.host.as_str(), found.port) != (&*current.0, current.1) => {
                         match found.sqlx_options() {
-                            Ok(options) => {
+                            Ok(mut options) => {
+                                if !synchronous {
+                                    options = options.options([("synchronous_commit", "off")]);
+                                }
                                 tracing::warn!(from = %format!("{}:{}", current.0, current.1),
                                     to = %format!("{}:{}", found.host, found.port),
                                     "the database's primary moved; new connections go to it");

@@ -1,7 +1,7 @@
 //! The doorbell: a Postgres `NOTIFY` that tells dozing workers "Kafka has something for
 //! you". It lets an idle worker stop fetching (issue #21): a Kafka consumer that fetches
 //! costs the broker CPU per partition per fetch even when nothing arrives (about 70 % of a
-//! core for 12 idle partitions at a 10 ms fetch wait, docs/BENCHMARKS.md), so a worker that
+//! core for 12 idle partitions at a 10 ms fetch wait, docs/BENCHMARKS-HISTORY.md), so a worker that
 //! has heard nothing for `WORKER_DOZE_AFTER_MS` pauses its partitions, and the processes that
 //! publish hints ring after Kafka acknowledged them.
 //!

@@ -18,7 +18,7 @@ case "$PG_VERSION" in
   *) printf '[railhook-local] error: RAILHOOK_PG_VERSION must be 15 or 18\n' >&2; exit 1 ;;
 esac
 # The local Kafka-protocol broker: RAILHOOK_BROKER=tansu or nisshi (a fork of tansu with the
-# same command line). Both keep their data in sqlite; docs/BENCHMARKS.md "Choosing the local
+# same command line). Both keep their data in sqlite; docs/BENCHMARKS-HISTORY.md "Choosing the local
 # broker" has the measurements behind the default.
 RAILHOOK_BROKER="${RAILHOOK_BROKER:-tansu}"
 case "$RAILHOOK_BROKER" in

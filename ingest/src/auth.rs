@@ -87,7 +87,7 @@ impl FromRequestParts<AppState> for Project {
 
 /// A project proven by its key, with its live subscriptions read in the same round trip:
 /// what `POST /v1/events` needs before it can write. One query instead of two per request
-/// (docs/BENCHMARKS.md, ingest profile). The subscriptions are as current as a separate read
+/// (docs/BENCHMARKS-HISTORY.md, ingest profile). The subscriptions are as current as a separate read
 /// would have been: both happen before the write.
 #[derive(Clone)]
 pub struct Sender {

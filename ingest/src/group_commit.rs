@@ -4,7 +4,7 @@
 //! At 1,000 Events/s the per-statement cost dominates what Postgres spends on an Event: the
 //! executor's start (a lock on every partition and index the statement may touch, memory
 //! contexts, expression set-up), the round trip and the commit's WAL flush, each paid once
-//! per `POST /v1/events` (docs/BENCHMARKS.md, "Group commit"). `railhook_ingest()` already
+//! per `POST /v1/events` (docs/BENCHMARKS-HISTORY.md, "Group commit"). `railhook_ingest()` already
 //! takes arrays, so requests that wait at the same moment can be written by one call.
 //!
 //! ```text

@@ -476,7 +476,7 @@ impl Relay {
     /// (the worker takes the context from the Delivery row, docs/ARCHITECTURE.md "Trace
     /// context"), and the local brokers (tansu 0.6.0, nisshi 0.7.0-pre.2) keep headers in an
     /// unindexed sqlite table that every fetched record scans, so a header per message made
-    /// each fetch cost as much as every header ever stored (docs/BENCHMARKS.md, "Kafka
+    /// each fetch cost as much as every header ever stored (docs/BENCHMARKS-HISTORY.md, "Kafka
     /// headers").
     fn produce(
         &self,

@@ -31,6 +31,9 @@ pub struct Claimed {
     /// Handed off by its predecessor's resolution, which checked the order under the
     /// endpoint's lock (ordering.rs, `hand_off_next`): the gate is not run again.
     pub gated: bool,
+    /// When the statement that took the Claim answered: a Claim younger than
+    /// `turn::FRESH_CLAIM` is its own re-stamp (turn.rs, `send`).
+    pub claimed_at: std::time::Instant,
 }
 
 /// Where and what to send for a claimed Delivery.
@@ -141,6 +144,7 @@ impl ClaimRow {
             ordered: self.ordered,
             deferral_count: self.deferral_count,
             gated: self.gated,
+            claimed_at: std::time::Instant::now(),
         };
         let target = Target {
             url: self.url,
@@ -264,7 +268,7 @@ impl Claims {
 ///
 /// The verdict is `MATERIALIZED`: every assignment of the update reads it, and inlined it
 /// put one copy of the "anything ahead?" probe (over every partition) into each of them, seven
-/// subplans per statement, each run per row. Measured on a batch of 128 (docs/BENCHMARKS.md,
+/// subplans per statement, each run per row. Measured on a batch of 128 (docs/BENCHMARKS-HISTORY.md,
 /// "JIT"): planning 14.7 → 10.8 ms, one subplan.
 ///
 /// The stamp (`last_attempt_at`) starts the processing window: the worker claims only what
@@ -345,7 +349,7 @@ pub async fn claim_batch(
 /// starts lets PostgreSQL leave out every partition outside it before it opens them. A join
 /// on `d.id = w.id` alone is pruned only row by row, after every partition and its indexes
 /// were opened: with a month of day partitions that opening cost more than the rows' work
-/// (docs/BENCHMARKS.md, "Partitions a statement opens").
+/// (docs/BENCHMARKS-HISTORY.md, "Partitions a statement opens").
 pub fn id_range(ids: &[String]) -> (&str, &str) {
     let lowest = ids.iter().min().map_or("", String::as_str);
     let highest = ids.iter().max().map_or("", String::as_str);

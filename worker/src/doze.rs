@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Why: a consumer that fetches costs the broker CPU for every partition of every fetch,
-//! whether anything arrives or not (docs/BENCHMARKS.md, idle cost); paused partitions are
+//! whether anything arrives or not (docs/BENCHMARKS-HISTORY.md, idle cost); paused partitions are
 //! not fetched at all. Only the group's heartbeats and the group watch's probe remain.
 //!
 //! Invariants, and why they hold:
@@ -148,7 +148,7 @@ impl Doze {
 /// Wakes librdkafka's broker threads after a resume, so the resumed partitions are fetched
 /// now rather than at the thread's next timer.
 ///
-/// Why (issue #35, docs/BENCHMARKS.md "Why the resume is slow"): librdkafka handles a resume
+/// Why (issue #35, docs/BENCHMARKS-HISTORY.md "Why the resume is slow"): librdkafka handles a resume
 /// on its main thread and does not wake the broker thread, which sleeps while every
 /// partition is paused. The first fetch after a ring then waited for that thread's next
 /// timer: traced at 805 ms after the resume, and the first second after an idle minute had a

@@ -8,6 +8,7 @@ pub const ATTEMPTS_TOTAL: &str = "railhook_worker_attempts_total";
 pub const CLAIM_MISSES_TOTAL: &str = "railhook_worker_claim_misses_total";
 pub const EARLY_HINTS_TOTAL: &str = "railhook_worker_early_hints_total";
 pub const FENCE_REJECTIONS_TOTAL: &str = "railhook_worker_fence_rejections_total";
+pub const CLAIMS_FRESH_TOTAL: &str = "railhook_worker_claims_fresh_total";
 pub const SUCCESS_GROUP: &str = "railhook_worker_success_group_outcomes";
 pub const SUCCESS_GROUP_RETRIED_TOTAL: &str = "railhook_worker_success_group_retried_total";
 pub const ENDPOINTS_DISABLED_TOTAL: &str = "railhook_worker_endpoints_disabled_total";
@@ -87,6 +88,8 @@ pub struct WorkerMetrics {
     /// Looks again at hints whose rows were not visible yet (claim.rs, `invisible`).
     pub early_hints: IntCounter,
     pub fence_rejections: IntCounter,
+    /// Requests started under a Claim young enough to be its own re-stamp (turn.rs).
+    pub claims_fresh: IntCounter,
     /// Successful outcomes written by one statement (successes.rs).
     pub success_group: Histogram,
     /// Group statements of successes that failed and were written one by one.
@@ -188,6 +191,11 @@ impl WorkerMetrics {
                 &r,
                 FENCE_REJECTIONS_TOTAL,
                 "Outcomes refused by the Fence: the worker had lost its Claim.",
+            ),
+            claims_fresh: counter(
+                &r,
+                CLAIMS_FRESH_TOTAL,
+                "Requests started under a Claim under 100 ms old, which is its own re-stamp (no re-stamp statement).",
             ),
             success_group: histogram(
                 &r,

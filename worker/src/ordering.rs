@@ -24,7 +24,7 @@
 //! alone, ~240 ms on a busy 2-core machine: review #19 item 13); with the hand-off done
 //! after the commit, a Claim and a gate transaction of its own (54 deliveries/s on one
 //! endpoint, issue #21 item 5; 81/s with the claim in the resolution, 100/s with parks
-//! committed asynchronously, docs/BENCHMARKS.md).
+//! committed asynchronously, docs/BENCHMARKS-HISTORY.md).
 //!
 //! **Parking in the Claim.** Most ordered Deliveries never reach the gate: the Claim
 //! statement (`claim::claim_batch`) asks the gate's question from its own snapshot. Nothing
@@ -32,7 +32,7 @@
 //! statement itself (PENDING, `parked_at`, its wake-up), not claimed, gated and
 //! parked in three transactions. A burst of N ordered Events costs N such parks, and the
 //! gate's three transactions per park under the endpoint's lock were what held one line to
-//! 100 deliveries/s (issue #21 item 5; 370/s since, docs/BENCHMARKS.md). Unnumbered
+//! 100 deliveries/s (issue #21 item 5; 370/s since, docs/BENCHMARKS-HISTORY.md). Unnumbered
 //! Deliveries, and those parked past their gap timeout, are still claimed and gated.
 //!
 //! **Lost wake-ups.** The gate's park (check + write) and a resolution (finalise + release)

@@ -7,7 +7,7 @@
 //! no retry, no disable, no ordering release (an ordered Delivery resolves under its
 //! endpoint's lock, resolution.rs, and never comes here). At 1,000 Events/s the outcome's
 //! statement was the worker's largest cost in Postgres, most of it the statement's fixed
-//! start (docs/BENCHMARKS.md, "Group commit"), so successes that wait at the same moment
+//! start (docs/BENCHMARKS-HISTORY.md, "Group commit"), so successes that wait at the same moment
 //! share it.
 //!
 //! - **No added wait before the receiver.** The receiver has its answer before any of this

@@ -32,6 +32,7 @@ pub(crate) async fn warm(pool: &PgPool, streak: &StreakPolicy, gap_timeout: Dura
         ordered: false,
         deferral_count: 0,
         gated: false,
+        claimed_at: std::time::Instant::now(),
     };
     railhook_common::db::open_ahead(pool, "worker", |mut c| {
         let nobody = &nobody;

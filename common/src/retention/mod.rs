@@ -80,7 +80,7 @@ pub struct Report {
     /// reading the catalogue and creating partitions ahead).
     pub retiring: Duration,
     /// Of `retiring`, the time spent in `DROP TABLE`: almost all of it is the filesystem
-    /// freeing the day's files (docs/BENCHMARKS.md, Retention), which grows with the day's
+    /// freeing the day's files (docs/BENCHMARKS-HISTORY.md, Retention), which grows with the day's
     /// bytes; the rest of a retirement does not.
     pub dropping: Duration,
 }

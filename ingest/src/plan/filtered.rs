@@ -7,7 +7,7 @@
 //!
 //! Why this shape: one row per planned Delivery, with its id, texts and joins, cost more
 //! than the filters themselves once an Event had 100 filtered endpoints
-//! (docs/BENCHMARKS.md, "Payload filters").
+//! (docs/BENCHMARKS-HISTORY.md, "Payload filters").
 
 use std::collections::HashMap;
 use std::sync::Arc;

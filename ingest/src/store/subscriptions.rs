@@ -154,7 +154,7 @@ pub struct SenderRow {
     pub schemas: Arc<HashMap<String, i64>>,
 }
 
-/// Senders by key hash, for one second (docs/BENCHMARKS.md: with the lookup on every POST,
+/// Senders by key hash, for one second (docs/BENCHMARKS-HISTORY.md: with the lookup on every POST,
 /// Postgres spent about a third of its time per Event on it).
 ///
 /// What the second costs, on purpose: a key revoked, or a subscription or endpoint changed,
