@@ -4,7 +4,7 @@
 //!
 //! Targets: `railhook` (the three release roles, each its own process, as `bench roles`
 //! runs them) and `svix` (a `svix-server` binary built from Svix's source, its API and
-//! worker in one process, queue and cache on the same Redis; docs/BENCHMARKS-HISTORY.md says how it
+//! worker in one process, queue and cache on the same Redis; docs/BENCHMARKS.md says how it
 //! is built — no Svix code or build script is in this repository). Each message is counted
 //! from just before its POST to its arrival at the receiver, on the wall clock both
 //! processes share. CPU per delivered message is every process the target uses (its own,
@@ -43,14 +43,16 @@ pub struct Args {
     /// The `railhook` binary (built by deploy/local/bench.sh).
     #[arg(long, default_value = "target/release/railhook")]
     railhook: PathBuf,
-    /// The `svix-server` binary (docs/BENCHMARKS-HISTORY.md, "Svix as a peer": how to build it).
+    /// The `svix-server` binary (docs/BENCHMARKS.md, "Svix as a peer": how to build it).
     #[arg(long, env = "SVIX_SERVER_BIN")]
     svix_server: Option<PathBuf>,
     /// Concurrent client connections the open-loop client may use at once.
     #[arg(long, default_value_t = 64)]
     connections: usize,
-    /// The client: `rust` (reqwest, in this process) or `python` (bench/clients/post.py:
-    /// `requests` in 16 threads, what a typical client costs the box).
+    /// The client: `rust` (reqwest, in this process), `python` (bench/clients/post.py:
+    /// `requests` in 16 threads, what a typical client costs the box), or `closed` (a closed
+    /// loop: `--connections` clients each POSTing the next message as soon as the last is
+    /// answered, for `--seconds`; the rate is ignored: capacity at saturation).
     #[arg(long, default_value = "rust")]
     client: String,
 }
@@ -373,10 +375,15 @@ async fn load(args: &Args, rate: u64, target: &Target, receiver: &Receiver) -> a
     let before = groups.read();
     let total = rate * args.seconds;
     let started = Instant::now();
-    let (sent, answered, accepted) = if args.client == "python" {
-        python_client(rate, total, target)?
+    let (sent, answered, accepted) = match args.client.as_str() {
+        "python" => python_client(rate, total, target)?,
+        "closed" => closed_client(args, target).await,
+        _ => rust_client(args, rate, total, target).await,
+    };
+    let (rate, total) = if args.client == "closed" {
+        (0, sent.len() as u64)
     } else {
-        rust_client(args, rate, total, target).await
+        (rate, total)
     };
     let wait = Instant::now() + Duration::from_secs(120);
     while (receiver.count() as u64) < accepted && Instant::now() < wait {
@@ -399,10 +406,12 @@ type Sent = (HashMap<u64, u64>, Vec<Duration>, u64);
 /// The load through `bench/clients/post.py` (Python `requests`, 16 threads).
 fn python_client(rate: u64, total: u64, target: &Target) -> anyhow::Result<Sent> {
     use std::io::Write;
-    const MARK: u64 = 987_654_321_987;
-    let (url, token, body) = (target.post)(MARK);
-    let template: Value =
-        serde_json::from_str(&body.to_string().replace(&MARK.to_string(), "\"SEQ\""))?;
+    let (url, token, body) = (target.post)(CLOSED_MARK);
+    let template: Value = serde_json::from_str(
+        &body
+            .to_string()
+            .replace(&CLOSED_MARK.to_string(), "\"SEQ\""),
+    )?;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/post.py");
     let mut child = Command::new("python3")
         .arg(script)
@@ -431,6 +440,61 @@ fn python_client(rate: u64, total: u64, target: &Target) -> anyhow::Result<Sent>
     }
     Ok((sent, answered, accepted))
 }
+
+/// `--connections` clients, each sending its next message when the last was answered, for
+/// `--seconds`: what the target accepts at saturation.
+async fn closed_client(args: &Args, target: &Target) -> Sent {
+    let Ok(http) = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.connections)
+        .build()
+    else {
+        return (HashMap::new(), Vec::new(), 0);
+    };
+    let until = Instant::now() + Duration::from_secs(args.seconds);
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let post = &target.post;
+    let mut clients = Vec::new();
+    for _ in 0..args.connections {
+        let (http, next, accepted) = (http.clone(), next.clone(), target.accepted);
+        // The target's request with a marker for the sequence number, filled in per
+        // message (the target's closure stays in this task).
+        let (url, token, body) = (post)(CLOSED_MARK);
+        let template = body.to_string();
+        clients.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            while Instant::now() < until {
+                let seq = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let body = template.replace(&CLOSED_MARK.to_string(), &seq.to_string());
+                let sent = now_micros();
+                let status = http
+                    .post(&url)
+                    .bearer_auth(&token)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0);
+                mine.push((seq, sent, now_micros(), accepted(status)));
+            }
+            mine
+        }));
+    }
+    let mut sent = HashMap::new();
+    let mut answered = Vec::new();
+    let mut accepted = 0;
+    for c in clients {
+        for (seq, at, done, ok) in c.await.unwrap_or_default() {
+            sent.insert(seq, at);
+            answered.push(Duration::from_micros(done.saturating_sub(at)));
+            accepted += u64::from(ok);
+        }
+    }
+    (sent, answered, accepted)
+}
+
+/// A sequence number no run reaches, replaced in a message's text by the real one.
+const CLOSED_MARK: u64 = 987_654_321_987;
 
 async fn rust_client(args: &Args, rate: u64, total: u64, target: &Target) -> Sent {
     let Ok(http) = reqwest::Client::builder()
@@ -553,7 +617,11 @@ fn print_rows(args: &Args, rows: &[Row]) {
         println!(
             "| {} | {} | {} of {} | {} | {:.0} | {} | {} | {} / {} | {} | {} | {} |",
             r.target,
-            r.rate,
+            if r.rate == 0 {
+                format!("closed loop, {} clients", args.connections)
+            } else {
+                r.rate.to_string()
+            },
             r.accepted,
             r.offered,
             r.delivered,
@@ -576,5 +644,12 @@ fn print_rows(args: &Args, rows: &[Row]) {
             .map(|(n, c)| format!("{n} {:.2}", 1000.0 * c / r.delivered.max(1) as f64))
             .collect();
         println!("- {} at {}/s: {}", r.target, r.rate, parts.join(", "));
+        if r.rate == 0 {
+            println!(
+                "  (closed loop: {:.0} accepted/s over the load, {:.0} delivered/s to the last arrival)",
+                r.accepted as f64 / args.seconds as f64,
+                r.delivered as f64 / r.window
+            );
+        }
     }
 }
