@@ -155,19 +155,7 @@ async fn standby_copy(
     };
     match slot::copy_on(&mut conn, name).await {
         Err(e) => format!("unreadable ({e})"),
-        Ok(slot::Copy::Missing) => "no copy of the Slot".into(),
-        Ok(slot::Copy::Ready {
-            confirmed_flush_lsn,
-        }) => format!(
-            "ready: synchronized, confirmed_flush_lsn {}",
-            confirmed_flush_lsn.unwrap_or_default()
-        ),
-        Ok(slot::Copy::NotReady) => {
-            "synchronized but not ready yet (temporary: dropped if promoted now)".into()
-        }
-        Ok(slot::Copy::NotACopy) => {
-            "a Slot of the same name that is not a synchronized copy".into()
-        }
+        Ok(copy) => copy.to_string(),
     }
 }
 

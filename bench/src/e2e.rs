@@ -101,10 +101,7 @@ pub(crate) async fn stack_with(endpoints: &[Value]) -> anyhow::Result<Stack> {
     s.admin_token = Some(crate::setup::ADMIN_TOKEN.to_owned().into());
     pool.close().await;
     let pool = railhook_common::db::connect(&s)?;
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(&s.slot)
-        .execute(&pool)
-        .await?;
+    crate::setup::create_slot(&pool, &s.slot).await?;
 
     let mut stops = Vec::new();
     let (stop, stopped) = oneshot::channel::<()>();

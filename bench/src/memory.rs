@@ -166,10 +166,7 @@ async fn wait_drained(
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let (settings, url, pool) = crate::setup::fresh().await?;
     let slot = unique("rh_bench_mem_");
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(&slot)
-        .execute(&pool)
-        .await?;
+    crate::setup::create_slot(&pool, &slot).await?;
     let mut broker = Broker::start(args.broker_bin.clone())?;
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

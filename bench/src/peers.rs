@@ -21,7 +21,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
 use crate::roles::cpu::{Groups, used};
-use crate::roles::{free_port, role_env, spawn_roles, wait_ready};
+use crate::roles::{free_port, role_env, spawn_roles, wait_ok, wait_ready};
 use crate::setup::unique;
 use crate::stats::percentiles;
 
@@ -218,10 +218,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 async fn railhook(args: &Args, hook: &str, extra: &str) -> anyhow::Result<Target> {
     let (settings, url, pool) = crate::setup::fresh().await?;
     let slot = unique("rh_bench_peer_");
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(&slot)
-        .execute(&pool)
-        .await?;
+    crate::setup::create_slot(&pool, &slot).await?;
     let http_addr = format!("127.0.0.1:{}", free_port()?);
     let api = format!("http://{http_addr}");
     let mut env = role_env(&settings, &url, &slot, &http_addr);
@@ -274,24 +271,12 @@ impl Drop for SlotDrop {
 /// `svix-server` on a fresh database of the same Postgres, its queue and cache on the same
 /// Redis, private targets allowed for the loopback receiver.
 async fn svix(bin: &std::path::Path, hook: &str) -> anyhow::Result<Target> {
-    let settings = railhook_common::config::Settings::load()
-        .context("run `source .local/env` (deploy/local/up.sh) first")?;
-    let server = settings.database_url_string();
-    let base = server
-        .rsplit_once('/')
-        .context("DATABASE_URL")?
-        .0
-        .to_owned();
-    let db = unique("svix_bench_");
-    let admin = sqlx::PgPool::connect(&format!("{base}/postgres")).await?;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&admin)
-        .await?;
+    let (settings, db_url) = crate::setup::database("svix_bench_").await?;
     let addr = format!("127.0.0.1:{}", free_port()?);
     let redis = secrecy::ExposeSecret::expose_secret(&settings.redis_url).to_owned();
     let secret = "bench-svix-jwt-secret-0123456789abcdef";
     let env: Vec<(&str, String)> = vec![
-        ("SVIX_DB_DSN", format!("{base}/{db}")),
+        ("SVIX_DB_DSN", db_url),
         ("SVIX_REDIS_DSN", redis),
         ("SVIX_QUEUE_TYPE", "redis".into()),
         ("SVIX_CACHE_TYPE", "redis".into()),
@@ -322,18 +307,8 @@ async fn svix(bin: &std::path::Path, hook: &str) -> anyhow::Result<Target> {
     let owned = Owned(child);
     let api = format!("http://{addr}");
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !http
-        .get(format!("{api}/api/v1/health/"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        if Instant::now() > deadline {
-            bail!("svix-server did not become healthy");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let health = format!("{api}/api/v1/health/");
+    wait_ok(&http, &health, Duration::from_secs(60), "svix-server").await?;
     let app: Value = http
         .post(format!("{api}/api/v1/app/"))
         .bearer_auth(&token)

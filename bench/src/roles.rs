@@ -98,10 +98,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .await?;
     }
     let slot = unique("rh_bench_roles_");
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(&slot)
-        .execute(&pool)
-        .await?;
+    crate::setup::create_slot(&pool, &slot).await?;
     let arrivals: Arrivals = Arc::default();
     let hook = receiver(arrivals.clone()).await?;
     let http_addr = format!("127.0.0.1:{}", free_port()?);
@@ -125,15 +122,31 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
 /// Waits up to 30 s for the API at `api` to answer `/readyz`.
 pub(crate) async fn wait_ready(http: &reqwest::Client, api: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    wait_ok(
+        http,
+        &format!("{api}/readyz"),
+        Duration::from_secs(30),
+        "ingest",
+    )
+    .await
+}
+
+/// Waits up to `within` for a GET of `url` to answer 2xx (`what` names the server).
+pub(crate) async fn wait_ok(
+    http: &reqwest::Client,
+    url: &str,
+    within: Duration,
+    what: &str,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
     while !http
-        .get(format!("{api}/readyz"))
+        .get(url)
         .send()
         .await
         .is_ok_and(|r| r.status().is_success())
     {
         if Instant::now() > deadline {
-            bail!("ingest did not become ready");
+            bail!("{what} did not become ready");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

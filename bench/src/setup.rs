@@ -13,7 +13,18 @@ pub fn unique(prefix: &str) -> String {
 /// Settings from the environment, pointed at a new database `rh_bench_…`; returns them with
 /// the database's URL and a pool on it.
 pub async fn fresh() -> anyhow::Result<(Settings, String, PgPool)> {
-    let mut settings =
+    let (mut settings, url) = database("rh_bench_").await?;
+    settings.set_database_url(&url);
+    let pool = PgPool::connect(&url).await?;
+    railhook_common::db::MIGRATOR.run(&pool).await?;
+    railhook_common::db::ensure_publication(&pool, &settings.publication).await?;
+    Ok((settings, url, pool))
+}
+
+/// The local settings and the URL of a new, empty database `<prefix><ulid>` on their
+/// Postgres server (a peer's, or one [`fresh`] migrates).
+pub async fn database(prefix: &str) -> anyhow::Result<(Settings, String)> {
+    let settings =
         Settings::load().context("run `source .local/env` (deploy/local/up.sh) first")?;
     let server = settings.database_url_string();
     let base = server
@@ -21,17 +32,21 @@ pub async fn fresh() -> anyhow::Result<(Settings, String, PgPool)> {
         .context("DATABASE_URL")?
         .0
         .to_owned();
-    let db = unique("rh_bench_");
+    let db = unique(prefix);
     let admin = PgPool::connect(&format!("{base}/postgres")).await?;
     sqlx::query(&format!("CREATE DATABASE {db}"))
         .execute(&admin)
         .await?;
-    let url = format!("{base}/{db}");
-    settings.set_database_url(&url);
-    let pool = PgPool::connect(&url).await?;
-    railhook_common::db::MIGRATOR.run(&pool).await?;
-    railhook_common::db::ensure_publication(&pool, &settings.publication).await?;
-    Ok((settings, url, pool))
+    Ok((settings, format!("{base}/{db}")))
+}
+
+/// Creates the logical replication Slot `name` (pgoutput) a run's relay reads.
+pub async fn create_slot(pool: &PgPool, name: &str) -> anyhow::Result<()> {
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(name)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// The admin token every benchmark's API is started with.

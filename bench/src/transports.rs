@@ -239,10 +239,7 @@ async fn until_succeeded(pool: &sqlx::PgPool, n: i64, within: Duration) -> anyho
 async fn one(args: &Args, kind: &str) -> anyhow::Result<Figures> {
     let (settings, url, pool) = crate::setup::fresh().await?;
     let slot = unique("rh_bench_tr_");
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(&slot)
-        .execute(&pool)
-        .await?;
+    crate::setup::create_slot(&pool, &slot).await?;
     let arrivals: Arrivals = std::sync::Arc::default();
     let (endpoint, _server, receiver_names) =
         receiver_of(kind, &settings.kafka_brokers, &arrivals).await?;

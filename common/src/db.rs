@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::config::Settings;
 
@@ -154,8 +154,9 @@ const PING_WITHIN: Duration = Duration::from_secs(5);
 /// How long a connection given back with a statement outstanding may take to answer it
 /// before it is closed. Most such connections come from a deadline that passed, so their
 /// server is already late; waiting longer only keeps a frozen server's connections in the
-/// pool. Measured with the frozen-primary test (tests/it/failover.rs): 3 s here, first
-/// delivery 15.5 s after the freeze; 10 s, 45.8 s.
+/// pool. Measured with the frozen-primary test (tests/it/failover.rs, 2026-12-07, the
+/// project's 2-core machine, one run each, separate runs): 3 s here, first delivery 15.5 s
+/// after the freeze; 10 s, 45.8 s.
 const RELEASE_WITHIN: Duration = Duration::from_secs(3);
 
 /// A database wait with a deadline of Railhook's own.
@@ -180,21 +181,35 @@ pub async fn answered<T>(
     what: &'static str,
     work: impl std::future::Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, sqlx::Error> {
-    match tokio::time::timeout(within, work).await {
-        Ok(result) => result,
-        Err(_) => Err(unanswered(what, within)),
-    }
+    deadline(within, what, work).await?
 }
 
-/// The error of a database wait that passed its deadline ([`answered`]).
-pub fn unanswered(what: &str, within: Duration) -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!(
-            "the database did not answer {what} within {} s",
-            within.as_secs()
-        ),
-    ))
+/// `work` within `within`, for a database wait whose own error is not sqlx's (the
+/// replication stream's): past it, the I/O timeout [`answered`] gives.
+pub async fn deadline<T>(
+    within: Duration,
+    what: &'static str,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(within, work).await.map_err(|_| {
+        sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the database did not answer {what} within {} s",
+                within.as_secs()
+            ),
+        ))
+    })
+}
+
+/// `options` committing as `synchronous` says: off, `synchronous_commit = off` as a startup
+/// parameter of every connection (see [`connect_committing`]).
+fn committing(options: PgConnectOptions, synchronous: bool) -> PgConnectOptions {
+    if synchronous {
+        options
+    } else {
+        options.options([("synchronous_commit", "off")])
+    }
 }
 
 /// A ping bounded by [`PING_WITHIN`]: a connection to a server that stopped answering fails
@@ -241,10 +256,7 @@ pub fn connect_committing(
     let target = settings
         .postgres()
         .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
-    let mut options = target.sqlx_options()?;
-    if !synchronous {
-        options = options.options([("synchronous_commit", "off")]);
-    }
+    let options = committing(target.sqlx_options()?, synchronous);
     let pool = PgPoolOptions::new()
         .max_connections(settings.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
@@ -306,10 +318,8 @@ fn follow_primary(pool: PgPool, target: crate::postgres_url::PostgresTarget, syn
                 match target.primary().await {
                     Ok(found) if (found.host.as_str(), found.port) != (&*current.0, current.1) => {
                         match found.sqlx_options() {
-                            Ok(mut options) => {
-                                if !synchronous {
-                                    options = options.options([("synchronous_commit", "off")]);
-                                }
+                            Ok(options) => {
+                                let options = committing(options, synchronous);
                                 tracing::warn!(from = %format!("{}:{}", current.0, current.1),
                                     to = %format!("{}:{}", found.host, found.port),
                                     "the database's primary moved; new connections go to it");

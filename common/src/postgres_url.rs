@@ -298,9 +298,8 @@ impl PostgresTarget {
             let _ = conn.close().await;
             Ok::<_, sqlx::Error>(recovering)
         };
-        let recovering = tokio::time::timeout(std::time::Duration::from_secs(5), probe)
-            .await
-            .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        let within = std::time::Duration::from_secs(5);
+        let recovering = crate::db::answered(within, "the primary's check", probe).await?;
         Ok(self.target_session_attrs == SessionAttrs::Any || !recovering)
     }
 

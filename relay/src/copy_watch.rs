@@ -22,16 +22,15 @@
 //! Each look has a deadline ([`railhook_common::db::answered`]): a standby that stops
 //! answering is reported unreachable, never waited on.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use railhook_common::db::{ANSWER_WITHIN, answered};
-use railhook_common::health::Dependencies;
+use railhook_common::health::{self, Dependencies};
 use railhook_common::postgres_url::PostgresTarget;
 use sqlx::PgConnection;
 
 use crate::metrics::RelayMetrics;
-use crate::slot::{self, Copy};
+use crate::slot;
 
 /// How often the copies are looked at while none is ready, and once one is.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -48,31 +47,33 @@ pub(crate) struct CopyWatch {
 }
 
 impl CopyWatch {
-    /// The servers of the URL other than the primary, as `host:port` with their target.
-    fn standbys(&self) -> Vec<(String, PostgresTarget)> {
+    /// The servers of the URL other than the primary, as `host:port` with a connection
+    /// kept for each.
+    fn standbys(&self) -> Vec<(String, Kept)> {
         self.primary
             .hosts
             .iter()
             .filter(|(h, p)| (h.as_str(), *p) != (self.primary.host.as_str(), self.primary.port))
-            .map(|(h, p)| (format!("{h}:{p}"), self.primary.at(h, *p)))
+            .map(|(h, p)| (format!("{h}:{p}"), Kept::new(self.primary.at(h, *p))))
             .collect()
     }
 
     /// Runs until the session ends (the task is aborted with it).
     pub(crate) async fn run(self) {
-        let standbys = self.standbys();
+        let mut standbys = self.standbys();
         if standbys.is_empty() {
             return;
         }
-        let mut primary: Option<PgConnection> = None;
-        let mut conns: HashMap<String, PgConnection> = HashMap::new();
+        let mut primary = Kept::new(self.primary.clone());
         // Whether the Slot is a failover Slot is asked once per session (it changes only
         // by dropping and creating the Slot, which ends the session).
         let failover = loop {
-            match self
-                .ask_primary(&mut primary, |c, slot| Box::pin(slot::is_failover(c, slot)))
-                .await
-            {
+            let asked = primary
+                .ask("the failover flag", &self.slot, |c, slot| {
+                    Box::pin(slot::is_failover(c, slot))
+                })
+                .await;
+            match asked {
                 Ok(f) => break f == Some(true),
                 Err(e) => {
                     tracing::debug!(error = %e, "failover flag not read; looking again");
@@ -87,17 +88,24 @@ impl CopyWatch {
         loop {
             let mut ready = Vec::new();
             let mut not_ready = Vec::new();
-            for (server, target) in &standbys {
-                let copy = look(&mut conns, server, target, &self.slot).await;
+            for (server, kept) in &mut standbys {
+                let copy = kept
+                    .ask("a standby's copy", &self.slot, |c, slot| {
+                        Box::pin(slot::copy_on(c, slot))
+                    })
+                    .await;
                 let is_ready = matches!(copy, Ok(ref c) if c.is_ready());
                 self.metrics
                     .slot_copy_ready
-                    .with_label_values(&[server])
+                    .with_label_values(&[server.as_str()])
                     .set(i64::from(is_ready));
                 match copy {
                     Ok(c) if c.is_ready() => ready.push(server.clone()),
-                    Ok(c) => not_ready.push(format!("{server}: {}", describe(&c))),
-                    Err(e) => not_ready.push(format!("{server}: unreachable ({})", short(&e))),
+                    Ok(c) => not_ready.push(format!("{server}: {c}")),
+                    Err(e) => not_ready.push(format!(
+                        "{server}: unreachable ({})",
+                        health::postgres_reason(&e)
+                    )),
                 }
             }
             if ready.is_empty() {
@@ -110,8 +118,10 @@ impl CopyWatch {
                         not_ready.join("; ")
                     ),
                 );
-                let nudge = self
-                    .ask_primary(&mut primary, |c, _| Box::pin(slot::log_standby_snapshot(c)))
+                let nudge = primary
+                    .ask("a standby snapshot", &self.slot, |c, _| {
+                        Box::pin(slot::log_standby_snapshot(c))
+                    })
                     .await;
                 if let Err(e) = nudge {
                     tracing::debug!(error = %e, "standby snapshot not logged");
@@ -127,12 +137,25 @@ impl CopyWatch {
             tokio::time::sleep(wait).await;
         }
     }
+}
 
-    /// One statement on the watch's own connection to the primary, with a deadline; the
-    /// connection is opened again after any failure.
-    async fn ask_primary<T>(
-        &self,
-        conn: &mut Option<PgConnection>,
+/// A connection of the watch's own to one server, kept between questions and opened again
+/// after any failure.
+struct Kept {
+    target: PostgresTarget,
+    conn: Option<PgConnection>,
+}
+
+impl Kept {
+    fn new(target: PostgresTarget) -> Self {
+        Self { target, conn: None }
+    }
+
+    /// One question (`ask`, given the connection and the Slot's name), with a deadline.
+    async fn ask<T>(
+        &mut self,
+        what: &'static str,
+        slot_name: &str,
         ask: impl for<'c> FnOnce(
             &'c mut PgConnection,
             &'c str,
@@ -140,70 +163,25 @@ impl CopyWatch {
             Box<dyn std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'c>,
         >,
     ) -> Result<T, sqlx::Error> {
-        let result = answered(ANSWER_WITHIN, "the copy watch's question", async {
-            if conn.is_none() {
-                *conn = Some(slot::connect(&self.primary).await.map_err(to_sqlx)?);
-            }
-            match conn.as_mut() {
-                Some(c) => ask(c, &self.slot).await,
-                None => Err(sqlx::Error::PoolClosed),
-            }
+        let (target, conn) = (&self.target, &mut self.conn);
+        let result = answered(ANSWER_WITHIN, what, async {
+            let c = match conn {
+                Some(c) => c,
+                None => conn.insert(slot::connect(target).await.map_err(to_sqlx)?),
+            };
+            ask(c, slot_name).await
         })
         .await;
         if result.is_err() {
-            *conn = None;
+            self.conn = None;
         }
         result
     }
-}
-
-/// One look at `server`'s copy, on a connection kept between looks.
-async fn look(
-    conns: &mut HashMap<String, PgConnection>,
-    server: &str,
-    target: &PostgresTarget,
-    slot_name: &str,
-) -> Result<Copy, sqlx::Error> {
-    let result = answered(ANSWER_WITHIN, "a standby's copy", async {
-        if !conns.contains_key(server) {
-            let c = slot::connect(target).await.map_err(to_sqlx)?;
-            conns.insert(server.to_owned(), c);
-        }
-        match conns.get_mut(server) {
-            Some(c) => slot::copy_on(c, slot_name).await,
-            None => Err(sqlx::Error::PoolClosed),
-        }
-    })
-    .await;
-    if result.is_err() {
-        conns.remove(server);
-    }
-    result
 }
 
 fn to_sqlx(e: slot::SlotError) -> sqlx::Error {
     match e {
         slot::SlotError::Postgres(e) => e,
         other => sqlx::Error::Protocol(other.to_string()),
-    }
-}
-
-fn describe(copy: &Copy) -> &'static str {
-    match copy {
-        Copy::Ready { .. } => "ready",
-        Copy::NotReady => "synchronized, not ready yet",
-        Copy::Missing => "no copy",
-        Copy::NotACopy => "a Slot of the same name that is not a synchronized copy",
-    }
-}
-
-/// An error's kind without database text (docs: no database text in /readyz).
-fn short(e: &sqlx::Error) -> String {
-    match e {
-        sqlx::Error::Database(d) => d
-            .code()
-            .map_or_else(|| "database error".into(), |c| format!("SQLSTATE {c}")),
-        sqlx::Error::Io(io) => io.kind().to_string(),
-        _ => "connection failed".into(),
     }
 }

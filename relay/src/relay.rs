@@ -573,16 +573,13 @@ impl Relay {
     }
 }
 
-/// `work` with a deadline: the relay's form of `db::answered`, for waits whose own error is
-/// not sqlx's. A wait past it is an I/O timeout of the session's Postgres connection.
+/// `work` with a deadline (`db::deadline`), its passing a Postgres error of the session.
 async fn within<T>(
     deadline: Duration,
     what: &'static str,
     work: impl Future<Output = T>,
 ) -> Result<T, RelayError> {
-    tokio::time::timeout(deadline, work).await.map_err(|_| {
-        RelayError::Slot(SlotError::Postgres(railhook_common::db::unanswered(
-            what, deadline,
-        )))
-    })
+    railhook_common::db::deadline(deadline, what, work)
+        .await
+        .map_err(|e| RelayError::Slot(SlotError::Postgres(e)))
 }

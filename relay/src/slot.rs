@@ -270,7 +270,7 @@ pub async fn is_failover(conn: &mut PgConnection, name: &str) -> Result<Option<b
 
 /// How another server (a standby) holds the Slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Copy {
+pub enum SlotCopy {
     /// A synchronized copy a promotion keeps: `synced` and not `temporary`.
     Ready { confirmed_flush_lsn: Option<String> },
     /// Synchronized but still temporary: a promotion now drops it.
@@ -281,14 +281,36 @@ pub enum Copy {
     NotACopy,
 }
 
-impl Copy {
+/// What `railhook slot status` and the relay's `/readyz` say of a copy.
+impl std::fmt::Display for SlotCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlotCopy::Ready {
+                confirmed_flush_lsn,
+            } => write!(
+                f,
+                "ready: synchronized, confirmed_flush_lsn {}",
+                confirmed_flush_lsn.as_deref().unwrap_or_default()
+            ),
+            SlotCopy::NotReady => {
+                f.write_str("synchronized but not ready yet (temporary: dropped if promoted now)")
+            }
+            SlotCopy::Missing => f.write_str("no copy of the Slot"),
+            SlotCopy::NotACopy => {
+                f.write_str("a Slot of the same name that is not a synchronized copy")
+            }
+        }
+    }
+}
+
+impl SlotCopy {
     pub fn is_ready(&self) -> bool {
-        matches!(self, Copy::Ready { .. })
+        matches!(self, SlotCopy::Ready { .. })
     }
 }
 
 /// How the server behind `conn` holds a copy of `name` (docs/OPERATIONS.md, "Failover").
-pub async fn copy_on(conn: &mut PgConnection, name: &str) -> Result<Copy, sqlx::Error> {
+pub async fn copy_on(conn: &mut PgConnection, name: &str) -> Result<SlotCopy, sqlx::Error> {
     let row = sqlx::query!(
         r#"SELECT (to_jsonb(s) ->> 'synced')::boolean AS synced,
                   (to_jsonb(s) ->> 'temporary')::boolean AS temporary,
@@ -299,12 +321,12 @@ pub async fn copy_on(conn: &mut PgConnection, name: &str) -> Result<Copy, sqlx::
     .fetch_optional(&mut *conn)
     .await?;
     Ok(match row {
-        None => Copy::Missing,
-        Some(r) if r.synced == Some(true) && r.temporary != Some(true) => Copy::Ready {
+        None => SlotCopy::Missing,
+        Some(r) if r.synced == Some(true) && r.temporary != Some(true) => SlotCopy::Ready {
             confirmed_flush_lsn: r.confirmed,
         },
-        Some(r) if r.synced == Some(true) => Copy::NotReady,
-        Some(_) => Copy::NotACopy,
+        Some(r) if r.synced == Some(true) => SlotCopy::NotReady,
+        Some(_) => SlotCopy::NotACopy,
     })
 }
 
