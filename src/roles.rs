@@ -138,7 +138,8 @@ pub async fn relay(settings: &Settings) -> anyhow::Result<()> {
 }
 
 pub async fn worker(settings: &Settings) -> anyhow::Result<()> {
-    let pool = connect_worker(settings)?;
+    let pools = connect_worker(settings)?;
+    let pool = pools.claims.clone();
     let deps = Dependencies::new();
     let metrics = WorkerMetrics::new();
     // Registered here, once per process: tests run several workers on one registry.
@@ -162,7 +163,7 @@ pub async fn worker(settings: &Settings) -> anyhow::Result<()> {
     let config = WorkerConfig::from_settings(settings)?;
     let worker = async {
         first_contact(&deps, &pool).await?;
-        run_worker(config, pool.clone(), metrics, deps.clone()).await
+        run_worker(config, pools, metrics, deps.clone()).await
     };
     // Both end on SIGTERM; the worker only after its drain, so neither may cut the other
     // short (an error in either still ends the process at once).
@@ -178,15 +179,15 @@ pub async fn worker(settings: &Settings) -> anyhow::Result<()> {
 /// so no hint is consumed before), then runs until SIGTERM and its drain.
 async fn run_worker(
     config: WorkerConfig,
-    pool: PgPool,
+    pools: railhook_worker::Pools,
     metrics: WorkerMetrics,
     deps: Dependencies,
 ) -> anyhow::Result<()> {
     tokio::select! {
-        r = health::wait_for_postgres(&deps, &pool) => r.context("cannot connect to Postgres (check DATABASE_URL)")?,
+        r = health::wait_for_postgres(&deps, &pools.claims) => r.context("cannot connect to Postgres (check DATABASE_URL)")?,
         _ = shutdown_signal() => return Ok(()),
     }
-    railhook_worker::run(config, pool, metrics, deps, shutdown_signal())
+    railhook_worker::run(config, pools, metrics, deps, shutdown_signal())
         .await
         .context("worker")
 }
@@ -206,8 +207,8 @@ pub async fn all(settings: &Settings) -> anyhow::Result<()> {
         deps.clone(),
         shutdown_signal(),
     );
-    let pool = connect_worker(settings)?;
-    db::PoolCollector::register(&registries[1], "worker", pool.clone());
+    let pools = connect_worker(settings)?;
+    db::PoolCollector::register(&registries[1], "worker", pools.claims.clone());
     // Postgres is probed by `ingest_with`, through the API's pool.
     spawn_probes(
         settings,
@@ -220,7 +221,7 @@ pub async fn all(settings: &Settings) -> anyhow::Result<()> {
     )?;
     let worker = run_worker(
         WorkerConfig::from_settings(settings)?,
-        pool.clone(),
+        pools,
         worker_metrics,
         deps.clone(),
     );
@@ -239,14 +240,10 @@ pub(crate) fn connect(settings: &Settings) -> anyhow::Result<PgPool> {
     db::connect(settings).context("configuration: database_url")
 }
 
-/// The worker's lazy pool: its statements keep one generic plan each (`db::Planning`).
-fn connect_worker(settings: &Settings) -> anyhow::Result<PgPool> {
-    db::connect_committing(
-        settings,
-        db::Planning::Generic,
-        settings.worker_synchronous_commit,
-    )
-    .context("configuration: database_url")
+/// The worker's lazy pools: its statements keep one generic plan each (`db::Planning`), and
+/// its success writes commit on connections of their own (worker/src/pools.rs).
+fn connect_worker(settings: &Settings) -> anyhow::Result<railhook_worker::Pools> {
+    railhook_worker::Pools::connect(settings).context("configuration: database_url")
 }
 
 pub async fn ingest(settings: &Settings) -> anyhow::Result<()> {

@@ -189,6 +189,9 @@ struct Row {
     post_p50: Option<f64>,
     window: f64,
     cpu: Vec<(String, f64)>,
+    /// CPU seconds per second of each group over the idle pause's second half: the fixed
+    /// cost of standing by (polling, heartbeats), which a low rate divides by few messages.
+    idle: Vec<(String, f64)>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -345,7 +348,18 @@ async fn svix(bin: &std::path::Path, hook: &str) -> anyhow::Result<Target> {
 async fn load(args: &Args, rate: u64, target: &Target, receiver: &Receiver) -> anyhow::Result<Row> {
     let groups = Groups::new(&target.pids);
     eprintln!("peers: {} idle for {} s", target.name, args.idle_seconds);
-    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let half = Duration::from_secs(args.idle_seconds) / 2;
+    tokio::time::sleep(half).await;
+    let idle_from = groups.read();
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds) - half).await;
+    let idle_seconds = (Duration::from_secs(args.idle_seconds) - half)
+        .as_secs_f64()
+        .max(0.001);
+    let idle: Vec<(String, f64)> = used(&idle_from, &groups.read())
+        .into_iter()
+        .filter(|(name, _)| target.uses_broker || !name.starts_with("broker"))
+        .map(|(name, c)| (name, c / idle_seconds))
+        .collect();
     eprintln!("peers: {} at {rate}/s for {} s", target.name, args.seconds);
     let before = groups.read();
     let total = rate * args.seconds;
@@ -369,9 +383,11 @@ async fn load(args: &Args, rate: u64, target: &Target, receiver: &Receiver) -> a
         .into_iter()
         .filter(|(name, _)| target.uses_broker || !name.starts_with("broker"))
         .collect();
-    finish(
+    let mut row = finish(
         rate, total, target, receiver, sent, answered, accepted, window, cpu,
-    )
+    )?;
+    row.idle = idle;
+    Ok(row)
 }
 
 /// When each message was due or sent (wall-clock microseconds), how long each POST took,
@@ -559,6 +575,7 @@ fn finish(
         post_p50: percentiles(&mut answered).map(|p| p[0]),
         window,
         cpu,
+        idle: Vec::new(),
     })
 }
 
@@ -619,6 +636,15 @@ fn print_rows(args: &Args, rows: &[Row]) {
             .map(|(n, c)| format!("{n} {:.2}", 1000.0 * c / r.delivered.max(1) as f64))
             .collect();
         println!("- {} at {}/s: {}", r.target, r.rate, parts.join(", "));
+        let idle: Vec<String> = r
+            .idle
+            .iter()
+            .filter(|(_, c)| *c > 0.0)
+            .map(|(n, c)| format!("{n} {:.1} %", 100.0 * c))
+            .collect();
+        if !idle.is_empty() {
+            println!("  idle, % of one core: {}", idle.join(", "));
+        }
         if r.rate == 0 {
             println!(
                 "  (closed loop: {:.0} accepted/s over the load, {:.0} delivered/s to the last arrival)",

@@ -63,7 +63,7 @@ async fn setup(args: &Args) -> anyhow::Result<Setup> {
     let (mut settings, url, pool) = crate::setup::fresh().await?;
     let (relay_slot, raw_slot) = (unique("rh_bench_relay_"), unique("rh_bench_raw_"));
     for slot in [&relay_slot, &raw_slot] {
-        crate::setup::create_slot(&pool, &slot).await?;
+        crate::setup::create_slot(&pool, slot).await?;
     }
     settings.topic_prefix = format!("{}.", unique("bench"));
     settings.kafka_partitions = args.partitions;

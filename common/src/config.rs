@@ -212,6 +212,14 @@ pub struct Settings {
     /// the Deliveries they moved are sent again (docs/ARCHITECTURE.md, duplicate windows);
     /// no Event answered 201 is ever at risk (the API's commits always wait).
     pub worker_synchronous_commit: bool,
+    /// Whether the commits of successful outcomes (the group success writes, successes.rs)
+    /// wait for their WAL flush, when the worker's other commits do. Off (the default): they
+    /// run on connections of their own with `synchronous_commit = off`; a Postgres crash
+    /// within a fraction of a second of one loses it, and its Delivery, still PROCESSING under
+    /// its synchronously committed Claim, is sent again after the processing sweep
+    /// (docs/ARCHITECTURE.md, duplicate window 8). The Claims stay synchronous: a lost
+    /// Claim would wait for the stranded sweep instead.
+    pub worker_outcome_synchronous_commit: bool,
     /// Claim the Deliveries the relay's doorbell names as soon as it rings, before their
     /// Announcements arrive through Kafka (common/src/doorbell.rs, `Express`).
     pub worker_express_hints: bool,

@@ -914,3 +914,41 @@ async fn sigterm_to_a_worker_process_drains_it_and_it_exits_cleanly() {
     p.stop().await;
     let _ = std::fs::remove_file(&log);
 }
+
+/// The worker's pools as `railhook worker` makes them (worker/src/pools.rs): the success
+/// writes commit on connections that do not wait for the WAL flush, everything else on
+/// connections that do; with `worker_outcome_synchronous_commit` (or an asynchronous
+/// worker) one pool serves both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_success_writes_commit_without_waiting_for_the_flush() {
+    use railhook_worker::Pools;
+    let url = crate::support::fresh_database().await;
+    let redis = crate::support::local_setting("REDIS_URL");
+    async fn commits(pool: &sqlx::PgPool) -> String {
+        sqlx::query_scalar!(r#"SELECT current_setting('synchronous_commit') AS "s!""#)
+            .fetch_one(pool)
+            .await
+            .expect("synchronous_commit")
+    }
+    let settings = crate::support::settings(&url, &redis);
+    let pools = Pools::connect(&settings).expect("pools");
+    assert!(pools.split());
+    assert_eq!(commits(&pools.claims).await, "on");
+    assert_eq!(commits(&pools.outcomes).await, "off");
+    assert_eq!(
+        pools.outcomes.options().get_max_connections(),
+        settings.worker_outcome_writers + 1
+    );
+
+    let mut synchronous = settings.clone();
+    synchronous.worker_outcome_synchronous_commit = true;
+    let pools = Pools::connect(&synchronous).expect("pools");
+    assert!(!pools.split());
+    assert_eq!(commits(&pools.outcomes).await, "on");
+
+    let mut asynchronous = settings.clone();
+    asynchronous.worker_synchronous_commit = false;
+    let pools = Pools::connect(&asynchronous).expect("pools");
+    assert!(!pools.split());
+    assert_eq!(commits(&pools.claims).await, "off");
+}

@@ -17,6 +17,7 @@ mod lanes;
 pub mod limits;
 pub mod metrics;
 pub mod ordering;
+pub mod pools;
 mod resolution;
 pub mod retry_policy;
 mod retry_publisher;
@@ -31,4 +32,5 @@ mod warm;
 
 pub use config::{WorkerConfig, WorkerError};
 pub use metrics::WorkerMetrics;
+pub use pools::Pools;
 pub use runtime::run;

@@ -132,7 +132,7 @@ async fn wait_for_topics(
 /// not an error (`deps` says what is missing).
 pub async fn run(
     config: WorkerConfig,
-    pool: PgPool,
+    pools: impl Into<crate::Pools>,
     metrics: WorkerMetrics,
     deps: Dependencies,
     shutdown: impl Future<Output = ()> + Send,
@@ -142,7 +142,7 @@ pub async fn run(
     if !wait_for_topics(&config, &deps, &mut shutdown).await {
         return Ok(());
     }
-    let mut running = start(&config, pool, metrics)?;
+    let mut running = start(&config, pools.into(), metrics)?;
     // A new membership gets a full stall window to settle before it may rejoin again.
     let mut rejoined: Option<Instant> = None;
     // One pass per group membership: a rejoin (see `group_watch`) drops the consumer, which
@@ -185,15 +185,15 @@ enum Membership {
 /// watch and the doorbell's listener.
 fn start(
     config: &WorkerConfig,
-    pool: PgPool,
+    pools: crate::Pools,
     metrics: WorkerMetrics,
 ) -> Result<Running, WorkerError> {
     // The first Claims find their connections open and their statements planned (warm.rs).
     tokio::spawn({
-        let (pool, streak, gap) = (pool.clone(), config.streak, config.ordering_gap_timeout);
-        async move { crate::warm::warm(&pool, &streak, gap).await }
+        let (pools, streak, gap) = (pools.clone(), config.streak, config.ordering_gap_timeout);
+        async move { crate::warm::warm(&pools, &streak, gap).await }
     });
-    let shared = shared(config, pool, metrics)?;
+    let shared = shared(config, pools, metrics)?;
     let (stop_background, background_stop) = watch::channel(false);
     let background = [
         AbortOnDrop(tokio::spawn(run_scheduler(
@@ -223,11 +223,12 @@ fn start(
 
 fn shared(
     config: &WorkerConfig,
-    pool: PgPool,
+    pools: crate::Pools,
     metrics: WorkerMetrics,
 ) -> Result<Shared, WorkerError> {
+    let pool = pools.claims;
     let successes = crate::successes::Successes::new(
-        pool.clone(),
+        pools.outcomes,
         config.outcome_writers,
         config.streak,
         metrics.clone(),

@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::claim::{self, Claimed};
@@ -19,7 +18,8 @@ use crate::fence::{self, StreakPolicy};
 use crate::successes;
 
 /// Opens the pool's connections ahead and plans the hot statements on each.
-pub(crate) async fn warm(pool: &PgPool, streak: &StreakPolicy, gap_timeout: Duration) {
+pub(crate) async fn warm(pools: &crate::Pools, streak: &StreakPolicy, gap_timeout: Duration) {
+    let pool = &pools.claims;
     let nobody = Claimed {
         id: String::new(),
         token: Uuid::nil(),
@@ -44,4 +44,12 @@ pub(crate) async fn warm(pool: &PgPool, streak: &StreakPolicy, gap_timeout: Dura
         }
     })
     .await;
+    if pools.split() {
+        railhook_common::db::open_ahead(&pools.outcomes, "worker outcomes", |mut c| async move {
+            successes::write_successes(&mut *c, streak, [])
+                .await
+                .map(|_| ())
+        })
+        .await;
+    }
 }

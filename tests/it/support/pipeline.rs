@@ -91,12 +91,9 @@ impl Pipeline {
     /// Starts one more worker in the same consumer group.
     pub fn spawn_worker(&mut self) {
         let (stop, stopped) = oneshot::channel::<()>();
-        // The pool `railhook worker` makes: JIT off, one generic plan per statement.
-        let pool = railhook_common::db::connect_planned(
-            &self.settings,
-            railhook_common::db::Planning::Generic,
-        )
-        .expect("worker pool");
+        // The pools `railhook worker` makes: JIT off, one generic plan per statement, the
+        // success writes on connections of their own.
+        let pool = railhook_worker::Pools::connect(&self.settings).expect("worker pools");
         let run = railhook_worker::run(
             WorkerConfig::from_settings(&self.settings).expect("worker config"),
             pool,
