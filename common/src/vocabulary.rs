@@ -67,6 +67,14 @@ crate::words! {
 }
 
 crate::words! {
+    /// What carries an endpoint's Attempts (`endpoints.transport`, the API's `type`): an
+    /// HTTP request, or a publish to a broker (common/src/transport/).
+    #[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+    #[serde(rename_all = "lowercase")]
+    TransportKind { Http, Kafka, Sqs, Rabbitmq, Nats }
+}
+
+crate::words! {
     /// An endpoint's circuit breaker (`endpoints.breaker_state`, the breaker metrics).
     BreakerState { Closed, Open, HalfOpen }
 }

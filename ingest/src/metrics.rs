@@ -16,8 +16,6 @@ pub const QUOTA_CHARGE_SKIPPED_TOTAL: &str = "railhook_quota_charge_skipped_tota
 pub const QUOTA_REJECTED_TOTAL: &str = "railhook_quota_rejected_total";
 pub const INCOMING_RECEIVED_TOTAL: &str = "railhook_incoming_received_total";
 pub const INCOMING_REJECTED_TOTAL: &str = "railhook_incoming_rejected_total";
-/// `provider` label values of the incoming metrics.
-pub const PROVIDERS: [&str; 5] = ["github", "stripe", "shopify", "standard", "generic"];
 pub const GROUP_COMMIT_EVENTS: &str = "railhook_ingest_group_commit_events";
 pub const GROUP_COMMIT_WAITING: &str = "railhook_ingest_group_commit_waiting";
 pub const GROUP_COMMIT_RETRIED_TOTAL: &str = "railhook_ingest_group_commit_retried_total";

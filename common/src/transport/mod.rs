@@ -18,40 +18,7 @@ pub fn sealing_id(endpoint_id: &str) -> String {
     format!("{endpoint_id}/transport")
 }
 
-/// What carries an endpoint's Attempts: the API's `type`, the column `endpoints.transport`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum TransportKind {
-    Http,
-    Kafka,
-    Sqs,
-    Rabbitmq,
-    Nats,
-}
-
-impl TransportKind {
-    pub const ALL: &'static [TransportKind] = &[
-        TransportKind::Http,
-        TransportKind::Kafka,
-        TransportKind::Sqs,
-        TransportKind::Rabbitmq,
-        TransportKind::Nats,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TransportKind::Http => "http",
-            TransportKind::Kafka => "kafka",
-            TransportKind::Sqs => "sqs",
-            TransportKind::Rabbitmq => "rabbitmq",
-            TransportKind::Nats => "nats",
-        }
-    }
-
-    pub fn parse(raw: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|k| k.as_str() == raw)
-    }
-}
+pub use crate::vocabulary::TransportKind;
 
 /// What decides a Kafka record's key, and so its partition: `endpoint` (the default: one
 /// partition, so an ordered endpoint stays ordered end to end), `event_id`, `application`
@@ -196,10 +163,16 @@ impl TransportSettings {
     /// Takes `old`'s credentials where these settings leave them out (a PATCH cannot send
     /// back what the API never returns): Kafka's `sasl_password`, SQS's
     /// `secret_access_key`, and the password of a RabbitMQ or NATS URL whose user is the
-    /// same.
+    /// same. Settings of another kind keep nothing: a credential never crosses kinds.
+    ///
+    /// Every kind has its own arm (issue #55): a new kind does not compile until it says
+    /// what its PATCH keeps, instead of silently dropping its stored credential.
     pub fn keep_credentials_of(&mut self, old: &TransportSettings) {
-        match (self, old) {
-            (TransportSettings::Kafka(new), TransportSettings::Kafka(old)) => {
+        match self {
+            TransportSettings::Kafka(new) => {
+                let TransportSettings::Kafka(old) = old else {
+                    return;
+                };
                 if let (Some(n), Some(o)) = (&mut new.security, &old.security)
                     && n.sasl_password.is_none()
                     && n.sasl_username == o.sasl_username
@@ -207,18 +180,24 @@ impl TransportSettings {
                     n.sasl_password.clone_from(&o.sasl_password);
                 }
             }
-            (TransportSettings::Sqs(new), TransportSettings::Sqs(old))
-                if new.secret_access_key.is_none() && new.access_key_id == old.access_key_id =>
-            {
-                new.secret_access_key.clone_from(&old.secret_access_key);
+            TransportSettings::Sqs(new) => {
+                let TransportSettings::Sqs(old) = old else {
+                    return;
+                };
+                if new.secret_access_key.is_none() && new.access_key_id == old.access_key_id {
+                    new.secret_access_key.clone_from(&old.secret_access_key);
+                }
             }
-            (TransportSettings::Rabbitmq(new), TransportSettings::Rabbitmq(old)) => {
-                new.url = with_password_of(&new.url, &old.url);
+            TransportSettings::Rabbitmq(new) => {
+                if let TransportSettings::Rabbitmq(old) = old {
+                    new.url = with_password_of(&new.url, &old.url);
+                }
             }
-            (TransportSettings::Nats(new), TransportSettings::Nats(old)) => {
-                new.url = with_password_of(&new.url, &old.url);
+            TransportSettings::Nats(new) => {
+                if let TransportSettings::Nats(old) = old {
+                    new.url = with_password_of(&new.url, &old.url);
+                }
             }
-            _ => {}
         }
     }
 

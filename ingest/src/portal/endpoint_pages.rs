@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect};
 use chrono::{Duration, Utc};
 use maud::{Markup, html};
+use railhook_common::vocabulary::Word;
 use serde::Deserialize;
 
 use railhook_common::transport::TransportKind;
@@ -172,7 +173,7 @@ async fn create_broker(
             ApiError::validation("type", "this kind of endpoint is not offered here").into(),
         );
     };
-    let settings = broker_settings(f, kind);
+    let settings = broker_settings(f, transport);
     let mut create = CreateEndpoint {
         transport: Some(transport),
         description: s.description,

@@ -3,6 +3,7 @@
 //! docs/DESTINATIONS.md) and an HTTP endpoint's authentication
 //! (common/src/endpoint_auth.rs), each sealed whole and shown without its secret.
 
+use railhook_common::vocabulary::Word;
 use std::collections::BTreeMap;
 
 use serde::Serialize;

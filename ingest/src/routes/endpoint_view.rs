@@ -3,6 +3,7 @@
 //! sealed secret, the custom headers opened, a broker endpoint's settings under its kind's
 //! name.
 
+use railhook_common::vocabulary::Word;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};

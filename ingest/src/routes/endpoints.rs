@@ -1,5 +1,6 @@
 //! Endpoints: where webhooks go, how they are signed, and how hard they may be pushed.
 
+use railhook_common::vocabulary::Word;
 use std::collections::BTreeMap;
 
 use axum::Json;

@@ -8,6 +8,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use chrono::{DateTime, Utc};
 use railhook_common::keygen::hash_api_key;
 use railhook_common::transport::TransportKind;
+use railhook_common::vocabulary::Word;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
