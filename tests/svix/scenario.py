@@ -26,6 +26,7 @@ from svix.api import (
     EndpointPatch,
     EndpointSecretRotateIn,
     EventTypeIn,
+    MessageAttemptListAttemptedMessagesOptions,
     MessageAttemptListByEndpointOptions,
     MessageCreateOptions,
     MessageIn,
@@ -242,6 +243,20 @@ def main():
     assert one.msg_id == sent[0].id
     dests = svix.message_attempt.list_attempted_destinations(acme.id, sent[0].id)
     assert {d.id for d in dests.data} == {ep_all.id, ep_inv.id, ep_eu.id}
+    # A page read at once (issue #55): each row still carries its own message and endpoint.
+    for d in dests.data:
+        assert d.url == svix.endpoint.get(acme.id, d.id).url, d
+    with_msg = svix.message_attempt.list_by_endpoint(
+        acme.id, ep_inv.id, MessageAttemptListByEndpointOptions(limit=30, with_msg=True))
+    assert len(with_msg.data) == 30
+    assert all(a.msg is not None and a.msg.id == a.msg_id for a in with_msg.data)
+    assert all(a.msg.payload["n"] % 2 == 0 for a in with_msg.data)
+    attempted = svix.message_attempt.list_attempted_messages(
+        acme.id, ep_inv.id, MessageAttemptListAttemptedMessagesOptions(with_content=True))
+    assert attempted.data, attempted
+    for m in attempted.data[:5]:
+        assert m.payload == svix.message.get(acme.id, m.id).payload, m
+    assert len({m.id for m in attempted.data}) == len(attempted.data)
     stats = svix.endpoint.get_stats(acme.id, ep_inv.id)
     assert stats.success == MESSAGES // 2, stats
 

@@ -102,6 +102,27 @@ pub async fn find(
     .await
 }
 
+/// The project's live endpoints of `kind` among `ids`, by id: one statement for a page of
+/// rows that each name an endpoint (issue #55).
+pub async fn rows_by_id(
+    db: impl PgExecutor<'_>,
+    project_id: &str,
+    ids: &[String],
+    kind: Kind,
+) -> Result<std::collections::HashMap<String, EndpointRow>, sqlx::Error> {
+    let rows = sqlx::query_as!(
+        EndpointRow,
+        r#"SELECT * FROM endpoints
+           WHERE id = ANY($1) AND project_id = $2 AND deleted_at IS NULL AND kind = $3"#,
+        ids,
+        project_id,
+        kind.as_str()
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.id.clone(), r)).collect())
+}
+
 /// One live webhook endpoint of an application, by its id or its uid.
 pub async fn find_in_application(
     db: impl PgExecutor<'_>,

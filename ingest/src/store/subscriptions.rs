@@ -319,6 +319,34 @@ pub async fn page(
     .await
 }
 
+/// The event-type patterns of the live subscriptions of each of `endpoint_ids`, one
+/// statement for a page of endpoints (issue #55: the Svix endpoint views read a page's
+/// subscriptions at once, not one query per endpoint). An endpoint with none is absent.
+pub async fn event_types_by_endpoint(
+    pool: &PgPool,
+    project_id: &str,
+    endpoint_ids: &[String],
+) -> Result<HashMap<String, Vec<String>>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"SELECT endpoint_id AS "endpoint_id!", event_types
+           FROM subscriptions
+           WHERE project_id = $1 AND deleted_at IS NULL AND endpoint_id = ANY($2)
+           ORDER BY id DESC"#,
+        project_id,
+        endpoint_ids
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut by_endpoint: HashMap<String, Vec<String>> = HashMap::new();
+    for r in rows {
+        by_endpoint
+            .entry(r.endpoint_id)
+            .or_default()
+            .extend(r.event_types);
+    }
+    Ok(by_endpoint)
+}
+
 pub async fn find(
     pool: &PgPool,
     id: &str,

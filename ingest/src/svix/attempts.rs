@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::endpoints::{EndpointOut, find as find_endpoint, view as endpoint_view};
+use super::endpoints::{EndpointOut, find as find_endpoint, views as endpoint_views};
 use super::messages::{MessageOut, find as find_message, message_of};
 use super::{ListResponse, Page, SvixJson, SvixQuery, SvixResult};
 use crate::auth::{Project, Sender};
@@ -119,11 +119,12 @@ async fn attempt_page(
     .await?;
     let mut out: Vec<MessageAttemptOut> = rows.into_iter().map(attempt_of).collect();
     if q.with_msg == Some(true) {
+        // The page's messages in one statement (issue #55), not one per Attempt.
+        let ids: Vec<String> = out.iter().map(|a| a.msg_id.clone()).collect();
+        let events = events_store::rows_by_id(&state.pool, project.id.as_str(), &ids).await?;
         for a in &mut out {
-            if let Some((row, _)) =
-                events_store::find(&state.pool, &a.msg_id, project.id.as_str()).await?
-            {
-                a.msg = Some(message_of(row, true)?);
+            if let Some(row) = events.get(&a.msg_id) {
+                a.msg = Some(message_of(row.clone(), true)?);
             }
         }
     }
@@ -247,11 +248,13 @@ pub async fn attempted_messages(
         ..DeliveryFilter::default()
     };
     let (page, rows) = deliveries_page(&state, &project, &filter, &q).await?;
+    // The page's messages in one statement (issue #55), not one per Delivery.
+    let ids: Vec<String> = rows.iter().map(|d| d.event_id.clone()).collect();
+    let events = events_store::rows_by_id(&state.pool, project.id.as_str(), &ids).await?;
     let mut out = Vec::with_capacity(rows.len());
     for d in rows {
-        let Some((event, _)) =
-            events_store::find(&state.pool, &d.event_id, project.id.as_str()).await?
-        else {
+        // Two Deliveries of one Event on one endpoint (a replay) each show the message.
+        let Some(event) = events.get(&d.event_id).cloned() else {
             continue;
         };
         let (status, status_text) = status_of(d.status);
@@ -300,18 +303,22 @@ pub async fn attempted_destinations(
         ..DeliveryFilter::default()
     };
     let (page, rows) = deliveries_page(&state, &project, &filter, &q).await?;
+    // The page's endpoints, and their subscriptions, in one statement each (issue #55).
+    let ids: Vec<String> = rows.iter().map(|d| d.endpoint_id.clone()).collect();
+    let endpoints = crate::store::endpoints::rows_by_id(
+        &state.pool,
+        project.id.as_str(),
+        &ids,
+        crate::store::endpoints::Kind::Webhook,
+    )
+    .await?;
+    let rows: Vec<_> = rows
+        .into_iter()
+        .filter_map(|d| Some((endpoints.get(&d.endpoint_id)?.clone(), d)))
+        .collect();
+    let views = endpoint_views(&state, rows.iter().map(|(e, _)| e.clone()).collect()).await?;
     let mut out = Vec::with_capacity(rows.len());
-    for d in rows {
-        let Some(row) = crate::store::endpoints::find(
-            &state.pool,
-            project.id.as_str(),
-            &d.endpoint_id,
-            crate::store::endpoints::Kind::Webhook,
-        )
-        .await?
-        else {
-            continue;
-        };
+    for ((_, d), endpoint) in rows.into_iter().zip(views) {
         let (status, status_text) = status_of(d.status);
         let next_attempt = d
             .next_retry_at
@@ -319,7 +326,7 @@ pub async fn attempted_destinations(
         out.push((
             d.id,
             MessageEndpointOut {
-                endpoint: endpoint_view(&state, row).await?,
+                endpoint,
                 status,
                 status_text,
                 next_attempt,

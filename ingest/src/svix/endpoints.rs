@@ -50,21 +50,41 @@ pub struct EndpointOut {
 
 /// The endpoint's patterns, from its live subscriptions (the Svix surface keeps one);
 /// `None` when it receives every type.
-async fn filter_of(
-    state: &AppState,
-    project_id: &str,
-    endpoint_id: &str,
-) -> SvixResult<Option<Vec<String>>> {
-    let rows = subs::page(&state.pool, project_id, Some(endpoint_id), None, 100).await?;
-    let mut patterns: Vec<String> = rows.into_iter().flat_map(|s| s.event_types).collect();
+/// Svix's `filterTypes` from an endpoint's subscriptions' patterns: `None` (every type)
+/// when one of them is `*`.
+fn filter_of(mut patterns: Vec<String>) -> Option<Vec<String>> {
     patterns.sort();
     patterns.dedup();
-    Ok((!patterns.iter().any(|p| p == "*")).then_some(patterns))
+    (!patterns.iter().any(|p| p == "*")).then_some(patterns)
 }
 
 pub(crate) async fn view(state: &AppState, r: EndpointRow) -> SvixResult<EndpointOut> {
-    let filter = filter_of(state, &r.project_id, &r.id).await?;
-    Ok(EndpointOut {
+    let mut one = views(state, vec![r]).await?;
+    Ok(one.pop().expect("one view per row"))
+}
+
+/// The Svix shape of a page of endpoint rows, in their order, with one read of their
+/// subscriptions for the whole page (issue #55: not one query per endpoint).
+pub(crate) async fn views(
+    state: &AppState,
+    rows: Vec<EndpointRow>,
+) -> SvixResult<Vec<EndpointOut>> {
+    let Some(project_id) = rows.first().map(|r| r.project_id.clone()) else {
+        return Ok(Vec::new());
+    };
+    let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+    let mut types = subs::event_types_by_endpoint(&state.pool, &project_id, &ids).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let filter = filter_of(types.remove(&r.id).unwrap_or_default());
+            out_of(r, filter)
+        })
+        .collect())
+}
+
+fn out_of(r: EndpointRow, filter: Option<Vec<String>>) -> EndpointOut {
+    EndpointOut {
         filter_types: filter.clone(),
         event_types: filter,
         id: r.id,
@@ -78,7 +98,7 @@ pub(crate) async fn view(state: &AppState, r: EndpointRow) -> SvixResult<Endpoin
         filter: r.filter,
         created_at: r.created_at,
         updated_at: r.updated_at,
-    })
+    }
 }
 
 /// The application's endpoint a path names (an id or a uid), or 404.
@@ -246,10 +266,7 @@ pub async fn list(
         page.fetch(),
     )
     .await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        out.push(view(&state, r).await?);
-    }
+    let out = views(&state, rows).await?;
     Ok(Json(page.finish(out, |e: &EndpointOut| &e.id)))
 }
 
