@@ -9,7 +9,8 @@
 //! (`rh:ep:{ep_…}:rl`), see `worker/src/limits.rs`.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
@@ -56,6 +57,70 @@ impl ConnectionLike for RedisConnection {
             RedisConnection::Single(c) => c.get_db(),
             RedisConnection::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// After a failed connect, how long [`Lazy::get`] answers `None` at once instead of trying
+/// again: a Redis that is down costs each request nothing, and is tried about once a second.
+pub const RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The one Redis connection of a role's fail-open users (the ingest's quota, the worker's
+/// limits): opened on first use within `timeout`, shared by every clone (it multiplexes),
+/// dropped by [`Lazy::forget`] when a command failed, and not retried for
+/// [`RECONNECT_BACKOFF`] after a failed connect. Its users fail open on `None`.
+#[derive(Clone)]
+pub struct Lazy {
+    client: RedisClient,
+    timeout: Duration,
+    state: Arc<tokio::sync::Mutex<LazyState>>,
+}
+
+#[derive(Default)]
+struct LazyState {
+    conn: Option<RedisConnection>,
+    last_failure: Option<Instant>,
+}
+
+impl Lazy {
+    pub fn new(client: RedisClient, timeout: Duration) -> Self {
+        Self {
+            client,
+            timeout,
+            state: Arc::default(),
+        }
+    }
+
+    /// The connection, opened now if there is none; `None` while Redis cannot be reached
+    /// (at once within [`RECONNECT_BACKOFF`] of the last failure).
+    pub async fn get(&self) -> Option<RedisConnection> {
+        let mut state = self.state.lock().await;
+        if let Some(conn) = &state.conn {
+            return Some(conn.clone());
+        }
+        if state
+            .last_failure
+            .is_some_and(|t| t.elapsed() < RECONNECT_BACKOFF)
+        {
+            return None;
+        }
+        match self.client.connect(self.timeout).await {
+            Ok(conn) => {
+                state.conn = Some(conn.clone());
+                Some(conn)
+            }
+            Err(_) => {
+                state.last_failure = Some(Instant::now());
+                None
+            }
+        }
+    }
+
+    /// Drops the connection after a command failed on it; the next [`Lazy::get`] after the
+    /// back-off opens a new one.
+    pub async fn forget(&self) {
+        let mut state = self.state.lock().await;
+        state.conn = None;
+        state.last_failure = Some(Instant::now());
     }
 }
 

@@ -18,31 +18,23 @@
 //! connection attempt waits a second, so a dead Redis costs ingest almost nothing.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{Datelike, Utc};
-use railhook_common::redis_client::{RedisClient, RedisConnection};
-use tokio::sync::Mutex;
+use railhook_common::redis_client::{Lazy, RedisClient};
 
 use crate::metrics::IngestMetrics;
 
 /// Counters live ~5 weeks: long enough to cover their month, then Redis drops them.
 const COUNTER_TTL_SECONDS: i64 = 35 * 24 * 3600;
-const RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct Quota {
-    client: RedisClient,
+    /// Each command's deadline (the connect's too): past it, the quota fails open.
     timeout: Duration,
     reserve: Arc<redis::Script>,
-    conn: Arc<Mutex<ConnState>>,
+    redis: Lazy,
     metrics: IngestMetrics,
-}
-
-#[derive(Default)]
-struct ConnState {
-    conn: Option<RedisConnection>,
-    last_failure: Option<Instant>,
 }
 
 /// What the reservation before the transaction decided.
@@ -82,41 +74,11 @@ impl Quota {
     /// credentials come from there).
     pub fn new(client: RedisClient, timeout: Duration, metrics: IngestMetrics) -> Self {
         Self {
-            client,
             timeout,
             reserve: Arc::new(redis::Script::new(RESERVE)),
-            conn: Arc::new(Mutex::new(ConnState::default())),
+            redis: Lazy::new(client, timeout),
             metrics,
         }
-    }
-
-    async fn connection(&self) -> Option<RedisConnection> {
-        let mut state = self.conn.lock().await;
-        if let Some(conn) = &state.conn {
-            return Some(conn.clone());
-        }
-        if state
-            .last_failure
-            .is_some_and(|t| t.elapsed() < RECONNECT_BACKOFF)
-        {
-            return None;
-        }
-        match self.client.connect(self.timeout).await {
-            Ok(conn) => {
-                state.conn = Some(conn.clone());
-                Some(conn)
-            }
-            Err(_) => {
-                state.last_failure = Some(Instant::now());
-                None
-            }
-        }
-    }
-
-    async fn forget_connection(&self) {
-        let mut state = self.conn.lock().await;
-        state.conn = None;
-        state.last_failure = Some(Instant::now());
     }
 
     /// Reserves `count` Events of this month's quota, if they fit. Fails open.
@@ -129,7 +91,7 @@ impl Quota {
         if count == 0 {
             return Reservation::Skipped;
         }
-        let Some(mut conn) = self.connection().await else {
+        let Some(mut conn) = self.redis.get().await else {
             self.metrics
                 .quota_charge_skipped
                 .with_label_values(&["check"])
@@ -147,7 +109,7 @@ impl Quota {
             Ok(Ok(-1)) => Reservation::Exceeded,
             Ok(Ok(_)) => Reservation::Reserved { key, count },
             _ => {
-                self.forget_connection().await;
+                self.redis.forget().await;
                 self.metrics
                     .quota_charge_skipped
                     .with_label_values(&["check"])
@@ -175,7 +137,7 @@ impl Quota {
     }
 
     async fn add(&self, key: &str, n: i64, phase: &'static str) {
-        let Some(mut conn) = self.connection().await else {
+        let Some(mut conn) = self.redis.get().await else {
             self.metrics
                 .quota_charge_skipped
                 .with_label_values(&[phase])
@@ -191,7 +153,7 @@ impl Quota {
         let done: Result<Result<(), redis::RedisError>, _> =
             tokio::time::timeout(self.timeout, pipe.query_async(&mut conn)).await;
         if !matches!(done, Ok(Ok(()))) {
-            self.forget_connection().await;
+            self.redis.forget().await;
             self.metrics
                 .quota_charge_skipped
                 .with_label_values(&[phase])

@@ -36,11 +36,10 @@
 //! not stop deliveries.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use railhook_common::redis_client::{RedisClient, RedisConnection};
+use railhook_common::redis_client::{Lazy, RedisClient};
 use sqlx::PgPool;
-use tokio::sync::Mutex;
 
 const ADMIT: &str = r#"
 local t = redis.call('TIME')
@@ -224,24 +223,16 @@ pub enum Verdict {
 }
 
 const REDIS_TIMEOUT: Duration = Duration::from_millis(200);
-const RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 /// Added to the endpoint timeout for a concurrency lease: the excerpt wait and scheduling.
 const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 pub struct Limits {
-    client: RedisClient,
-    conn: Arc<Mutex<ConnState>>,
+    redis: Lazy,
     admit: Arc<redis::Script>,
     record: Arc<redis::Script>,
     application_rate: Arc<redis::Script>,
     policy: BreakerPolicy,
-}
-
-#[derive(Default)]
-struct ConnState {
-    conn: Option<RedisConnection>,
-    last_failure: Option<Instant>,
 }
 
 /// An endpoint's keys. The endpoint id is their hash tag (`{…}`): in a Redis Cluster every
@@ -270,42 +261,12 @@ impl Limits {
     /// credentials come from there).
     pub fn new(client: RedisClient, policy: BreakerPolicy) -> Result<Self, redis::RedisError> {
         Ok(Self {
-            client,
-            conn: Arc::new(Mutex::new(ConnState::default())),
+            redis: Lazy::new(client, REDIS_TIMEOUT),
             admit: Arc::new(redis::Script::new(ADMIT)),
             record: Arc::new(redis::Script::new(RECORD)),
             application_rate: Arc::new(redis::Script::new(APPLICATION_RATE)),
             policy,
         })
-    }
-
-    async fn connection(&self) -> Option<RedisConnection> {
-        let mut state = self.conn.lock().await;
-        if let Some(c) = &state.conn {
-            return Some(c.clone());
-        }
-        if state
-            .last_failure
-            .is_some_and(|t| t.elapsed() < RECONNECT_BACKOFF)
-        {
-            return None;
-        }
-        match self.client.connect(REDIS_TIMEOUT).await {
-            Ok(c) => {
-                state.conn = Some(c.clone());
-                Some(c)
-            }
-            _ => {
-                state.last_failure = Some(Instant::now());
-                None
-            }
-        }
-    }
-
-    async fn forget_connection(&self) {
-        let mut state = self.conn.lock().await;
-        state.conn = None;
-        state.last_failure = Some(Instant::now());
     }
 
     /// The checks before a request is built, in order: breaker, throttle, concurrency, rate.
@@ -317,7 +278,7 @@ impl Limits {
         lease: &str,
         limits: &EndpointLimits,
     ) -> Admission {
-        let Some(mut conn) = self.connection().await else {
+        let Some(mut conn) = self.redis.get().await else {
             return Admission::Unavailable;
         };
         let [cb, rl, cc, th] = keys(endpoint_id);
@@ -342,7 +303,7 @@ impl Limits {
         let (verdict, wait_ms, changed) = match answer {
             Ok(Ok(v)) => v,
             _ => {
-                self.forget_connection().await;
+                self.redis.forget().await;
                 return Admission::Unavailable;
             }
         };
@@ -362,7 +323,7 @@ impl Limits {
     /// An application's rate (`APPLICATION_RATE`): `Go` when its bucket had room (and the
     /// token is taken), else a `rate` Deferral with the wait it asks for.
     pub async fn admit_application(&self, application_id: &str, rate: u32) -> Admission {
-        let Some(mut conn) = self.connection().await else {
+        let Some(mut conn) = self.redis.get().await else {
             return Admission::Unavailable;
         };
         let mut call = self.application_rate.prepare_invoke();
@@ -380,7 +341,7 @@ impl Limits {
                 wait: Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0)),
             },
             _ => {
-                self.forget_connection().await;
+                self.redis.forget().await;
                 Admission::Unavailable
             }
         }
@@ -397,7 +358,7 @@ impl Limits {
         verdict: Verdict,
         throttle: Option<Duration>,
     ) -> Option<BreakerState> {
-        let mut conn = self.connection().await?;
+        let mut conn = self.redis.get().await?;
         let [cb, _, cc, th] = keys(endpoint_id);
         let result = match verdict {
             Verdict::Ok => "ok",
@@ -418,7 +379,7 @@ impl Limits {
         match tokio::time::timeout(REDIS_TIMEOUT, call.invoke_async::<String>(&mut conn)).await {
             Ok(Ok(changed)) => BreakerState::parse(&changed),
             _ => {
-                self.forget_connection().await;
+                self.redis.forget().await;
                 None
             }
         }
