@@ -155,6 +155,10 @@ pub struct Settings {
     pub kafka_message_timeout_ms: u64,
     /// Most Outbox messages the relay holds un-acknowledged before it stops reading the Slot.
     pub relay_max_in_flight: usize,
+    /// Send each Announcement's express hint as soon as it is read from the Slot, to the
+    /// partition librdkafka's partitioner will give it, instead of after the broker's
+    /// acknowledgement (relay.rs, `produce`; a wrong guess is corrected at the ack).
+    pub relay_express_at_read: bool,
     /// Most bytes of un-acknowledged messages before the relay stops reading the Slot.
     pub relay_max_in_flight_bytes: usize,
     /// Interval between transactional heartbeats written into the WAL.

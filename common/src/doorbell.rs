@@ -63,11 +63,28 @@ const QUEUE: usize = 8_192;
 /// claims the Delivery at once, and when the same message arrives through Kafka, its offset
 /// is stored without a second Claim (worker/src/lanes.rs). A lost express hint costs the
 /// Kafka hop's latency, never a Delivery.
+///
+/// Since issue #54 the relay sends most express hints when it *reads* the Outbox row, before
+/// the broker acknowledged it: the offset is not known yet ([`Express::AT_READ`]) and the
+/// partition is the one the producer's partitioner will choose. The worker then matches the
+/// Kafka copy by its Delivery id (worker/src/express.rs). A worker of an earlier release
+/// ignores such a hint (its offset is behind anything read), so a mixed deployment only
+/// loses the shortcut.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Express {
     pub partition: i32,
     pub offset: i64,
     pub delivery_id: String,
+}
+
+impl Express {
+    /// The offset of a hint sent before the broker acknowledged its Announcement.
+    pub const AT_READ: i64 = -1;
+
+    /// The Announcement's offset, when the hint was sent after the acknowledgement.
+    pub fn known_offset(&self) -> Option<i64> {
+        (self.offset >= 0).then_some(self.offset)
+    }
 }
 
 impl Express {

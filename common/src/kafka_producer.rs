@@ -92,6 +92,22 @@ impl Producer {
         })
     }
 
+    /// How many partitions `topic` has, from the broker's metadata (`None` if it did not
+    /// answer within `within`).
+    pub async fn partition_count(&self, topic: &str, within: Duration) -> Option<i32> {
+        let (inner, topic) = (self.inner.clone(), topic.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let metadata = rdkafka::producer::Producer::client(&*inner)
+                .fetch_metadata(Some(&topic), within)
+                .ok()?;
+            let partitions = metadata.topics().first()?.partitions().len();
+            i32::try_from(partitions).ok().filter(|n| *n > 0)
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
     /// Queues one message, without headers (relay.rs `produce` says why); its [`Ack`]
     /// resolves when the broker answered. An error here means librdkafka refused to queue
     /// it (its queue is full, the topic is unknown…).
@@ -102,5 +118,38 @@ impl Producer {
             .payload(payload);
         self.inner.send(record).map_err(|(e, _)| e)?;
         Ok(rx)
+    }
+}
+
+/// The partition librdkafka's default partitioner (`consistent_random`) gives a message
+/// with a non-empty `key` on a topic of `partitions`: the key's CRC-32 (ISO-HDLC, zlib's)
+/// modulo the count. The relay uses it to send an express hint before the broker
+/// acknowledged (relay.rs, `produce`); the acknowledgement says where the message went, and
+/// a wrong guess (another `partitioner` in `KAFKA_PROPERTIES`, a partition count changed
+/// since the session began) is made good there.
+pub fn predicted_partition(key: &str, partitions: i32) -> Option<i32> {
+    const CRC32: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+    let count = u32::try_from(partitions).ok().filter(|n| *n > 0)?;
+    if key.is_empty() {
+        return None;
+    }
+    i32::try_from(CRC32.checksum(key.as_bytes()) % count).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_hash_as_librdkafka_hashes_them() {
+        // zlib's crc32("123456789") is 0xCBF43926, the check value of CRC-32/ISO-HDLC.
+        assert_eq!(
+            predicted_partition("123456789", i32::MAX),
+            Some((0xCBF4_3926u32 % i32::MAX as u32) as i32)
+        );
+        assert_eq!(predicted_partition("", 12), None);
+        assert_eq!(predicted_partition("ep_1", 0), None);
+        let p = predicted_partition("ep_01m97wan5wc9ecxzpk4ccsb460", 12).expect("a partition");
+        assert!((0..12).contains(&p));
     }
 }

@@ -20,6 +20,9 @@ pub struct RelayConfig {
     pub publication: String,
     pub topic: String,
     pub partitions: i32,
+    /// Express hints at read time (`RELAY_EXPRESS_AT_READ`), unless `KAFKA_PROPERTIES` names
+    /// a partitioner other than librdkafka's default, which the relay cannot foresee.
+    pub express_at_read: bool,
     pub replication_factor: i32,
     pub message_timeout: Duration,
     pub max_in_flight: usize,
@@ -59,6 +62,10 @@ impl RelayConfig {
             publication: s.publication.clone(),
             topic: producer::deliveries_topic(&s.topic_prefix),
             partitions: s.kafka_partitions,
+            express_at_read: s.relay_express_at_read
+                && s.kafka()
+                    .property("partitioner")
+                    .is_none_or(|p| p == "consistent_random"),
             replication_factor: s.kafka_replication_factor,
             message_timeout: Duration::from_millis(s.kafka_message_timeout_ms),
             max_in_flight: s.relay_max_in_flight,

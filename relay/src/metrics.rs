@@ -12,6 +12,7 @@ pub const CONFIRMED_LSN: &str = "railhook_relay_confirmed_lsn";
 pub const IN_FLIGHT_MESSAGES: &str = "railhook_relay_in_flight_messages";
 pub const IN_FLIGHT_BYTES: &str = "railhook_relay_in_flight_bytes";
 pub const PUBLISHED_TOTAL: &str = "railhook_relay_published_total";
+pub const EXPRESS_MISPREDICTED_TOTAL: &str = "railhook_relay_express_mispredicted_total";
 pub const PUBLISH_ERRORS_TOTAL: &str = "railhook_relay_publish_errors_total";
 pub const ACTIVE: &str = "railhook_relay_active";
 pub const WAL_STATUS: &str = "railhook_relay_wal_status";
@@ -42,6 +43,9 @@ pub struct RelayMetrics {
     pub in_flight_messages: IntGauge,
     pub in_flight_bytes: IntGauge,
     pub published: IntCounter,
+    /// Express hints sent at read time to a partition the broker did not put the
+    /// Announcement in (sent again at the acknowledgement).
+    pub express_mispredicted: IntCounter,
     pub publish_errors: IntCounter,
     pub active: IntGauge,
     pub wal_status: IntGaugeVec,
@@ -90,6 +94,10 @@ fn latency(registry: &Registry, name: &str, help: &str) -> Histogram {
 }
 
 impl RelayMetrics {
+    #[allow(
+        clippy::too_many_lines,
+        reason = "a declarative table: one entry per metric"
+    )]
     pub fn new() -> Self {
         let r = Registry::new();
         let gauge = |name: &str, help: &str| railhook_common::metrics_http::gauge(&r, name, help);
@@ -127,6 +135,10 @@ impl RelayMetrics {
             published: counter(
                 PUBLISHED_TOTAL,
                 "Announcements acknowledged by Kafka (acks=all).",
+            ),
+            express_mispredicted: counter(
+                EXPRESS_MISPREDICTED_TOTAL,
+                "Express hints sent at read time to another partition than the broker's; each is sent again with the acknowledgement.",
             ),
             publish_errors: counter(
                 PUBLISH_ERRORS_TOTAL,

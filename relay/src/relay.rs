@@ -98,8 +98,15 @@ pub struct Faults {
     pub crash_before_produce: AtomicBool,
 }
 
-/// A message's transaction, size, Delivery id and Kafka's answer.
-type Ack = (u64, usize, String, Result<OwnedDeliveryResult, Canceled>);
+/// A message's transaction, size, Delivery id, the partition its express hint went to at
+/// read time (if it did), and Kafka's answer.
+type Ack = (
+    u64,
+    usize,
+    String,
+    Option<i32>,
+    Result<OwnedDeliveryResult, Canceled>,
+);
 type AckFuture = Pin<Box<dyn Future<Output = Ack> + Send>>;
 
 pub struct Relay {
@@ -326,7 +333,16 @@ impl Relay {
                 .map_err(SlotError::from)?
                 .application_name("railhook-relay-doorbell"),
         );
-        let mut s = Session::new(&self.config, producer, prune_up_to, ringer);
+        // Express hints at read time need the partition count the producer hashes keys
+        // onto; without an answer they go out at the acknowledgement, as before.
+        let partitions = if self.config.express_at_read {
+            producer
+                .partition_count(&self.config.topic, Duration::from_secs(5))
+                .await
+        } else {
+            None
+        };
+        let mut s = Session::new(&self.config, producer, prune_up_to, ringer, partitions);
         let result = self
             .stream(&mut stream, &mut control, &mut s, stopping)
             .await;
@@ -356,8 +372,8 @@ impl Relay {
             // one would leave its published part unconfirmed, to be sent again.
             let read = s.window.has_room() && (!draining || s.current.is_some());
             tokio::select! {
-                Some((seq, bytes, delivery_id, delivered)) = acks.next() => {
-                    self.on_ack(stream, s, (seq, bytes, delivery_id), delivered)?;
+                Some((seq, bytes, delivery_id, hinted, delivered)) = acks.next() => {
+                    self.on_ack(stream, s, (seq, bytes, delivery_id, hinted), delivered)?;
                 }
                 event = stream.recv(), if read => {
                     match event.map_err(stream_error)? {
@@ -422,8 +438,24 @@ impl Relay {
                         if self.faults.crash_before_produce.load(Ordering::SeqCst) {
                             return Err(RelayError::InjectedCrash("before produce"));
                         }
+                        // The express hint now, to the partition the producer will choose
+                        // (the acknowledgement corrects a wrong guess, `on_ack`): the worker
+                        // holding it claims while the broker is still writing.
+                        let hinted = s.partitions.and_then(|n| {
+                            railhook_common::kafka_producer::predicted_partition(
+                                announcement.key(),
+                                n,
+                            )
+                        });
                         let (ack, bytes) =
-                            self.produce(&s.producer, &announcement, trace, current.seq)?;
+                            self.produce(&s.producer, &announcement, trace, current.seq, hinted)?;
+                        if let Some(partition) = hinted {
+                            s.ringer.express(Express {
+                                partition,
+                                offset: Express::AT_READ,
+                                delivery_id: announcement.delivery_id.to_string(),
+                            });
+                        }
                         acks.push(ack);
                         s.window.sent(current.seq, bytes);
                     }
@@ -484,6 +516,7 @@ impl Relay {
         announcement: &Announcement,
         trace: Option<TraceParent>,
         seq: u64,
+        hinted: Option<i32>,
     ) -> Result<(AckFuture, usize), RelayError> {
         let payload = announcement.encode();
         let bytes = payload.len();
@@ -505,7 +538,7 @@ impl Relay {
             Ok(delivery) => {
                 let id = announcement.delivery_id.to_string();
                 Ok((
-                    Box::pin(async move { (seq, bytes, id, delivery.await) }),
+                    Box::pin(async move { (seq, bytes, id, hinted, delivery.await) }),
                     bytes,
                 ))
             }
@@ -520,7 +553,7 @@ impl Relay {
         &self,
         stream: &ReplicationClient,
         s: &mut Session,
-        (seq, bytes, delivery_id): (u64, usize, String),
+        (seq, bytes, delivery_id, hinted): (u64, usize, String, Option<i32>),
         delivered: Result<OwnedDeliveryResult, Canceled>,
     ) -> Result<(), RelayError> {
         match delivered {
@@ -528,11 +561,17 @@ impl Relay {
                 self.metrics.published.inc();
                 // The worker holding the partition claims the Delivery from this, without
                 // waiting for its fetch; a dozing worker wakes on it (common/src/doorbell.rs).
-                s.ringer.express(Express {
-                    partition: at.partition,
-                    offset: at.offset,
-                    delivery_id,
-                });
+                // Sent at read time to the right partition already: nothing more to say.
+                if hinted != Some(at.partition) {
+                    if hinted.is_some() {
+                        self.metrics.express_mispredicted.inc();
+                    }
+                    s.ringer.express(Express {
+                        partition: at.partition,
+                        offset: at.offset,
+                        delivery_id,
+                    });
+                }
                 s.window.acked(seq, bytes);
                 self.confirm_ready(stream, s)
             }

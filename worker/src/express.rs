@@ -3,12 +3,16 @@
 //! when it arrives, only moves the offset.
 //!
 //! ```text
-//!  doorbell: (partition, offset, dlv) ─admit─▶ Waiting ─claimed─▶ Answered ─┐
-//!                                                  │                          │ Kafka copy read:
-//!  Kafka: message at (partition, offset) ──────────┴─ still Waiting:         └▶ offset stored,
-//!                                                     the Kafka copy claims       no Claim
-//!                                                     (the express one is dropped)
+//!  doorbell: (partition, offset?, dlv) ─admit─▶ Waiting ─claimed─▶ Answered ─┐
+//!                                                   │                          │ Kafka copy of dlv read:
+//!  Kafka: message naming dlv ───────────────────────┴─ still Waiting:         └▶ offset stored,
+//!                                                      the Kafka copy claims       no Claim
+//!                                                      (the express one is dropped)
 //! ```
+//!
+//! The relay sends most hints when it reads the Outbox row, before the broker acknowledged
+//! it (issue #54): such a hint has no offset, so the book keys every hint by the Delivery it
+//! names, and a Kafka copy finds its hint by the Delivery it names.
 //!
 //! Why this is safe:
 //! - The Claim decides, whichever hint leads to it: an express hint claims the Delivery
@@ -19,7 +23,8 @@
 //! - A Kafka copy read while its express hint still waits takes its place, so no hint is
 //!   claimed twice by one lane, and none is skipped.
 //! - An express hint for an offset the lane already read from Kafka is dropped: the Kafka
-//!   copy is, or was, claimed.
+//!   copy is, or was, claimed. (A hint without an offset whose copy was read first is
+//!   claimed once more; that Claim matches nothing: a duplicate hint, left alone.)
 //! - The book keeps the Delivery id an express hint named, and a Kafka copy counts as
 //!   answered only when it names the same Delivery (issue #53). Any role that can connect
 //!   to the database can send a NOTIFY on the doorbell's channel, and a stale or forged
@@ -28,15 +33,22 @@
 //!   copy claims, as if there had been no express hint; the forged hint's own Claim decided
 //!   nothing the Delivery row did not allow.
 //!
-//! The book is bounded ([`BOOK_MAX`]): past it, express hints are dropped, and their
-//! Announcements take the Kafka path. Entries of partitions the worker no longer holds are
+//! The book is bounded ([`BOOK_MAX`]): past it, entries older than [`FORGET_AFTER`] are
+//! forgotten, and if it is still full express hints are dropped and their Announcements
+//! take the Kafka path. Entries of partitions the worker no longer holds are
 //! forgotten at the next express batch (their Kafka copies will be read by another member,
 //! whose Claim finds the row already taken: a duplicate, left alone).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 /// Express hints a lane tracks at most.
 pub(crate) const BOOK_MAX: usize = 4_096;
+
+/// How long an entry waits for its Kafka copy before the book forgets it: a hint sent at read
+/// time to a partition the broker did not choose, or a forged one, has no copy coming here.
+/// A copy that arrives later still claims; the Claim then matches nothing (a duplicate hint).
+pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -46,53 +58,82 @@ pub(crate) enum State {
     Answered,
 }
 
+#[derive(Debug)]
+struct Entry {
+    state: State,
+    partition: i32,
+    /// The Announcement's offset, for a hint sent after the acknowledgement.
+    offset: Option<i64>,
+    admitted: Instant,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Book {
-    /// Each express hint's state and the Delivery id it named.
-    entries: BTreeMap<(i32, i64), (State, String)>,
+    /// Each express hint by the Delivery it names (issue #54: a hint sent at read time has
+    /// no offset yet, and its Kafka copy is recognised by the Delivery it names).
+    entries: HashMap<String, Entry>,
     /// The highest offset read from Kafka, per partition.
     read_to: HashMap<i32, i64>,
 }
 
 impl Book {
-    /// Whether an express hint for (`partition`, `offset`) may be queued; if so, it is
-    /// recorded as waiting.
-    pub(crate) fn admit(&mut self, partition: i32, offset: i64, delivery_id: &str) -> Admit {
-        if self
-            .read_to
-            .get(&partition)
-            .is_some_and(|read| offset <= *read)
+    /// Whether an express hint for `delivery_id` (in `partition`, at `offset` when the hint
+    /// knows it) may be queued; if so, it is recorded as waiting.
+    pub(crate) fn admit(
+        &mut self,
+        partition: i32,
+        offset: Option<i64>,
+        delivery_id: &str,
+    ) -> Admit {
+        if let Some(offset) = offset
+            && self
+                .read_to
+                .get(&partition)
+                .is_some_and(|read| offset <= *read)
         {
             return Admit::KafkaFirst;
         }
-        if self.entries.contains_key(&(partition, offset)) {
+        // The same Delivery named twice (the hint at read time and, after a wrong guess of
+        // the partition, the one at the acknowledgement; a replayed NOTIFY): one Claim.
+        if self.entries.contains_key(delivery_id) {
             return Admit::KafkaFirst;
         }
         if self.entries.len() >= BOOK_MAX {
-            return Admit::Full;
+            self.entries
+                .retain(|_, e| e.admitted.elapsed() < FORGET_AFTER);
+            if self.entries.len() >= BOOK_MAX {
+                return Admit::Full;
+            }
         }
         self.entries.insert(
-            (partition, offset),
-            (State::Waiting, delivery_id.to_owned()),
+            delivery_id.to_owned(),
+            Entry {
+                state: State::Waiting,
+                partition,
+                offset,
+                admitted: Instant::now(),
+            },
         );
         Admit::Queued
     }
 
-    /// The Claims of these express hints were answered.
-    pub(crate) fn answered(&mut self, keys: &[(i32, i64)]) {
-        for key in keys {
+    /// The Claims of these express hints (by Delivery id) were answered.
+    pub(crate) fn answered(&mut self, ids: &[String]) {
+        for id in ids {
             // The Kafka copy may have been read meanwhile (it then took the hint's place).
-            if let Some((state, _)) = self.entries.get_mut(key) {
-                *state = State::Answered;
+            if let Some(entry) = self.entries.get_mut(id) {
+                entry.state = State::Answered;
             }
         }
     }
 
     /// The Kafka copy of (`partition`, `offset`) was read, naming `delivery_id` (`None`: an
     /// undecodable or non-Announcement record): what the book knew of the express hint for
-    /// that offset, now forgotten; `None` when there was none or it named another Delivery
-    /// (then the copy claims for itself). Entries of the partition behind it are forgotten
-    /// too: their Kafka copies can no longer come (a partition is read in order).
+    /// that Delivery, now forgotten; `None` when there was none (then the copy claims for
+    /// itself). Only a hint naming this very Delivery counts, so a stale or forged hint
+    /// cannot turn another Announcement into an offset-only copy (issue #53). Answered
+    /// entries with a known offset behind it in the partition are forgotten too: their Kafka
+    /// copies can no longer come (a partition is read in order).
     pub(crate) fn kafka_copy(
         &mut self,
         partition: i32,
@@ -101,26 +142,20 @@ impl Book {
     ) -> Option<State> {
         let read = self.read_to.entry(partition).or_insert(offset);
         *read = (*read).max(offset);
-        let state = self
-            .entries
-            .remove(&(partition, offset))
-            .filter(|(_, named)| delivery_id == Some(named.as_str()))
-            .map(|(state, _)| state);
-        let behind: Vec<(i32, i64)> = self
-            .entries
-            .range((partition, i64::MIN)..(partition, offset))
-            .filter(|(_, (s, _))| *s == State::Answered)
-            .map(|(k, _)| *k)
-            .collect();
-        for k in behind {
-            self.entries.remove(&k);
-        }
+        let state = delivery_id
+            .and_then(|id| self.entries.remove(id))
+            .map(|e| e.state);
+        self.entries.retain(|_, e| {
+            !(e.partition == partition
+                && e.state == State::Answered
+                && e.offset.is_some_and(|o| o < offset))
+        });
         state
     }
 
     /// Forgets the partitions this worker no longer holds.
     pub(crate) fn keep_only(&mut self, held: &[i32]) {
-        self.entries.retain(|(p, _), _| held.contains(p));
+        self.entries.retain(|_, e| held.contains(&e.partition));
         self.read_to.retain(|p, _| held.contains(p));
     }
 
@@ -145,51 +180,82 @@ pub(crate) enum Admit {
 mod tests {
     use super::*;
 
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
     #[test]
     fn an_answered_hint_turns_its_kafka_copy_into_an_offset_only() {
         let mut b = Book::default();
-        assert_eq!(b.admit(0, 10, "d"), Admit::Queued);
-        b.answered(&[(0, 10)]);
+        assert_eq!(b.admit(0, Some(10), "d"), Admit::Queued);
+        b.answered(&ids(&["d"]));
         assert_eq!(b.kafka_copy(0, 10, Some("d")), Some(State::Answered));
         assert_eq!(b.len(), 0);
         // Kafka read it: the same hint again is late.
-        assert_eq!(b.admit(0, 10, "d"), Admit::KafkaFirst);
-        assert_eq!(b.admit(0, 9, "d"), Admit::KafkaFirst);
-        assert_eq!(b.admit(1, 3, "d"), Admit::Queued, "another partition");
+        assert_eq!(b.admit(0, Some(10), "d"), Admit::KafkaFirst);
+        assert_eq!(b.admit(0, Some(9), "e"), Admit::KafkaFirst);
+        assert_eq!(b.admit(1, Some(3), "f"), Admit::Queued, "another partition");
+    }
+
+    /// Issue #54: a hint sent when the relay read the row knows no offset; its Kafka copy is
+    /// known by the Delivery it names, wherever it lands in the partition.
+    #[test]
+    fn a_hint_sent_at_read_time_is_matched_by_its_delivery() {
+        let mut b = Book::default();
+        b.kafka_copy(0, 40, Some("older"));
+        assert_eq!(
+            b.admit(0, None, "d"),
+            Admit::Queued,
+            "no offset: never late by offset"
+        );
+        b.answered(&ids(&["d"]));
+        // Copies of other Deliveries pass by and leave it alone.
+        assert_eq!(b.kafka_copy(0, 41, Some("x")), None);
+        assert_eq!(b.len(), 1);
+        assert_eq!(b.kafka_copy(0, 42, Some("d")), Some(State::Answered));
+        assert_eq!(b.len(), 0);
+        // The acknowledgement's hint for the same Delivery (a wrong guess corrected) after
+        // the read-time one: one Claim.
+        assert_eq!(b.admit(1, None, "e"), Admit::Queued);
+        assert_eq!(b.admit(0, Some(50), "e"), Admit::KafkaFirst);
     }
 
     #[test]
     fn a_kafka_copy_read_before_the_claim_says_the_hint_still_waits() {
         let mut b = Book::default();
-        b.admit(0, 5, "d");
+        b.admit(0, Some(5), "d");
         assert_eq!(b.kafka_copy(0, 5, Some("d")), Some(State::Waiting));
         // The lane dropped the express hint; its late answer changes nothing.
-        b.answered(&[(0, 5)]);
+        b.answered(&ids(&["d"]));
         assert_eq!(b.len(), 0);
     }
 
     #[test]
     fn answered_entries_behind_a_read_offset_are_forgotten() {
         let mut b = Book::default();
-        b.admit(0, 1, "d");
-        b.admit(0, 2, "d");
-        b.admit(0, 7, "d");
-        b.answered(&[(0, 1), (0, 2)]);
-        assert_eq!(b.kafka_copy(0, 4, Some("d")), None);
-        assert_eq!(b.len(), 1, "only offset 7 is still ahead");
+        b.admit(0, Some(1), "a");
+        b.admit(0, Some(2), "b");
+        b.admit(0, Some(7), "c");
+        b.admit(0, None, "early");
+        b.answered(&ids(&["a", "b", "early"]));
+        assert_eq!(b.kafka_copy(0, 4, Some("x")), None);
+        assert_eq!(
+            b.len(),
+            2,
+            "offset 7 is still ahead; the early one waits for its copy"
+        );
     }
 
-    /// Issue #53 finding 12: a hint naming another Delivery at that offset (stale, or a
-    /// forged NOTIFY) does not turn the real Announcement into an offset-only copy.
+    /// Issue #53 finding 12: a hint naming another Delivery (stale, or a forged NOTIFY) does
+    /// not turn the real Announcement into an offset-only copy.
     #[test]
     fn a_kafka_copy_naming_another_delivery_claims_for_itself() {
         let mut b = Book::default();
-        b.admit(0, 10, "dlv_forged");
-        b.answered(&[(0, 10)]);
+        b.admit(0, Some(10), "dlv_forged");
+        b.answered(&ids(&["dlv_forged"]));
         assert_eq!(b.kafka_copy(0, 10, Some("dlv_real")), None);
-        assert_eq!(b.len(), 0);
-        b.admit(0, 11, "dlv_a");
-        b.answered(&[(0, 11)]);
+        b.admit(0, Some(11), "dlv_a");
+        b.answered(&ids(&["dlv_a"]));
         assert_eq!(b.kafka_copy(0, 11, None), None, "an undecodable copy");
     }
 
@@ -197,11 +263,11 @@ mod tests {
     fn the_book_is_bounded_and_forgets_partitions_no_longer_held() {
         let mut b = Book::default();
         for o in 0..BOOK_MAX as i64 {
-            assert_eq!(b.admit(3, o, "d"), Admit::Queued);
+            assert_eq!(b.admit(3, Some(o), &format!("d{o}")), Admit::Queued);
         }
-        assert_eq!(b.admit(4, 0, "d"), Admit::Full);
+        assert_eq!(b.admit(4, Some(0), "another"), Admit::Full);
         b.keep_only(&[4]);
         assert_eq!(b.len(), 0);
-        assert_eq!(b.admit(4, 0, "d"), Admit::Queued);
+        assert_eq!(b.admit(4, Some(0), "another"), Admit::Queued);
     }
 }

@@ -121,8 +121,8 @@ pub(crate) struct Taken {
     /// (partition, offset) of every Kafka hint taken, in order: stored once the Claim
     /// committed.
     pub offsets: Vec<(i32, i64)>,
-    /// (partition, offset) of the express hints taken: answered once the Claim committed.
-    pub express: Vec<(i32, i64)>,
+    /// The Deliveries the express hints taken name: answered once the Claim committed.
+    pub express: Vec<String>,
 }
 
 pub(crate) struct Lane {
@@ -187,8 +187,10 @@ impl Lane {
             Some(State::Answered) => ask = Ask::Answered,
             // Not claimed yet: this copy takes the express hint's place.
             Some(State::Waiting) => {
-                self.waiting
-                    .retain(|w| !(w.express && w.partition == partition && w.offset == offset));
+                let id = named.map(str::to_owned);
+                self.waiting.retain(|w| {
+                    !(w.express && matches!((&w.ask, &id), (Ask::Claim(a), Some(b)) if a == b))
+                });
                 metrics
                     .express_hints
                     .with_label_values(&[ExpressOutcome::Superseded.as_str()])
@@ -229,7 +231,10 @@ impl Lane {
                 count(ExpressOutcome::NotHeld, 1);
                 continue;
             }
-            match self.book.admit(h.partition, h.offset, &h.delivery_id) {
+            match self
+                .book
+                .admit(h.partition, h.known_offset(), &h.delivery_id)
+            {
                 Admit::Queued => {
                     count(ExpressOutcome::Queued, 1);
                     self.waiting.push_back(Waiting {
@@ -247,7 +252,7 @@ impl Lane {
 
     /// The express hints of `taken` were claimed (or matched nothing): their Kafka copies
     /// only move the offset.
-    pub(crate) fn answered(&mut self, express: &[(i32, i64)]) {
+    pub(crate) fn answered(&mut self, express: &[String]) {
         self.book.answered(express);
     }
 
@@ -271,7 +276,9 @@ impl Lane {
             }
             let w = self.waiting.pop_front().expect("front exists");
             if w.express {
-                taken.express.push((w.partition, w.offset));
+                if let Ask::Claim(id) = &w.ask {
+                    taken.express.push(id.clone());
+                }
             } else {
                 taken.offsets.push((w.partition, w.offset));
             }
@@ -469,7 +476,7 @@ mod tests {
         let t = l.take().expect("the express hint");
         assert_eq!(t.asks, vec![Ask::Claim("dlv_a".into())]);
         assert!(t.offsets.is_empty(), "an express hint stores no offset");
-        assert_eq!(t.express, vec![(0, 7)]);
+        assert_eq!(t.express, vec!["dlv_a".to_owned()]);
         l.answered(&t.express);
         drop(t);
         // The Kafka copy: no Claim, no permit, just its offset.
@@ -481,6 +488,25 @@ mod tests {
         // Kafka has read past it: the same express hint again is dropped.
         l.push_express(vec![express(0, 7, "dlv_a")], &[0], &metrics);
         assert!(l.take().is_none());
+    }
+
+    /// Issue #54: a hint sent when the relay read the row (no offset yet) is claimed, and
+    /// the Kafka copy naming its Delivery, wherever it lands, only moves the offset.
+    #[test]
+    fn a_hint_sent_at_read_time_is_claimed_and_its_copy_found_by_delivery() {
+        let metrics = WorkerMetrics::new();
+        let mut l = lane(4);
+        l.push_read(0, 40, &announcement("dlv_old"), &metrics);
+        let _ = l.take();
+        l.push_express(vec![express(0, Express::AT_READ, "dlv_e")], &[0], &metrics);
+        let t = l.take().expect("the early hint, not late by offset");
+        assert_eq!(t.asks, vec![Ask::Claim("dlv_e".into())]);
+        l.answered(&t.express);
+        drop(t);
+        l.push_read(0, 41, &announcement("dlv_e"), &metrics);
+        let t = l.take().expect("the copy");
+        assert!(t.asks.is_empty(), "no second Claim");
+        assert_eq!(t.offsets, vec![(0, 41)]);
     }
 
     #[test]

@@ -28,8 +28,12 @@ pub(super) struct Session {
     pub(super) last_heartbeat_micros: Option<i64>,
     /// The newest confirmed commit, for the prune job.
     pub(super) prune_up_to: watch::Sender<Option<i64>>,
-    /// Rung after every acknowledged Announcement, so dozing workers fetch it.
+    /// Carries each Announcement's express hint to the worker holding its partition (when
+    /// it is read, or when acknowledged), and wakes dozing workers.
     pub(super) ringer: Ringer,
+    /// The deliveries topic's partition count, when express hints go out at read time
+    /// (`RelayConfig::express_at_read` and the broker told it at the session's start).
+    pub(super) partitions: Option<i32>,
 }
 
 /// The transaction being read (between Begin and Commit).
@@ -45,6 +49,7 @@ impl Session {
         producer: Producer,
         prune_up_to: watch::Sender<Option<i64>>,
         ringer: Ringer,
+        partitions: Option<i32>,
     ) -> Self {
         Self {
             producer,
@@ -56,6 +61,7 @@ impl Session {
             last_heartbeat_micros: None,
             prune_up_to,
             ringer,
+            partitions,
         }
     }
 
