@@ -75,6 +75,10 @@ pub struct Express {
     pub partition: i32,
     pub offset: i64,
     pub delivery_id: String,
+    /// The Outbox row the Announcement was written from: what names one Announcement, as a
+    /// Delivery may be announced more than once (a manual retry, a replay, an ordering
+    /// release). `None` from a relay of an earlier release.
+    pub outbox_id: Option<i64>,
 }
 
 impl Express {
@@ -88,7 +92,9 @@ impl Express {
 }
 
 impl Express {
-    /// `partition:offset:delivery_id`, one per hint, separated by spaces in a payload.
+    /// `partition:offset:delivery_id[:outbox_id]`, one per hint, separated by spaces in a
+    /// payload. (A worker of an earlier release reads `delivery_id:outbox_id` as a malformed
+    /// Delivery id and drops the hint: its Announcement takes the Kafka path.)
     fn encode(&self, out: &mut String) {
         use std::fmt::Write;
         let _ = write!(
@@ -96,6 +102,9 @@ impl Express {
             "{}:{}:{}",
             self.partition, self.offset, self.delivery_id
         );
+        if let Some(outbox_id) = self.outbox_id {
+            let _ = write!(out, ":{outbox_id}");
+        }
     }
 
     /// The hints of one payload; an empty payload (a plain ring) or one this release does
@@ -104,15 +113,20 @@ impl Express {
         payload
             .split(' ')
             .filter_map(|entry| {
-                let mut parts = entry.splitn(3, ':');
+                let mut parts = entry.splitn(4, ':');
                 let partition = parts.next()?.parse().ok()?;
                 let offset = parts.next()?.parse().ok()?;
                 let id = parts.next()?;
+                let outbox_id = match parts.next() {
+                    Some(raw) => Some(raw.parse().ok()?),
+                    None => None,
+                };
                 // Only a well-formed Delivery id goes on to a Claim.
                 crate::ids::DeliveryId::parse(id).is_ok().then(|| Express {
                     partition,
                     offset,
                     delivery_id: id.to_owned(),
+                    outbox_id,
                 })
             })
             .collect()
@@ -423,6 +437,7 @@ mod tests {
             partition,
             offset,
             delivery_id: crate::ids::DeliveryId::generate().into_string(),
+            outbox_id: (offset % 2 == 0).then_some(offset * 3),
         }
     }
 

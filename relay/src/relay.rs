@@ -98,12 +98,12 @@ pub struct Faults {
     pub crash_before_produce: AtomicBool,
 }
 
-/// A message's transaction, size, Delivery id, the partition its express hint went to at
-/// read time (if it did), and Kafka's answer.
+/// A message's transaction, size, Delivery and Outbox row, the partition its express hint
+/// went to at read time (if it did), and Kafka's answer.
 type Ack = (
     u64,
     usize,
-    String,
+    (String, i64),
     Option<i32>,
     Result<OwnedDeliveryResult, Canceled>,
 );
@@ -454,6 +454,7 @@ impl Relay {
                                 partition,
                                 offset: Express::AT_READ,
                                 delivery_id: announcement.delivery_id.to_string(),
+                                outbox_id: Some(announcement.outbox_id),
                             });
                         }
                         acks.push(ack);
@@ -536,7 +537,7 @@ impl Relay {
         let _entered = span.enter();
         match producer.send(&self.config.topic, announcement.key(), &payload) {
             Ok(delivery) => {
-                let id = announcement.delivery_id.to_string();
+                let id = (announcement.delivery_id.to_string(), announcement.outbox_id);
                 Ok((
                     Box::pin(async move { (seq, bytes, id, hinted, delivery.await) }),
                     bytes,
@@ -553,7 +554,7 @@ impl Relay {
         &self,
         stream: &ReplicationClient,
         s: &mut Session,
-        (seq, bytes, delivery_id, hinted): (u64, usize, String, Option<i32>),
+        (seq, bytes, (delivery_id, outbox_id), hinted): (u64, usize, (String, i64), Option<i32>),
         delivered: Result<OwnedDeliveryResult, Canceled>,
     ) -> Result<(), RelayError> {
         match delivered {
@@ -570,6 +571,7 @@ impl Relay {
                         partition: at.partition,
                         offset: at.offset,
                         delivery_id,
+                        outbox_id: Some(outbox_id),
                     });
                 }
                 s.window.acked(seq, bytes);

@@ -64,7 +64,27 @@ struct Entry {
     partition: i32,
     /// The Announcement's offset, for a hint sent after the acknowledgement.
     offset: Option<i64>,
+    /// The Outbox row of the Announcement (a Delivery can be announced again: a manual
+    /// retry, a replay, an ordering release); `None` from a relay of an earlier release.
+    outbox_id: Option<i64>,
     admitted: Instant,
+}
+
+impl Entry {
+    /// Whether the Kafka copy at `offset`, of the Outbox row `outbox_id`, is this entry's
+    /// Announcement; `Some(false)` when it is a later one (this entry's copy went by
+    /// unseen: the hint came after it), `None` when it cannot tell (then it is not).
+    fn is_copy(&self, offset: i64, outbox_id: Option<i64>) -> Option<bool> {
+        match (self.outbox_id, outbox_id) {
+            (Some(mine), Some(copy)) if mine == copy => Some(true),
+            (Some(mine), Some(copy)) => (mine < copy).then_some(false),
+            _ => match self.offset {
+                Some(mine) if mine == offset => Some(true),
+                Some(mine) => (mine < offset).then_some(false),
+                None => None,
+            },
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +104,7 @@ impl Book {
         partition: i32,
         offset: Option<i64>,
         delivery_id: &str,
+        outbox_id: Option<i64>,
     ) -> Admit {
         if let Some(offset) = offset
             && self
@@ -93,10 +114,16 @@ impl Book {
         {
             return Admit::KafkaFirst;
         }
-        // The same Delivery named twice (the hint at read time and, after a wrong guess of
-        // the partition, the one at the acknowledgement; a replayed NOTIFY): one Claim.
-        if self.entries.contains_key(delivery_id) {
-            return Admit::KafkaFirst;
+        // The same Announcement named twice (the hint at read time and, after a wrong guess
+        // of the partition, the one at the acknowledgement; a replayed NOTIFY): one Claim.
+        // An entry of an earlier Announcement of the Delivery gives way to this one: its
+        // copy went by before its hint came, and must not stand for this one's.
+        if let Some(e) = self.entries.get(delivery_id) {
+            let later = matches!((e.outbox_id, outbox_id), (Some(old), Some(new)) if new > old);
+            if !later {
+                return Admit::KafkaFirst;
+            }
+            self.entries.remove(delivery_id);
         }
         if self.entries.len() >= BOOK_MAX {
             self.entries
@@ -111,17 +138,21 @@ impl Book {
                 state: State::Waiting,
                 partition,
                 offset,
+                outbox_id,
                 admitted: Instant::now(),
             },
         );
         Admit::Queued
     }
 
-    /// The Claims of these express hints (by Delivery id) were answered.
-    pub(crate) fn answered(&mut self, ids: &[String]) {
-        for id in ids {
-            // The Kafka copy may have been read meanwhile (it then took the hint's place).
-            if let Some(entry) = self.entries.get_mut(id) {
+    /// The Claims of these express hints (Delivery id, Outbox row) were answered.
+    pub(crate) fn answered(&mut self, hints: &[(String, Option<i64>)]) {
+        for (id, outbox_id) in hints {
+            // The Kafka copy may have been read meanwhile (it then took the hint's place), or
+            // a later Announcement's hint replaced the entry: only this hint's entry counts.
+            if let Some(entry) = self.entries.get_mut(id)
+                && entry.outbox_id == *outbox_id
+            {
                 entry.state = State::Answered;
             }
         }
@@ -139,12 +170,24 @@ impl Book {
         partition: i32,
         offset: i64,
         delivery_id: Option<&str>,
+        outbox_id: Option<i64>,
     ) -> Option<State> {
         let read = self.read_to.entry(partition).or_insert(offset);
         *read = (*read).max(offset);
-        let state = delivery_id
-            .and_then(|id| self.entries.remove(id))
-            .map(|e| e.state);
+        let mut state = None;
+        if let Some(id) = delivery_id
+            && let Some(entry) = self.entries.get(id)
+        {
+            match entry.is_copy(offset, outbox_id) {
+                Some(true) => state = self.entries.remove(id).map(|e| e.state),
+                // A later Announcement of the Delivery: the entry's own copy went by, so it
+                // is forgotten, and this copy claims for itself.
+                Some(false) => {
+                    self.entries.remove(id);
+                }
+                None => {}
+            }
+        }
         self.entries.retain(|_, e| {
             !(e.partition == partition
                 && e.state == State::Answered
@@ -180,51 +223,84 @@ pub(crate) enum Admit {
 mod tests {
     use super::*;
 
-    fn ids(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| (*s).to_owned()).collect()
+    fn ids(v: &[&str]) -> Vec<(String, Option<i64>)> {
+        v.iter().map(|s| ((*s).to_owned(), None)).collect()
     }
 
     #[test]
     fn an_answered_hint_turns_its_kafka_copy_into_an_offset_only() {
         let mut b = Book::default();
-        assert_eq!(b.admit(0, Some(10), "d"), Admit::Queued);
+        assert_eq!(b.admit(0, Some(10), "d", None), Admit::Queued);
         b.answered(&ids(&["d"]));
-        assert_eq!(b.kafka_copy(0, 10, Some("d")), Some(State::Answered));
+        assert_eq!(b.kafka_copy(0, 10, Some("d"), None), Some(State::Answered));
         assert_eq!(b.len(), 0);
         // Kafka read it: the same hint again is late.
-        assert_eq!(b.admit(0, Some(10), "d"), Admit::KafkaFirst);
-        assert_eq!(b.admit(0, Some(9), "e"), Admit::KafkaFirst);
-        assert_eq!(b.admit(1, Some(3), "f"), Admit::Queued, "another partition");
+        assert_eq!(b.admit(0, Some(10), "d", None), Admit::KafkaFirst);
+        assert_eq!(b.admit(0, Some(9), "e", None), Admit::KafkaFirst);
+        assert_eq!(
+            b.admit(1, Some(3), "f", None),
+            Admit::Queued,
+            "another partition"
+        );
     }
 
     /// Issue #54: a hint sent when the relay read the row knows no offset; its Kafka copy is
-    /// known by the Delivery it names, wherever it lands in the partition.
+    /// known by the Delivery and the Outbox row it names, wherever it lands in the partition.
     #[test]
-    fn a_hint_sent_at_read_time_is_matched_by_its_delivery() {
+    fn a_hint_sent_at_read_time_is_matched_by_its_announcement() {
         let mut b = Book::default();
-        b.kafka_copy(0, 40, Some("older"));
+        b.kafka_copy(0, 40, Some("older"), Some(1));
         assert_eq!(
-            b.admit(0, None, "d"),
+            b.admit(0, None, "d", Some(7)),
             Admit::Queued,
-            "no offset: never late by offset"
+            "never late by offset"
         );
-        b.answered(&ids(&["d"]));
+        b.answered(&[("d".to_owned(), Some(7))]);
         // Copies of other Deliveries pass by and leave it alone.
-        assert_eq!(b.kafka_copy(0, 41, Some("x")), None);
+        assert_eq!(b.kafka_copy(0, 41, Some("x"), Some(8)), None);
         assert_eq!(b.len(), 1);
-        assert_eq!(b.kafka_copy(0, 42, Some("d")), Some(State::Answered));
+        assert_eq!(
+            b.kafka_copy(0, 42, Some("d"), Some(7)),
+            Some(State::Answered)
+        );
         assert_eq!(b.len(), 0);
-        // The acknowledgement's hint for the same Delivery (a wrong guess corrected) after
-        // the read-time one: one Claim.
-        assert_eq!(b.admit(1, None, "e"), Admit::Queued);
-        assert_eq!(b.admit(0, Some(50), "e"), Admit::KafkaFirst);
+        // The acknowledgement's hint for the same Announcement (a wrong guess corrected)
+        // after the read-time one: one Claim.
+        assert_eq!(b.admit(1, None, "e", Some(9)), Admit::Queued);
+        assert_eq!(b.admit(0, Some(50), "e", Some(9)), Admit::KafkaFirst);
+    }
+
+    /// A Delivery announced again (a manual retry, a replay, an ordering release) is not
+    /// taken for claimed by an entry of its earlier Announcement whose hint came after its
+    /// copy (found by the Python SDK scenario's `recover`).
+    #[test]
+    fn a_later_announcement_of_a_delivery_is_not_taken_for_an_earlier_one() {
+        let mut b = Book::default();
+        // The copy of Outbox row 1 was read before its hint came; the hint is claimed.
+        b.kafka_copy(0, 10, Some("d"), Some(1));
+        assert_eq!(b.admit(0, None, "d", Some(1)), Admit::Queued);
+        b.answered(&[("d".to_owned(), Some(1))]);
+        // Row 2 announces the Delivery again, without a hint reaching this worker: its copy
+        // claims, and the stale entry is gone.
+        assert_eq!(b.kafka_copy(0, 11, Some("d"), Some(2)), None);
+        assert_eq!(b.len(), 0);
+        // With a hint for row 3: it replaces a stale entry of row 1 and stands for row 3 only.
+        b.admit(0, None, "d", Some(1));
+        b.answered(&[("d".to_owned(), Some(1))]);
+        assert_eq!(b.admit(0, None, "d", Some(3)), Admit::Queued);
+        b.answered(&[("d".to_owned(), Some(1))]);
+        assert_eq!(
+            b.kafka_copy(0, 12, Some("d"), Some(3)),
+            Some(State::Waiting),
+            "row 1's late answer does not answer row 3's hint"
+        );
     }
 
     #[test]
     fn a_kafka_copy_read_before_the_claim_says_the_hint_still_waits() {
         let mut b = Book::default();
-        b.admit(0, Some(5), "d");
-        assert_eq!(b.kafka_copy(0, 5, Some("d")), Some(State::Waiting));
+        b.admit(0, Some(5), "d", None);
+        assert_eq!(b.kafka_copy(0, 5, Some("d"), None), Some(State::Waiting));
         // The lane dropped the express hint; its late answer changes nothing.
         b.answered(&ids(&["d"]));
         assert_eq!(b.len(), 0);
@@ -233,12 +309,12 @@ mod tests {
     #[test]
     fn answered_entries_behind_a_read_offset_are_forgotten() {
         let mut b = Book::default();
-        b.admit(0, Some(1), "a");
-        b.admit(0, Some(2), "b");
-        b.admit(0, Some(7), "c");
-        b.admit(0, None, "early");
+        b.admit(0, Some(1), "a", None);
+        b.admit(0, Some(2), "b", None);
+        b.admit(0, Some(7), "c", None);
+        b.admit(0, None, "early", None);
         b.answered(&ids(&["a", "b", "early"]));
-        assert_eq!(b.kafka_copy(0, 4, Some("x")), None);
+        assert_eq!(b.kafka_copy(0, 4, Some("x"), None), None);
         assert_eq!(
             b.len(),
             2,
@@ -251,23 +327,23 @@ mod tests {
     #[test]
     fn a_kafka_copy_naming_another_delivery_claims_for_itself() {
         let mut b = Book::default();
-        b.admit(0, Some(10), "dlv_forged");
+        b.admit(0, Some(10), "dlv_forged", None);
         b.answered(&ids(&["dlv_forged"]));
-        assert_eq!(b.kafka_copy(0, 10, Some("dlv_real")), None);
-        b.admit(0, Some(11), "dlv_a");
+        assert_eq!(b.kafka_copy(0, 10, Some("dlv_real"), None), None);
+        b.admit(0, Some(11), "dlv_a", None);
         b.answered(&ids(&["dlv_a"]));
-        assert_eq!(b.kafka_copy(0, 11, None), None, "an undecodable copy");
+        assert_eq!(b.kafka_copy(0, 11, None, None), None, "an undecodable copy");
     }
 
     #[test]
     fn the_book_is_bounded_and_forgets_partitions_no_longer_held() {
         let mut b = Book::default();
         for o in 0..BOOK_MAX as i64 {
-            assert_eq!(b.admit(3, Some(o), &format!("d{o}")), Admit::Queued);
+            assert_eq!(b.admit(3, Some(o), &format!("d{o}"), None), Admit::Queued);
         }
-        assert_eq!(b.admit(4, Some(0), "another"), Admit::Full);
+        assert_eq!(b.admit(4, Some(0), "another", None), Admit::Full);
         b.keep_only(&[4]);
         assert_eq!(b.len(), 0);
-        assert_eq!(b.admit(4, Some(0), "another"), Admit::Queued);
+        assert_eq!(b.admit(4, Some(0), "another", None), Admit::Queued);
     }
 }

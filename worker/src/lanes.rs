@@ -78,6 +78,8 @@ pub(crate) struct Waiting {
     pub ask: Ask,
     /// From the doorbell, not from Kafka: it has no offset to store.
     pub express: bool,
+    /// The Outbox row of the Announcement (an express hint's, or a Kafka copy's).
+    pub outbox_id: Option<i64>,
 }
 
 /// Which lanes are paused, shared with the consumer's context so a rebalance keeps a paused
@@ -121,8 +123,9 @@ pub(crate) struct Taken {
     /// (partition, offset) of every Kafka hint taken, in order: stored once the Claim
     /// committed.
     pub offsets: Vec<(i32, i64)>,
-    /// The Deliveries the express hints taken name: answered once the Claim committed.
-    pub express: Vec<String>,
+    /// The Announcements (Delivery, Outbox row) the express hints taken name: answered once
+    /// the Claim committed.
+    pub express: Vec<(String, Option<i64>)>,
 }
 
 pub(crate) struct Lane {
@@ -175,7 +178,7 @@ impl Lane {
 
     /// Queues the hint read from Kafka at (`partition`, `offset`).
     fn push_read(&mut self, partition: i32, offset: i64, payload: &[u8], metrics: &WorkerMetrics) {
-        let mut ask = decode(self.name, payload);
+        let (mut ask, outbox_id) = decode_with_outbox(self.name, payload);
         if ask == Ask::Bad {
             metrics.bad_hints.inc();
         }
@@ -183,12 +186,13 @@ impl Lane {
             Ask::Claim(id) => Some(id.as_str()),
             _ => None,
         };
-        match self.book.kafka_copy(partition, offset, named) {
+        match self.book.kafka_copy(partition, offset, named, outbox_id) {
             Some(State::Answered) => ask = Ask::Answered,
             // Not claimed yet: this copy takes the express hint's place.
             Some(State::Waiting) => {
                 let id = named.map(str::to_owned);
                 self.waiting.retain(|w| {
+                    // Every express hint of this Delivery still queued: the copy claims.
                     !(w.express && matches!((&w.ask, &id), (Ask::Claim(a), Some(b)) if a == b))
                 });
                 metrics
@@ -203,6 +207,7 @@ impl Lane {
             offset,
             ask,
             express: false,
+            outbox_id,
         });
     }
 
@@ -233,7 +238,7 @@ impl Lane {
             }
             match self
                 .book
-                .admit(h.partition, h.known_offset(), &h.delivery_id)
+                .admit(h.partition, h.known_offset(), &h.delivery_id, h.outbox_id)
             {
                 Admit::Queued => {
                     count(ExpressOutcome::Queued, 1);
@@ -242,6 +247,7 @@ impl Lane {
                         offset: h.offset,
                         ask: Ask::Claim(h.delivery_id),
                         express: true,
+                        outbox_id: h.outbox_id,
                     });
                 }
                 Admit::KafkaFirst => count(ExpressOutcome::KafkaFirst, 1),
@@ -252,7 +258,7 @@ impl Lane {
 
     /// The express hints of `taken` were claimed (or matched nothing): their Kafka copies
     /// only move the offset.
-    pub(crate) fn answered(&mut self, express: &[String]) {
+    pub(crate) fn answered(&mut self, express: &[(String, Option<i64>)]) {
         self.book.answered(express);
     }
 
@@ -277,7 +283,7 @@ impl Lane {
             let w = self.waiting.pop_front().expect("front exists");
             if w.express {
                 if let Ask::Claim(id) = &w.ask {
-                    taken.express.push(id.clone());
+                    taken.express.push((id.clone(), w.outbox_id));
                 }
             } else {
                 taken.offsets.push((w.partition, w.offset));
@@ -377,15 +383,23 @@ pub(crate) fn held_partitions<C: Consumer<X>, X: rdkafka::consumer::ConsumerCont
 /// Reads a hint of either lane. A newer release's Announcement (a rolling deploy) still
 /// names its Delivery, and the Claim reads the rest from the row, so it is claimed like any
 /// other rather than dropped (common/src/announcement.rs).
+#[cfg(test)]
 fn decode(lane: LaneName, payload: &[u8]) -> Ask {
+    decode_with_outbox(lane, payload).0
+}
+
+/// What a hint asks, and for an Announcement the Outbox row it was written from (what
+/// tells two Announcements of one Delivery apart, express.rs).
+fn decode_with_outbox(lane: LaneName, payload: &[u8]) -> (Ask, Option<i64>) {
     if lane == LaneName::Retry {
-        return match RetryHint::decode(payload) {
+        let ask = match RetryHint::decode(payload) {
             Some(h) => Ask::Swap(h.delivery_id.into_string(), h.token),
             None => Ask::Bad,
         };
+        return (ask, None);
     }
-    match Announcement::decode(payload) {
-        Ok(a) => Ask::Claim(a.delivery_id.into_string()),
+    let ask = match Announcement::decode(payload) {
+        Ok(a) => return (Ask::Claim(a.delivery_id.into_string()), Some(a.outbox_id)),
         // A newer version, or a field of this one with a value this release does not know
         // (an Outbox reason added later): the Delivery it names is still claimed.
         Err(e) => match Announcement::delivery_of_any_version(payload) {
@@ -398,7 +412,8 @@ fn decode(lane: LaneName, payload: &[u8]) -> Ask {
             }
             Err(_) => Ask::Bad,
         },
-    }
+    };
+    (ask, None)
 }
 
 #[cfg(test)]
@@ -421,6 +436,7 @@ mod tests {
             offset,
             ask,
             express: false,
+            outbox_id: None,
         }
     }
 
@@ -465,6 +481,7 @@ mod tests {
             partition,
             offset,
             delivery_id: id.into(),
+            outbox_id: None,
         }
     }
 
@@ -476,7 +493,7 @@ mod tests {
         let t = l.take().expect("the express hint");
         assert_eq!(t.asks, vec![Ask::Claim("dlv_a".into())]);
         assert!(t.offsets.is_empty(), "an express hint stores no offset");
-        assert_eq!(t.express, vec!["dlv_a".to_owned()]);
+        assert_eq!(t.express, vec![("dlv_a".to_owned(), None)]);
         l.answered(&t.express);
         drop(t);
         // The Kafka copy: no Claim, no permit, just its offset.
@@ -498,7 +515,9 @@ mod tests {
         let mut l = lane(4);
         l.push_read(0, 40, &announcement("dlv_old"), &metrics);
         let _ = l.take();
-        l.push_express(vec![express(0, Express::AT_READ, "dlv_e")], &[0], &metrics);
+        let mut early = express(0, Express::AT_READ, "dlv_e");
+        early.outbox_id = Some(1); // the Outbox row `announcement` names
+        l.push_express(vec![early], &[0], &metrics);
         let t = l.take().expect("the early hint, not late by offset");
         assert_eq!(t.asks, vec![Ask::Claim("dlv_e".into())]);
         l.answered(&t.express);
