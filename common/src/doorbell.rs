@@ -89,9 +89,7 @@ impl Express {
     pub fn known_offset(&self) -> Option<i64> {
         (self.offset >= 0).then_some(self.offset)
     }
-}
 
-impl Express {
     /// `partition:offset:delivery_id[:outbox_id]`, one per hint, separated by spaces in a
     /// payload. (A worker of an earlier release reads `delivery_id:outbox_id` as a malformed
     /// Delivery id and drops the hint: its Announcement takes the Kafka path.)

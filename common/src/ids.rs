@@ -118,6 +118,20 @@ prefixed_id!(
     /// A Replay (the Time Machine): one request to rebuild Deliveries from stored Events.
     ReplayId, "rpl_", "replay");
 
+/// The smallest and largest of `ids`, for a statement's `id BETWEEN $lo AND $hi`.
+///
+/// Redundant as a filter, and there for the executor: the ids carry their time and `events`,
+/// `deliveries` and `attempts` are partitioned by it, so a range known when the statement
+/// starts lets PostgreSQL leave out every partition outside it before it opens them. A join
+/// or `= ANY` on the ids alone is pruned only row by row, after every partition and its
+/// indexes were opened: with a month of day partitions that opening cost more than the
+/// rows' work (docs/BENCHMARKS-HISTORY.md, "Partitions a statement opens").
+pub fn id_range(ids: &[String]) -> (&str, &str) {
+    let lowest = ids.iter().min().map_or("", String::as_str);
+    let highest = ids.iter().max().map_or("", String::as_str);
+    (lowest, highest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

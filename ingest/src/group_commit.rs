@@ -370,8 +370,7 @@ pub(crate) async fn committed(
     ids: &[String],
     plan: &DeliveryPlan,
 ) -> Result<Inserted, sqlx::Error> {
-    let lowest = ids.iter().min().map_or("", String::as_str);
-    let highest = ids.iter().max().map_or("", String::as_str);
+    let (lowest, highest) = railhook_common::ids::id_range(ids);
     let rows = sqlx::query!(
         r#"SELECT id, created_at FROM events
            WHERE id = ANY($1) AND id BETWEEN $2 AND $3"#,
@@ -398,8 +397,7 @@ pub(crate) async fn committed(
         .collect();
     if !candidates.is_empty() {
         let wanted: Vec<String> = candidates.keys().cloned().collect();
-        let lowest = wanted.iter().min().map_or("", String::as_str);
-        let highest = wanted.iter().max().map_or("", String::as_str);
+        let (lowest, highest) = railhook_common::ids::id_range(&wanted);
         let stored = sqlx::query_scalar!(
             "SELECT id FROM deliveries WHERE id = ANY($1) AND id BETWEEN $2 AND $3",
             &wanted,

@@ -300,31 +300,32 @@ async fn every_word_set_the_database_checks_is_a_type_of_the_code() {
         v.sort_unstable();
         v.into_iter().map(str::to_owned).collect::<Vec<_>>()
     };
-    let mut typed: HashMap<(&str, &str), Vec<String>> = HashMap::new();
-    typed.insert(
-        ("endpoints", "transport"),
-        sorted(TransportKind::ALL.iter().map(|k| k.as_str()).collect()),
-    );
-    typed.insert(
-        ("endpoints", "kind"),
-        sorted(EndpointKind::ALL.iter().map(|k| k.as_str()).collect()),
-    );
-    typed.insert(
-        ("deliveries", "direction"),
-        sorted(Direction::ALL.iter().map(|k| k.as_str()).collect()),
-    );
-    typed.insert(
-        ("deliveries", "status"),
-        sorted(DeliveryStatus::ALL.iter().map(|s| s.as_str()).collect()),
-    );
-    typed.insert(
-        ("outbox", "reason"),
-        sorted(OutboxReason::ALL.iter().map(|r| r.as_str()).collect()),
-    );
-    typed.insert(
-        ("sources", "provider"),
-        sorted(Provider::ALL.iter().map(|p| p.as_str()).collect()),
-    );
+    let typed: HashMap<(&str, &str), Vec<String>> = HashMap::from([
+        (
+            ("endpoints", "transport"),
+            sorted(TransportKind::ALL.iter().map(|k| k.as_str()).collect()),
+        ),
+        (
+            ("endpoints", "kind"),
+            sorted(EndpointKind::ALL.iter().map(|k| k.as_str()).collect()),
+        ),
+        (
+            ("deliveries", "direction"),
+            sorted(Direction::ALL.iter().map(|k| k.as_str()).collect()),
+        ),
+        (
+            ("deliveries", "status"),
+            sorted(DeliveryStatus::ALL.iter().map(|s| s.as_str()).collect()),
+        ),
+        (
+            ("outbox", "reason"),
+            sorted(OutboxReason::ALL.iter().map(|r| r.as_str()).collect()),
+        ),
+        (
+            ("sources", "provider"),
+            sorted(Provider::ALL.iter().map(|p| p.as_str()).collect()),
+        ),
+    ]);
     // Checked in the database, with no type of their own in the code yet.
     let untyped = [
         ("deliveries", "origin"),

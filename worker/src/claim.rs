@@ -342,19 +342,7 @@ pub async fn claim_batch(
     Ok(claims)
 }
 
-/// The smallest and largest of `ids`, for a statement's `d.id BETWEEN $lo AND $hi`.
-///
-/// Redundant as a filter, and there for the executor: the Delivery ids carry their time and
-/// `deliveries` (like `attempts`) is partitioned by it, so a range known when the statement
-/// starts lets PostgreSQL leave out every partition outside it before it opens them. A join
-/// on `d.id = w.id` alone is pruned only row by row, after every partition and its indexes
-/// were opened: with a month of day partitions that opening cost more than the rows' work
-/// (docs/BENCHMARKS-HISTORY.md, "Partitions a statement opens").
-pub fn id_range(ids: &[String]) -> (&str, &str) {
-    let lowest = ids.iter().min().map_or("", String::as_str);
-    let highest = ids.iter().max().map_or("", String::as_str);
-    (lowest, highest)
-}
+pub use railhook_common::ids::id_range;
 
 /// The parker's second look (ordering.rs, "Parking in the Claim"): of the Deliveries a Claim
 /// statement just parked, claims those that nothing unresolved is ahead of any more, because

@@ -245,7 +245,7 @@ pub async fn write_successes<'a>(
         requests.push(r.request.clone());
     }
     // The range lets the executor leave out the partitions no id of the group is in
-    // (claim.rs, `id_range`).
+    // (common/src/ids.rs, `id_range`).
     let (lowest, highest) = crate::claim::id_range(&ids);
     // The fenced update; the failure streak reset on endpoints that had one (a healthy
     // endpoint's row is never touched, so workers delivering to one busy endpoint do not

@@ -60,8 +60,7 @@ pub async fn rows_by_id(
     if ids.is_empty() {
         return Ok(std::collections::HashMap::new());
     }
-    let lowest = ids.iter().min().map_or("", String::as_str);
-    let highest = ids.iter().max().map_or("", String::as_str);
+    let (lowest, highest) = railhook_common::ids::id_range(ids);
     let rows = sqlx::query_as!(
         EventRow,
         r#"SELECT id, event_type, payload::text AS "payload!", idempotency_key, created_at,

@@ -321,19 +321,28 @@ pub async fn page(
 
 /// The event-type patterns of the live subscriptions of each of `endpoint_ids`, one
 /// statement for a page of endpoints (issue #55: the Svix endpoint views read a page's
-/// subscriptions at once, not one query per endpoint). An endpoint with none is absent.
+/// subscriptions at once, not one query per endpoint). An endpoint with none is absent. At
+/// most [`PATTERNS_PER_ENDPOINT`] subscriptions an endpoint, the newest, as the one-endpoint
+/// read before it took: a tenant with thousands of subscriptions on one endpoint does not
+/// make a page of them cost thousands of rows each.
+/// The subscriptions [`event_types_by_endpoint`] reads per endpoint.
+pub const PATTERNS_PER_ENDPOINT: i64 = 100;
+
 pub async fn event_types_by_endpoint(
     pool: &PgPool,
     project_id: &str,
     endpoint_ids: &[String],
 ) -> Result<HashMap<String, Vec<String>>, sqlx::Error> {
     let rows = sqlx::query!(
-        r#"SELECT endpoint_id AS "endpoint_id!", event_types
-           FROM subscriptions
-           WHERE project_id = $1 AND deleted_at IS NULL AND endpoint_id = ANY($2)
-           ORDER BY id DESC"#,
+        r#"SELECT s.endpoint_id AS "endpoint_id!", s.event_types AS "event_types!"
+           FROM (SELECT endpoint_id, event_types,
+                        row_number() OVER (PARTITION BY endpoint_id ORDER BY id DESC) AS nth
+                 FROM subscriptions
+                 WHERE project_id = $1 AND deleted_at IS NULL AND endpoint_id = ANY($2)) AS s
+           WHERE s.nth <= $3"#,
         project_id,
-        endpoint_ids
+        endpoint_ids,
+        PATTERNS_PER_ENDPOINT
     )
     .fetch_all(pool)
     .await?;
