@@ -194,7 +194,9 @@ pub async fn drop(conn: &mut PgConnection, slot: &str) -> Result<bool, SlotError
 }
 
 /// Records what the active relay saw: the commit time of the newest heartbeat that came
-/// through the Slot (microseconds since 2000-01-01) and the confirmed LSN.
+/// through the Slot (microseconds since 2000-01-01) and the confirmed LSN. Committed
+/// locally only, as [`heartbeat`] is and for the same reason: an observation the next
+/// report repeats, which must not hold the relay's loop behind a stalled standby.
 pub async fn record_seen(
     conn: &mut PgConnection,
     slot: &str,
@@ -207,9 +209,10 @@ pub async fn record_seen(
         confirmed_lsn & 0xffff_ffff
     );
     sqlx::query!(
-        "INSERT INTO relay_status (slot, last_heartbeat_seen_at, confirmed_lsn, updated_at)
-         VALUES ($1, timestamptz '2000-01-01 00:00:00+00' + make_interval(secs => $2::float8 / 1e6),
-                 $3::text::pg_lsn, now())
+        "WITH local AS (SELECT set_config('synchronous_commit', 'local', true))
+         INSERT INTO relay_status (slot, last_heartbeat_seen_at, confirmed_lsn, updated_at)
+         SELECT $1, timestamptz '2000-01-01 00:00:00+00' + make_interval(secs => $2::float8 / 1e6),
+                 $3::text::pg_lsn, now() FROM local
          ON CONFLICT (slot) DO UPDATE SET
              last_heartbeat_seen_at = coalesce(EXCLUDED.last_heartbeat_seen_at, relay_status.last_heartbeat_seen_at),
              confirmed_lsn = greatest(EXCLUDED.confirmed_lsn, relay_status.confirmed_lsn),
@@ -245,9 +248,17 @@ pub const HEARTBEAT_PREFIX: &str = "railhook";
 
 /// Writes a transactional heartbeat: it travels the Slot like any transaction, so an idle
 /// Outbox still moves the confirmed LSN and lag stays measurable.
+///
+/// Committed locally only (`synchronous_commit = local`, for this transaction): the relay's
+/// loop awaits it, and a heartbeat that waited for a stalled synchronous standby held the
+/// stream for the whole answer deadline and then ended the session, every session, so Events
+/// whose commits were already decoded waited for the stall to end before their hints went out
+/// (CI, stop 61; `tests/whole_server/standby.rs`). A heartbeat lost in a failover costs
+/// nothing: the next one carries the same news.
 pub async fn heartbeat(conn: &mut PgConnection) -> Result<(), SlotError> {
     sqlx::query!(
-        "SELECT pg_logical_emit_message(true, $1, now()::text)::text AS lsn",
+        "WITH local AS (SELECT set_config('synchronous_commit', 'local', true))
+         SELECT pg_logical_emit_message(true, $1, now()::text)::text AS lsn FROM local",
         HEARTBEAT_PREFIX
     )
     .fetch_one(&mut *conn)

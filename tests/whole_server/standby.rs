@@ -57,7 +57,14 @@ impl Drop for StandbyStall {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_whose_commit_waits_for_a_stalled_standby_is_delivered_seconds_after_it_ends() {
     let _turn = crate::ONE_AT_A_TIME.lock().await;
-    let p = Pipeline::start(|_| {}).await;
+    // Heartbeats and status writes as often as the settings allow: each is a commit, and one
+    // that waits for the stalled standby must not hold the relay's stream (it did: CI, stop
+    // 61, when one fell between the stall's start and the Event's decoding).
+    let p = Pipeline::start(|s| {
+        s.relay_heartbeat_ms = 10;
+        s.relay_status_ms = 10;
+    })
+    .await;
     let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
     p.endpoint(&receiver.url, 5_000).await;
     // The pipeline works before the stall.
