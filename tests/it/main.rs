@@ -18,6 +18,7 @@ mod deferrals;
 mod doze;
 mod egress;
 mod egress_matrix;
+mod endpoint_doors;
 mod event_types;
 mod failover;
 mod filter_tables;

@@ -20,7 +20,7 @@ fn no_redirects() -> reqwest::Client {
         .expect("client")
 }
 
-async fn application(app: &TestApp, key: &str, name: &str) -> String {
+pub(crate) async fn application(app: &TestApp, key: &str, name: &str) -> String {
     let r = app
         .call(
             Method::POST,
@@ -63,7 +63,12 @@ async fn event_for(app: &TestApp, key: &str, application: &str) -> String {
 
 /// A portal link for `application`: the path of its URL (the test serves plain HTTP on its
 /// own address) and its token.
-async fn link(app: &TestApp, key: &str, application: &str, body: Value) -> (String, String) {
+pub(crate) async fn link(
+    app: &TestApp,
+    key: &str,
+    application: &str,
+    body: Value,
+) -> (String, String) {
     let r = app
         .call(
             Method::POST,
@@ -81,7 +86,7 @@ async fn link(app: &TestApp, key: &str, application: &str, body: Value) -> (Stri
 }
 
 /// Opens a link; returns the session's base path (`/portal/s/{token}`).
-async fn open(app: &TestApp, path: &str) -> String {
+pub(crate) async fn open(app: &TestApp, path: &str) -> String {
     let r = no_redirects()
         .get(format!("{}{path}", app.base))
         .send()
@@ -94,7 +99,10 @@ async fn open(app: &TestApp, path: &str) -> String {
         .to_owned()
 }
 
-async fn get(app: &TestApp, path: &str) -> (StatusCode, String, reqwest::header::HeaderMap) {
+pub(crate) async fn get(
+    app: &TestApp,
+    path: &str,
+) -> (StatusCode, String, reqwest::header::HeaderMap) {
     let r = no_redirects()
         .get(format!("{}{path}", app.base))
         .send()
@@ -104,7 +112,7 @@ async fn get(app: &TestApp, path: &str) -> (StatusCode, String, reqwest::header:
     (status, r.text().await.expect("body"), headers)
 }
 
-async fn post(app: &TestApp, path: &str, form: &[(&str, &str)]) -> (StatusCode, String) {
+pub(crate) async fn post(app: &TestApp, path: &str, form: &[(&str, &str)]) -> (StatusCode, String) {
     let r = no_redirects()
         .post(format!("{}{path}", app.base))
         .form(form)
@@ -122,7 +130,7 @@ async fn post(app: &TestApp, path: &str, form: &[(&str, &str)]) -> (StatusCode, 
     (status, if to.is_empty() { body } else { to })
 }
 
-fn csrf_of(html: &str) -> String {
+pub(crate) fn csrf_of(html: &str) -> String {
     let at = html.find("name=\"csrf\" value=\"").expect("csrf field") + 19;
     html[at..].split('"').next().expect("value").to_owned()
 }

@@ -173,7 +173,12 @@ pub async fn create_destination(
     ApiJson(body): ApiJson<CreateEndpoint>,
 ) -> ApiResult<(StatusCode, Json<CreatedEndpoint>)> {
     let source = find(&state, &project, &id).await?;
-    let created = endpoints::insert(&state, &project, body, Some(&source.id)).await?;
+    let new = crate::endpoint::New {
+        fields: body,
+        subscription: None,
+        source_id: Some(&source.id),
+    };
+    let created = crate::endpoint::create(&state, &project, new).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 

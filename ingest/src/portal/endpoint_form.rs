@@ -261,8 +261,8 @@ pub(super) fn submitted(f: &Fields) -> Result<Submitted, PortalError> {
         })?;
         headers.insert(name.trim().to_owned(), value.trim().to_owned());
     }
-    // Checked here, before anything is written: an edit stores its fields and its headers
-    // in two steps, and a bad header must not leave the first one done.
+    // Checked here too, so a bad line is named as the form's (crate::endpoint checks again
+    // before its one transaction).
     crate::routes::validate_headers(&headers)?;
     let rate = f
         .get("rate_limit")

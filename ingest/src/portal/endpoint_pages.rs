@@ -1,8 +1,9 @@
 //! The portal's endpoint pages: the list with each endpoint's health, add and edit, disable,
 //! enable and delete, the signing secret (reveal, rotate, the Ed25519 public key), "send an
 //! example", and "recover failed messages since". Every read and write names the endpoint
-//! through the session's application (`svix::endpoints::find` and the Svix handlers built
-//! on it), so another application's endpoint is a 404.
+//! through the session's application (`svix::endpoints::find`), so another application's
+//! endpoint is a 404; every write is one change applied by the endpoint module
+//! (crate::endpoint) in one transaction.
 
 use axum::Extension;
 use axum::body::Bytes;
@@ -18,16 +19,15 @@ use railhook_common::transport::TransportKind;
 use super::endpoint_form::{Current, Fields, Submitted, broker_settings, endpoint_form, submitted};
 use super::{PortalError, PortalResult, PortalSession, page};
 use crate::dashboard::pages::{parse_time, when, when_opt};
+use crate::endpoint::Change;
 use crate::problem::ApiError;
 use crate::routes::endpoint_state;
-use crate::routes::endpoints::CreateEndpoint;
+use crate::routes::endpoints::{CreateEndpoint, UpdateEndpoint};
 use crate::state::AppState;
 use crate::store::deliveries::{self as delivery_store, DeliveryFilter};
 use crate::store::endpoints::{self as store, EndpointRow, Kind};
 use crate::store::event_types::{self as types_store, EventTypeRow};
-use crate::svix::SvixJson;
-use crate::svix::endpoint_headers::{EndpointHeaders, set_headers};
-use crate::svix::endpoints::{self as svix, EndpointIn, EndpointPatch};
+use crate::svix::endpoints::{self as svix, EndpointIn};
 
 /// The most endpoints the list shows (an application has a handful).
 const MAX_LISTED: i64 = 100;
@@ -143,14 +143,15 @@ pub async fn create(
         headers: Some(s.headers),
         filter: s.filter,
     };
-    let (_, created) = svix::create(
-        session.project.clone(),
-        State(state.clone()),
-        Path(session.application_id.clone()),
-        SvixJson(input),
+    let (fields, patterns) = input.into_new()?;
+    let created = svix::create_in_application(
+        &state,
+        &session.project,
+        session.application_id.clone(),
+        fields,
+        patterns,
     )
     .await?;
-    state.senders.invalidate();
     session.log("endpoint.create", &created.id);
     Ok(
         Redirect::to(&session.href(&format!("endpoints/{}?notice=created", created.id)))
@@ -174,14 +175,41 @@ async fn create_broker(
         );
     };
     let settings = broker_settings(f, transport);
+    let Submitted {
+        url: _,
+        description,
+        types,
+        channels,
+        headers,
+        rate,
+        filter,
+    } = s;
     let mut create = CreateEndpoint {
         transport: Some(transport),
-        description: s.description,
-        rate_limit_per_second: s.rate,
-        headers: s.headers,
-        channels: s.channels,
-        filter: s.filter,
-        ..CreateEndpoint::default()
+        url: String::new(),
+        kafka: None,
+        sqs: None,
+        rabbitmq: None,
+        nats: None,
+        authentication: None,
+        client_certificate: None,
+        description,
+        enabled: None,
+        timeout_ms: None,
+        rate_limit_per_second: rate,
+        rate_limit_burst: None,
+        max_concurrency: None,
+        headers,
+        retry_delays_seconds: None,
+        max_attempts: None,
+        signing: None,
+        secret: None,
+        application: None,
+        channels,
+        uid: None,
+        metadata: std::collections::BTreeMap::new(),
+        filter,
+        transformation: None,
     };
     let parsed = |field: &str| {
         ApiError::validation(
@@ -205,16 +233,14 @@ async fn create_broker(
         }
         TransportKind::Http => {}
     }
-    let types = (!s.types.is_empty()).then_some(s.types);
     let created = svix::create_in_application(
         state,
         &session.project,
         session.application_id.clone(),
         create,
-        types,
+        svix::patterns(Some(&types))?,
     )
     .await?;
-    state.senders.invalidate();
     session.log("endpoint.create", &created.id);
     Ok(
         Redirect::to(&session.href(&format!("endpoints/{}?notice=created", created.id)))
@@ -435,32 +461,45 @@ pub async fn update(
     let f = Fields::parse(&body);
     session.check(f.csrf())?;
     let e = find(&state, &session, &id).await?;
-    let s = submitted(&f)?;
-    let patch = EndpointPatch {
-        url: Some(s.url),
-        description: Some(s.description),
-        throttle_rate: Some(s.rate),
-        filter_types: Some((!s.types.is_empty()).then_some(s.types)),
-        channels: Some(s.channels),
-        filter: Some(s.filter),
-        ..EndpointPatch::default()
+    // The form's every field, the endpoint's headers and its event types: one change, one
+    // transaction (crate::endpoint).
+    let Submitted {
+        url,
+        description,
+        types,
+        channels,
+        headers,
+        rate,
+        filter,
+    } = submitted(&f)?;
+    let fields = UpdateEndpoint {
+        url: Some(url),
+        kafka: None,
+        sqs: None,
+        rabbitmq: None,
+        nats: None,
+        authentication: None,
+        client_certificate: None,
+        description: Some(description),
+        enabled: None,
+        timeout_ms: None,
+        rate_limit_per_second: Some(rate),
+        rate_limit_burst: None,
+        max_concurrency: None,
+        headers: Some(headers),
+        retry_delays_seconds: None,
+        max_attempts: None,
+        channels: Some(channels),
+        uid: None,
+        metadata: None,
+        filter: Some(filter),
+        transformation: None,
     };
-    let path = (session.application_id.clone(), e.id.clone());
-    let _ = svix::patch(
-        session.project.clone(),
-        State(state.clone()),
-        Path(path.clone()),
-        SvixJson(patch),
-    )
-    .await?;
-    set_headers(
-        session.project.clone(),
-        State(state.clone()),
-        Path(path),
-        SvixJson(EndpointHeaders { headers: s.headers }),
-    )
-    .await?;
-    state.senders.invalidate();
+    let change = Change {
+        fields,
+        subscription: Some(svix::patterns(Some(&types))?),
+    };
+    svix::apply(&state, &session.project, &e, change).await?;
     session.log("endpoint.update", &e.id);
     Ok(Redirect::to(&session.href(&format!("endpoints/{}?notice=saved", e.id))).into_response())
 }
@@ -479,17 +518,8 @@ pub async fn action(
     let back = |notice: &str| session.href(&format!("endpoints/{}?notice={notice}", e.id));
     let to = match action.as_str() {
         "enable" | "disable" => {
-            let patch = EndpointPatch {
-                disabled: Some(action == "disable"),
-                ..EndpointPatch::default()
-            };
-            let _ = svix::patch(
-                session.project.clone(),
-                State(state.clone()),
-                Path(path),
-                SvixJson(patch),
-            )
-            .await?;
+            let change = Change::enabled(action != "disable");
+            svix::apply(&state, &session.project, &e, change).await?;
             back(if action == "disable" {
                 "disabled"
             } else {
@@ -497,7 +527,8 @@ pub async fn action(
             })
         }
         "delete" => {
-            svix::delete(session.project.clone(), State(state.clone()), Path(path)).await?;
+            let id = crate::routes::endpoints::parse_id(&e.id)?;
+            crate::endpoint::delete(&state, &session.project, &id).await?;
             session.href("endpoints")
         }
         "rotate" => {

@@ -1,30 +1,22 @@
-//! `PATCH /v1/endpoints/{id}`: a change to an endpoint. Every field is checked as at create
-//! (routes/endpoints.rs), the target, credentials, filter and transformation by their own
-//! modules; the change and its operational webhooks commit together.
+//! `PATCH /v1/endpoints/{id}`: a change to an endpoint, in the native API's shape, applied
+//! by the endpoint module (crate::endpoint), which checks every field and commits the change
+//! with its operational webhooks.
 
 use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use railhook_common::endpoint_auth::{Authentication, ClientCertificate};
-use railhook_common::ids::EndpointId;
 use railhook_common::transport::{KafkaTarget, NatsTarget, RabbitmqTarget, SqsTarget};
 use serde::Deserialize;
 
 use crate::auth::Project;
 use crate::extract::ApiJson;
-use crate::operational::{self, EndpointChanged, Notice};
-use crate::problem::{ApiError, ApiResult, Problem};
-use crate::routes::applications::{check_channels, check_metadata, check_uid};
-use crate::routes::endpoint_target as target;
-use crate::routes::endpoints::{
-    Endpoint, check_description, check_max_attempts, check_positive, check_timeout, parse_id,
-    retry_delays, uid_conflict,
-};
-use crate::routes::transformations::{self, TransformationIn};
-use crate::routes::{double_option, filters, validate_headers};
+use crate::problem::{ApiResult, Problem};
+use crate::routes::double_option;
+use crate::routes::endpoints::{Endpoint, parse_id};
+use crate::routes::transformations::TransformationIn;
 use crate::state::AppState;
-use crate::store::endpoints::{self as store, Kind};
 
 /// Fields to change; absent fields stay as they are, `null` clears an optional limit.
 #[derive(Deserialize, Default, utoipa::ToSchema)]
@@ -101,98 +93,7 @@ pub async fn update(
     ApiJson(body): ApiJson<UpdateEndpoint>,
 ) -> ApiResult<Json<Endpoint>> {
     let id = parse_id(&id)?;
-    if let Some(d) = &body.description {
-        check_description(d)?;
-    }
-    if let Some(ms) = body.timeout_ms {
-        check_timeout(&state, ms)?;
-    }
-    check_positive(
-        "rate_limit_per_second",
-        body.rate_limit_per_second.flatten(),
-    )?;
-    check_positive("rate_limit_burst", body.rate_limit_burst.flatten())?;
-    check_positive("max_concurrency", body.max_concurrency.flatten())?;
-    if let Some(h) = &body.headers {
-        validate_headers(h)?;
-    }
-    let headers = body.headers.as_ref().map(|h| {
-        state
-            .keyring
-            .seal_headers(id.as_str(), &serde_json::to_value(h).unwrap_or_default())
-    });
-    let delays = body
-        .retry_delays_seconds
-        .as_ref()
-        .map(|d| d.as_deref().map(retry_delays).transpose())
-        .transpose()?;
-    check_max_attempts(body.max_attempts.flatten())?;
-    let channels = match &body.channels {
-        Some(Some(c)) if !c.is_empty() => Some(Some(check_channels("channels", c)?)),
-        Some(_) => Some(None),
-        None => None,
-    };
-    if let Some(Some(uid)) = &body.uid {
-        check_uid("uid", uid, EndpointId::PREFIX)?;
-    }
-    let metadata = body.metadata.as_ref().map(check_metadata).transpose()?;
-    let filter = filters::check_change(
-        &state.pool,
-        "filter",
-        body.filter.as_ref().map(Option::as_deref),
-    )
-    .await?;
-    let (transformation_code, transformation_enabled) = transformations::check_change(
-        project.id.as_str(),
-        "transformation",
-        body.transformation.as_ref().map(Option::as_ref),
-    )
-    .await?;
-    // The change and its operational webhooks commit together (crate::operational).
-    let mut tx = state.pool.begin().await?;
-    let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
-    // Read once: what the type, the URL and the authentication are checked against.
-    let current = store::find(&mut *tx, project.id.as_str(), id.as_str(), Kind::Webhook)
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
-    let target = target::changed_target(&state, &current, &body)?;
-    let authentication = target::changed_authentication(&state, &current, &body)?;
-    let client_certificate = target::changed_client_certificate(&state, &current, &body)?;
-    let change = store::EndpointChange {
-        client_certificate,
-        url: target.url.as_deref(),
-        transport_settings: target.shown,
-        transport_secret: target.sealed,
-        authentication,
-        description: body.description.as_deref(),
-        enabled: body.enabled,
-        timeout_ms: body.timeout_ms,
-        rate_limit_per_second: body.rate_limit_per_second,
-        rate_limit_burst: body.rate_limit_burst,
-        max_concurrency: body.max_concurrency,
-        sealed_headers: headers,
-        retry_delays: delays,
-        max_attempts: body.max_attempts,
-        channels,
-        uid: body.uid.clone(),
-        metadata,
-        filter,
-        transformation_code,
-        transformation_enabled,
-    };
-    let row = store::update(&mut *tx, id.as_str(), project.id.as_str(), change)
-        .await
-        .map_err(uid_conflict)?
-        .ok_or(ApiError::NotFound("endpoint"))?;
-    operational::emit(
-        &mut *tx,
-        project.id.as_str(),
-        Notice::EndpointUpdated(EndpointChanged::new(&row.id, &row.url, &row.description)),
-    )
-    .await?;
-    operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row).await?;
-    tx.commit().await?;
+    let row = crate::endpoint::update(&state, &project, &id, crate::endpoint::Change::native(body))
+        .await?;
     Ok(Json(row.view(&state.keyring)))
 }

@@ -1,6 +1,5 @@
 //! Endpoints: where webhooks go, how they are signed, and how hard they may be pushed.
 
-use railhook_common::vocabulary::Word;
 use std::collections::BTreeMap;
 
 use axum::Json;
@@ -8,11 +7,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use railhook_common::endpoint_auth::{Authentication, ClientCertificate};
 use railhook_common::ids::EndpointId;
-use railhook_common::keygen::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::signing::SigningKey;
 use railhook_common::transport::{
-    KafkaTarget, NatsTarget, RabbitmqTarget, SqsTarget, TransportKind, TransportSettings,
-    sealing_id,
+    KafkaTarget, NatsTarget, RabbitmqTarget, SqsTarget, TransportKind,
 };
 use serde::{Deserialize, Serialize};
 
@@ -21,16 +18,10 @@ use utoipa_axum::routes;
 
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
-use crate::operational::{self, EndpointChanged, EndpointRef, Notice};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
-use crate::routes::applications::{
-    check_channels, check_metadata, check_uid, resolve as resolve_application,
-};
-use crate::routes::endpoint_target as target;
-use crate::routes::filters::check_filter;
-use crate::routes::transformations::{self, TransformationIn};
-use crate::routes::{validate_headers, validate_url};
+use crate::routes::applications::resolve as resolve_application;
+use crate::routes::transformations::TransformationIn;
 use crate::state::AppState;
 pub(crate) use crate::store::endpoints::EndpointRow;
 use crate::store::endpoints::{self as store, Kind};
@@ -170,156 +161,9 @@ pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateEndpoint>,
 ) -> ApiResult<(StatusCode, Json<CreatedEndpoint>)> {
-    let created = insert(&state, &project, body, None).await?;
+    let created =
+        crate::endpoint::create(&state, &project, crate::endpoint::New::native(body)).await?;
     Ok((StatusCode::CREATED, Json(created)))
-}
-
-/// A new endpoint's payload filter and transformation, each checked.
-async fn routing(
-    state: &AppState,
-    project: &Project,
-    body: &CreateEndpoint,
-) -> ApiResult<store::Routing> {
-    let filter = match &body.filter {
-        Some(f) => Some(check_filter(&state.pool, "filter", f).await?),
-        None => None,
-    };
-    let (code, enabled) = transformations::check_change(
-        project.id.as_str(),
-        "transformation",
-        body.transformation.as_ref().map(Some),
-    )
-    .await?;
-    Ok(store::Routing {
-        filter,
-        transformation_code: code.flatten(),
-        transformation_enabled: enabled.unwrap_or(false),
-    })
-}
-
-/// Validates and stores an endpoint; with `source_id`, a Destination of that Source.
-pub(crate) async fn insert(
-    state: &AppState,
-    project: &Project,
-    body: CreateEndpoint,
-    source_id: Option<&str>,
-) -> ApiResult<CreatedEndpoint> {
-    let transport = target::transport_of(&body)?;
-    target::check_credentials(state, &body, transport.is_none())?;
-    let url = match &transport {
-        None => validate_url(&body.url)?,
-        Some(settings) => settings.display_url(),
-    };
-    check_description(&body.description)?;
-    // The default, unless the deployment caps endpoints below it.
-    let timeout_ms = body
-        .timeout_ms
-        .unwrap_or(DEFAULT_TIMEOUT_MS.min(state.limits.endpoint_timeout_max_ms));
-    check_timeout(state, timeout_ms)?;
-    check_positive("rate_limit_per_second", body.rate_limit_per_second)?;
-    check_positive("rate_limit_burst", body.rate_limit_burst)?;
-    check_positive("max_concurrency", body.max_concurrency)?;
-    validate_headers(&body.headers)?;
-    let delays = body
-        .retry_delays_seconds
-        .as_deref()
-        .map(retry_delays)
-        .transpose()?;
-    check_max_attempts(body.max_attempts)?;
-    let secret = signing_secret(&body)?;
-    let channels = body
-        .channels
-        .as_deref()
-        .map(|c| check_channels("channels", c))
-        .transpose()?;
-    if let Some(uid) = &body.uid {
-        check_uid("uid", uid, EndpointId::PREFIX)?;
-    }
-    let metadata = check_metadata(&body.metadata)?;
-    let routing = routing(state, project, &body).await?;
-    let application = match &body.application {
-        Some(_) if source_id.is_some() => {
-            return Err(ApiError::validation(
-                "application",
-                "a Source's Destination cannot belong to an application",
-            ));
-        }
-        Some(a) => Some(resolve_application(state, project.id.as_str(), a).await?.id),
-        None => None,
-    };
-    let id = EndpointId::generate();
-    // Header values are where receivers' credentials go: sealed like the signing secret.
-    let headers = state.keyring.seal_headers(
-        id.as_str(),
-        &serde_json::to_value(&body.headers).unwrap_or_default(),
-    );
-    let mut tx = state.pool.begin().await?;
-    let sealed_secret = state.keyring.seal(id.as_str(), &secret);
-    let new = store::NewEndpoint {
-        id: id.as_str(),
-        project_id: project.id.as_str(),
-        url: &url,
-        description: &body.description,
-        sealed_secret: &sealed_secret,
-        enabled: body.enabled.unwrap_or(true),
-        timeout_ms,
-        rate_limit_per_second: body.rate_limit_per_second,
-        rate_limit_burst: body.rate_limit_burst,
-        max_concurrency: body.max_concurrency,
-        sealed_headers: headers,
-        retry_delays: delays,
-        max_attempts: body.max_attempts,
-        source_id,
-        application_id: application.as_deref(),
-        channels: channels.as_deref(),
-        uid: body.uid.as_deref(),
-        metadata,
-        transport: transport
-            .as_ref()
-            .map_or(TransportKind::Http, TransportSettings::kind)
-            .as_str(),
-        transport_settings: transport.as_ref().map(TransportSettings::shown),
-        // The whole settings, credentials included, sealed like the signing secret.
-        transport_secret: transport
-            .as_ref()
-            .map(|t| target::seal_whole(state, &sealing_id(id.as_str()), t)),
-        credentials: target::seal_credentials(state, id.as_str(), &body),
-        routing,
-    };
-    let row = store::insert(&mut *tx, new).await.map_err(uid_conflict)?;
-    operational::emit(
-        &mut *tx,
-        project.id.as_str(),
-        Notice::EndpointCreated(EndpointChanged::new(&row.id, &row.url, &row.description)),
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(CreatedEndpoint {
-        endpoint: row.view(&state.keyring),
-        secret,
-    })
-}
-
-/// The endpoint's signing secret: the caller's own HMAC secret, or a new one of the scheme
-/// asked for.
-fn signing_secret(body: &CreateEndpoint) -> ApiResult<String> {
-    Ok(match (body.signing.as_deref(), body.secret.as_deref()) {
-        (None | Some("hmac-sha256"), Some(given)) => check_given_secret(given)?,
-        (None | Some("hmac-sha256"), None) => generate_signing_secret(),
-        (Some("ed25519"), None) => generate_ed25519_secret(),
-        (Some("ed25519"), Some(_)) => {
-            return Err(ApiError::validation(
-                "secret",
-                "secret can be given only for hmac-sha256 signing",
-            ));
-        }
-        (Some(_), _) => {
-            return Err(ApiError::validation(
-                "signing",
-                "signing must be hmac-sha256 or ed25519",
-            ));
-        }
-    })
 }
 
 /// A secret the caller chose: `whsec_` (optional, as Standard Webhooks libraries accept)
@@ -415,20 +259,7 @@ pub async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let id = parse_id(&id)?;
-    let mut tx = state.pool.begin().await?;
-    if !store::delete(&mut tx, id.as_str(), project.id.as_str()).await? {
-        return Err(ApiError::NotFound("endpoint"));
-    }
-    operational::emit(
-        &mut *tx,
-        project.id.as_str(),
-        Notice::EndpointDeleted(EndpointRef {
-            endpoint_id: id.as_str(),
-        }),
-    )
-    .await?;
-    tx.commit().await?;
+    crate::endpoint::delete(&state, &project, &parse_id(&id)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -413,3 +413,45 @@ pub async fn delete(pool: &PgPool, id: &str, project_id: &str) -> Result<bool, s
     .await?;
     Ok(deleted.rows_affected() > 0)
 }
+
+/// Gives the endpoint's newest live subscription the event types `patterns`, deletes its
+/// other live ones, and makes one if it has none: the single filter the Svix surface and
+/// the portal show as an endpoint's event types. One statement, inside the caller's
+/// transaction (crate::endpoint: the endpoint's change and its subscription commit
+/// together). The endpoint must be a live webhook endpoint and not a Source's Destination;
+/// the caller has already written or locked it.
+pub async fn set_only(
+    tx: &mut sqlx::PgConnection,
+    project_id: &str,
+    endpoint_id: &str,
+    patterns: &[String],
+) -> Result<(), sqlx::Error> {
+    let id = railhook_common::ids::SubscriptionId::generate();
+    sqlx::query!(
+        r#"WITH live AS (
+               SELECT id FROM subscriptions
+               WHERE project_id = $1 AND endpoint_id = $2 AND deleted_at IS NULL
+           ), kept AS (
+               SELECT max(id) AS id FROM live HAVING count(*) > 0
+           ), changed AS (
+               UPDATE subscriptions s SET event_types = $4, updated_at = now()
+               FROM kept WHERE s.id = kept.id
+               RETURNING s.id
+           ), dropped AS (
+               UPDATE subscriptions s SET deleted_at = now(), updated_at = now()
+               FROM live WHERE s.id = live.id AND s.id <> (SELECT id FROM kept)
+               RETURNING s.id
+           )
+           INSERT INTO subscriptions (id, project_id, endpoint_id, event_types, ordered, filter)
+           SELECT $3, e.project_id, e.id, $4, false, NULL FROM endpoints e
+           WHERE e.id = $2 AND e.project_id = $1 AND e.deleted_at IS NULL AND e.kind = 'webhook'
+             AND e.source_id IS NULL AND NOT EXISTS (SELECT 1 FROM kept)"#,
+        project_id,
+        endpoint_id,
+        id.as_str(),
+        patterns
+    )
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}

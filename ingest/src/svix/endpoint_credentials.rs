@@ -2,7 +2,7 @@
 //! an endpoint's HTTP authentication (Basic, OAuth2 client credentials) and its client
 //! certificate for mutual TLS on the Svix surface. Svix's own SDKs have no such calls;
 //! these are Railhook's, in the native API's shapes (docs/SVIX_COMPATIBILITY.md), written
-//! through the native PATCH (routes/endpoints.rs), which checks and seals them. Secrets
+//! by the endpoint module (crate::endpoint), which checks and seals them. Secrets
 //! are write-only here as there.
 
 use axum::Json;
@@ -16,8 +16,7 @@ use utoipa_axum::routes;
 use super::endpoints::find;
 use super::{SvixJson, SvixResult};
 use crate::auth::Project;
-use crate::extract::ApiJson;
-use crate::routes::endpoints::{self as native, UpdateEndpoint};
+use crate::endpoint::Change;
 use crate::state::AppState;
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -32,15 +31,15 @@ pub struct ClientCertificateOut {
     pub client_certificate: Option<serde_json::Value>,
 }
 
-/// The application's endpoint, changed through the native PATCH (which checks and seals).
+/// The application's endpoint, changed by the endpoint module (which checks and seals).
 async fn apply(
     state: AppState,
     project: Project,
     (app_id, endpoint_id): (String, String),
-    change: UpdateEndpoint,
+    change: Change,
 ) -> SvixResult<StatusCode> {
     let row = find(&state, &project, &app_id, &endpoint_id).await?;
-    let _ = native::update(project, State(state), Path(row.id), ApiJson(change)).await?;
+    super::endpoints::apply(&state, &project, &row, change).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -69,11 +68,7 @@ pub async fn set_authentication(
     Path(ids): Path<(String, String)>,
     SvixJson(body): SvixJson<Authentication>,
 ) -> SvixResult<StatusCode> {
-    let change = UpdateEndpoint {
-        authentication: Some(Some(body)),
-        ..UpdateEndpoint::default()
-    };
-    apply(state, project, ids, change).await
+    apply(state, project, ids, Change::authentication(Some(body))).await
 }
 
 #[utoipa::path(delete, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication",
@@ -84,11 +79,7 @@ pub async fn delete_authentication(
     State(state): State<AppState>,
     Path(ids): Path<(String, String)>,
 ) -> SvixResult<StatusCode> {
-    let change = UpdateEndpoint {
-        authentication: Some(None),
-        ..UpdateEndpoint::default()
-    };
-    apply(state, project, ids, change).await
+    apply(state, project, ids, Change::authentication(None)).await
 }
 
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
@@ -116,11 +107,7 @@ pub async fn set_client_certificate(
     Path(ids): Path<(String, String)>,
     SvixJson(body): SvixJson<ClientCertificate>,
 ) -> SvixResult<StatusCode> {
-    let change = UpdateEndpoint {
-        client_certificate: Some(Some(body)),
-        ..UpdateEndpoint::default()
-    };
-    apply(state, project, ids, change).await
+    apply(state, project, ids, Change::client_certificate(Some(body))).await
 }
 
 #[utoipa::path(delete, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
@@ -131,11 +118,7 @@ pub async fn delete_client_certificate(
     State(state): State<AppState>,
     Path(ids): Path<(String, String)>,
 ) -> SvixResult<StatusCode> {
-    let change = UpdateEndpoint {
-        client_certificate: Some(None),
-        ..UpdateEndpoint::default()
-    };
-    apply(state, project, ids, change).await
+    apply(state, project, ids, Change::client_certificate(None)).await
 }
 
 pub fn router() -> OpenApiRouter<AppState> {

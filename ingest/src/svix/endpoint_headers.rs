@@ -1,6 +1,6 @@
 //! `/api/v1/app/{app_id}/endpoint/{endpoint_id}/headers`: an endpoint's custom headers on
-//! the Svix surface (read, replace, patch), written through the native PATCH
-//! (routes/endpoints.rs), which checks and seals them.
+//! the Svix surface (read, replace, patch), written by the endpoint module
+//! (crate::endpoint), which checks and seals them.
 
 use std::collections::BTreeMap;
 
@@ -14,9 +14,8 @@ use utoipa_axum::routes;
 use super::endpoints::find;
 use super::{SvixJson, SvixResult};
 use crate::auth::Project;
-use crate::extract::ApiJson;
+use crate::endpoint::Change;
 use crate::problem::ApiError;
-use crate::routes::endpoints::{self as native, UpdateEndpoint};
 use crate::state::AppState;
 use crate::store::endpoints::EndpointRow;
 
@@ -63,17 +62,7 @@ async fn set_headers_to(
     row: &EndpointRow,
     headers: BTreeMap<String, String>,
 ) -> SvixResult<()> {
-    let change = UpdateEndpoint {
-        headers: Some(headers),
-        ..UpdateEndpoint::default()
-    };
-    let _ = native::update(
-        project.clone(),
-        State(state.clone()),
-        Path(row.id.clone()),
-        ApiJson(change),
-    )
-    .await?;
+    super::endpoints::apply(state, project, row, Change::headers(headers)).await?;
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! `/api/v1/app/{app_id}/endpoint`: Svix endpoints are Railhook endpoints of the application
-//! (routes/endpoints.rs checks and writes them). Svix's event-type filter is the endpoint's
+//! (crate::endpoint checks and writes them, the endpoint and its subscription in one
+//! transaction). Svix's event-type filter is the endpoint's
 //! one subscription, made with it: `filterTypes` (`eventTypes` in the v2 SDKs) are its
 //! patterns, and no filter is `*`. `throttleRate` is `rate_limit_per_second`, `disabled` is
 //! `!enabled`.
@@ -10,7 +11,6 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
-use railhook_common::ids::SubscriptionId;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -18,7 +18,7 @@ use utoipa_axum::routes;
 use super::applications::find as find_app;
 use super::{ListResponse, Page, SvixJson, SvixQuery, SvixResult};
 use crate::auth::Project;
-use crate::extract::ApiJson;
+use crate::endpoint::Change;
 use crate::problem::ApiError;
 use crate::routes::endpoints::{self as native, CreateEndpoint, UpdateEndpoint};
 use crate::routes::subscriptions::parse_patterns;
@@ -136,7 +136,7 @@ pub struct EndpointIn {
 }
 
 /// The patterns of a Svix filter: the given types, or every type.
-fn patterns(filter: Option<&[String]>) -> SvixResult<Vec<String>> {
+pub(crate) fn patterns(filter: Option<&[String]>) -> SvixResult<Vec<String>> {
     match filter {
         Some(types) if !types.is_empty() => Ok(parse_patterns(types).map_err(|e| match e {
             ApiError::Validation { detail, .. } => ApiError::validation("filterTypes", detail),
@@ -146,46 +146,53 @@ fn patterns(filter: Option<&[String]>) -> SvixResult<Vec<String>> {
     }
 }
 
-/// Sets the endpoint's one subscription to `patterns` (made if it has none).
-async fn subscribe(
-    state: &AppState,
-    project_id: &str,
-    endpoint_id: &str,
-    patterns: &[String],
-) -> SvixResult<()> {
-    let existing = subs::page(&state.pool, project_id, Some(endpoint_id), None, 100).await?;
-    let mut existing = existing.into_iter();
-    match existing.next() {
-        Some(first) => {
-            subs::update(
-                &state.pool,
-                &first.id,
-                project_id,
-                Some(patterns),
-                None,
-                None,
-            )
-            .await?;
-            for extra in existing {
-                subs::delete(&state.pool, &extra.id, project_id).await?;
-            }
-        }
-        None => {
-            let id = SubscriptionId::generate();
-            subs::insert(
-                &state.pool,
-                id.as_str(),
-                project_id,
-                endpoint_id,
-                patterns,
-                false,
-                None,
-            )
-            .await?
-            .ok_or(ApiError::NotFound("endpoint"))?;
-        }
+impl EndpointIn {
+    /// The native create this Svix endpoint is, and the patterns of its one subscription.
+    /// Every field of both shapes is named: a field added to either is a compile error here
+    /// until it is placed.
+    pub(crate) fn into_new(self) -> SvixResult<(CreateEndpoint, Vec<String>)> {
+        let EndpointIn {
+            url,
+            description,
+            throttle_rate,
+            uid,
+            disabled,
+            filter_types,
+            channels,
+            secret,
+            metadata,
+            headers,
+            filter,
+        } = self;
+        let fields = CreateEndpoint {
+            transport: None,
+            url,
+            kafka: None,
+            sqs: None,
+            rabbitmq: None,
+            nats: None,
+            authentication: None,
+            client_certificate: None,
+            description: description.unwrap_or_default(),
+            enabled: disabled.map(|d| !d),
+            timeout_ms: None,
+            rate_limit_per_second: throttle_rate,
+            rate_limit_burst: None,
+            max_concurrency: None,
+            headers: headers.unwrap_or_default(),
+            retry_delays_seconds: None,
+            max_attempts: None,
+            signing: None,
+            secret,
+            application: None,
+            channels: channels.filter(|c| !c.is_empty()),
+            uid,
+            metadata: metadata.unwrap_or_default(),
+            filter,
+            transformation: None,
+        };
+        Ok((fields, patterns(filter_types.as_deref())?))
     }
-    Ok(())
 }
 
 #[utoipa::path(post, path = "/api/v1/app/{app_id}/endpoint", tag = "svix",
@@ -199,43 +206,36 @@ pub async fn create(
     SvixJson(body): SvixJson<EndpointIn>,
 ) -> SvixResult<(StatusCode, Json<EndpointOut>)> {
     let app = find_app(&state, &project, &app_id).await?;
-    let create = CreateEndpoint {
-        url: body.url,
-        description: body.description.unwrap_or_default(),
-        enabled: body.disabled.map(|d| !d),
-        rate_limit_per_second: body.throttle_rate,
-        headers: body.headers.unwrap_or_default(),
-        secret: body.secret,
-        channels: body.channels.filter(|c| !c.is_empty()),
-        uid: body.uid,
-        metadata: body.metadata.unwrap_or_default(),
-        filter: body.filter,
-        ..CreateEndpoint::default()
-    };
-    let created =
-        create_in_application(&state, &project, app.id, create, body.filter_types).await?;
+    let (create, patterns) = body.into_new()?;
+    let created = create_in_application(&state, &project, app.id, create, patterns).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 
 /// Creates an endpoint of the application `app_id` from the native shape (any `type`) with
-/// one subscription to `filter_types` (none: every type), as this surface does: Svix's
-/// create, and the portal's add form.
+/// one subscription to `patterns` (checked; `["*"]`: every type), in one transaction
+/// (crate::endpoint): Svix's create, and the portal's add form.
 pub(crate) async fn create_in_application(
     state: &AppState,
     project: &Project,
     app_id: String,
     mut create: CreateEndpoint,
-    filter_types: Option<Vec<String>>,
+    patterns: Vec<String>,
 ) -> SvixResult<EndpointOut> {
-    // Checked before anything is written, so a bad filter leaves no endpoint behind.
-    let patterns = patterns(filter_types.as_deref())?;
     create.application = Some(app_id);
-    let created = native::insert(state, project, create, None).await?;
-    let id = created.endpoint.id;
-    subscribe(state, project.id.as_str(), &id, &patterns).await?;
-    let row = store::find(&state.pool, project.id.as_str(), &id, Kind::Webhook)
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
+    let new = crate::endpoint::New {
+        fields: create,
+        subscription: Some(patterns),
+        source_id: None,
+    };
+    let created = crate::endpoint::create(state, project, new).await?;
+    let row = store::find(
+        &state.pool,
+        project.id.as_str(),
+        &created.endpoint.id,
+        Kind::Webhook,
+    )
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
     view(state, row).await
 }
 
@@ -283,7 +283,7 @@ pub async fn get(
 }
 
 /// The fields of a PUT or a PATCH (`double` fields: absent, `null`, or a value).
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointPatch {
     pub url: Option<String>,
@@ -312,42 +312,66 @@ pub struct EndpointPatch {
     pub filter: Option<Option<String>>,
 }
 
-async fn apply(
+impl EndpointPatch {
+    /// The native change this Svix PATCH (or PUT) is, with its subscription's patterns when
+    /// it names `filterTypes`. Every field of both shapes is named, as in
+    /// [`EndpointIn::into_new`].
+    pub(crate) fn into_change(self) -> SvixResult<Change> {
+        let EndpointPatch {
+            url,
+            description,
+            throttle_rate,
+            uid,
+            disabled,
+            filter_types,
+            channels,
+            metadata,
+            filter,
+        } = self;
+        let fields = UpdateEndpoint {
+            url,
+            kafka: None,
+            sqs: None,
+            rabbitmq: None,
+            nats: None,
+            authentication: None,
+            client_certificate: None,
+            description,
+            enabled: disabled.map(|d| !d),
+            timeout_ms: None,
+            rate_limit_per_second: throttle_rate,
+            rate_limit_burst: None,
+            max_concurrency: None,
+            headers: None,
+            retry_delays_seconds: None,
+            max_attempts: None,
+            channels,
+            uid,
+            metadata,
+            filter,
+            transformation: None,
+        };
+        let subscription = filter_types
+            .as_ref()
+            .map(|f| patterns(f.as_deref()))
+            .transpose()?;
+        Ok(Change {
+            fields,
+            subscription,
+        })
+    }
+}
+
+/// Applies `change` to the endpoint `row` in one transaction (crate::endpoint) and shows it
+/// as this surface does.
+pub(crate) async fn apply(
     state: &AppState,
     project: &Project,
-    row: EndpointRow,
-    p: EndpointPatch,
+    row: &EndpointRow,
+    change: Change,
 ) -> SvixResult<EndpointOut> {
-    let patterns = p
-        .filter_types
-        .as_ref()
-        .map(|f| patterns(f.as_deref()))
-        .transpose()?;
-    let change = UpdateEndpoint {
-        url: p.url,
-        description: p.description,
-        enabled: p.disabled.map(|d| !d),
-        rate_limit_per_second: p.throttle_rate,
-        channels: p.channels,
-        uid: p.uid,
-        metadata: p.metadata,
-        filter: p.filter,
-        ..UpdateEndpoint::default()
-    };
-    let id = row.id.clone();
-    let _ = native::update(
-        project.clone(),
-        State(state.clone()),
-        Path(id.clone()),
-        ApiJson(change),
-    )
-    .await?;
-    if let Some(patterns) = patterns {
-        subscribe(state, project.id.as_str(), &id, &patterns).await?;
-    }
-    let row = store::find(&state.pool, project.id.as_str(), &id, Kind::Webhook)
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
+    let id = crate::routes::endpoints::parse_id(&row.id)?;
+    let row = crate::endpoint::update(state, project, &id, change).await?;
     view(state, row).await
 }
 
@@ -362,7 +386,9 @@ pub async fn patch(
     SvixJson(body): SvixJson<EndpointPatch>,
 ) -> SvixResult<Json<EndpointOut>> {
     let row = find(&state, &project, &app_id, &endpoint_id).await?;
-    Ok(Json(apply(&state, &project, row, body).await?))
+    Ok(Json(
+        apply(&state, &project, &row, body.into_change()?).await?,
+    ))
 }
 
 /// Replaces the endpoint's fields with the body's (absent optional fields are cleared), or
@@ -391,7 +417,11 @@ pub async fn upsert(
                 metadata: Some(body.metadata.unwrap_or_default()),
                 filter: Some(body.filter),
             };
-            Ok((StatusCode::OK, Json(apply(&state, &project, row, p).await?)))
+            let change = p.into_change()?;
+            Ok((
+                StatusCode::OK,
+                Json(apply(&state, &project, &row, change).await?),
+            ))
         }
         Err(super::SvixError(ApiError::NotFound("endpoint"))) => {
             let mut body = body;
@@ -413,7 +443,9 @@ pub async fn delete(
     Path((app_id, endpoint_id)): Path<(String, String)>,
 ) -> SvixResult<StatusCode> {
     let row = find(&state, &project, &app_id, &endpoint_id).await?;
-    Ok(native::delete(project, State(state), Path(row.id)).await?)
+    let id = crate::routes::endpoints::parse_id(&row.id)?;
+    crate::endpoint::delete(&state, &project, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Serialize, utoipa::ToSchema)]

@@ -1,0 +1,266 @@
+//! The endpoint's front doors share one change path (issue #55, crate::endpoint): a change
+//! through the Svix surface or the portal commits the endpoint, its subscription and its
+//! headers together or not at all, and the same change through the native API, the Svix
+//! surface and the portal leaves the same endpoint behind.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::portal::{application, csrf_of, get, link, open, post};
+use crate::support::{TestApp, spawn_app};
+
+/// A trigger that fails any write of a subscription to the event type `boom.fail`: a
+/// failure injected after the endpoint's own row was written in the same transaction.
+async fn refuse_boom(app: &TestApp) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF 'boom.fail' = ANY(NEW.event_types) THEN RAISE EXCEPTION 'injected failure'; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_boom BEFORE INSERT OR UPDATE ON subscriptions
+             FOR EACH ROW EXECUTE FUNCTION refuse_boom();",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("trigger");
+}
+
+async fn svix_endpoint(app: &TestApp, key: &str, a: &str, id: &str) -> Value {
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/app/{a}/endpoint/{id}"),
+            Some(key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    r.body
+}
+
+async fn svix_headers(app: &TestApp, key: &str, a: &str, id: &str) -> Value {
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/app/{a}/endpoint/{id}/headers"),
+            Some(key),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    r.body["headers"].clone()
+}
+
+#[tokio::test]
+async fn a_failure_between_the_endpoint_and_its_subscription_leaves_neither_changed() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/app/{a}/endpoint"),
+            Some(&key),
+            Some(
+                json!({"url": "https://hooks.example.com/in", "description": "before",
+                        "filterTypes": ["order.paid"], "headers": {"X-Team": "red"}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let ep = r.body["id"].as_str().expect("id").to_owned();
+    refuse_boom(&app).await;
+
+    // The Svix PATCH: the endpoint's row is written, then its subscription fails.
+    let r = app
+        .call(
+            Method::PATCH,
+            &format!("/api/v1/app/{a}/endpoint/{ep}"),
+            Some(&key),
+            Some(json!({"description": "after", "throttleRate": 5, "filterTypes": ["boom.fail"]})),
+        )
+        .await;
+    assert!(r.status.is_server_error(), "{} {:?}", r.status, r.body);
+    assert!(
+        !r.body.to_string().contains("injected"),
+        "no database text in the answer: {:?}",
+        r.body
+    );
+    let shown = svix_endpoint(&app, &key, &a, &ep).await;
+    assert_eq!(shown["description"], "before", "{shown}");
+    assert_eq!(shown["throttleRate"], Value::Null, "{shown}");
+    assert_eq!(shown["filterTypes"], json!(["order.paid"]), "{shown}");
+
+    // The Svix create: no endpoint without its subscription.
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/app/{a}/endpoint"),
+            Some(&key),
+            Some(json!({"url": "https://hooks.example.com/other", "filterTypes": ["boom.fail"]})),
+        )
+        .await;
+    assert!(r.status.is_server_error(), "{} {:?}", r.status, r.body);
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/app/{a}/endpoint"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(
+        r.body["data"].as_array().map(Vec::len),
+        Some(1),
+        "{:?}",
+        r.body
+    );
+
+    // The portal's edit: its fields, its headers and its event types are one change.
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let base = open(&app, &path).await;
+    let edit = format!("{base}/endpoints/{ep}");
+    let (_, page, _) = get(&app, &edit).await;
+    let csrf = csrf_of(&page);
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("url", "https://hooks.example.com/in"),
+        ("description", "after"),
+        ("headers", "X-Team: blue"),
+        ("event_types", "boom.fail"),
+    ];
+    let (status, body) = post(&app, &edit, &form).await;
+    assert!(status.is_server_error(), "{status} {body}");
+    let shown = svix_endpoint(&app, &key, &a, &ep).await;
+    assert_eq!(shown["description"], "before", "{shown}");
+    assert_eq!(shown["filterTypes"], json!(["order.paid"]), "{shown}");
+    assert_eq!(
+        svix_headers(&app, &key, &a, &ep).await,
+        json!({"X-Team": "red"})
+    );
+
+    // Without the failure, the same edit lands whole.
+    sqlx::raw_sql("DROP TRIGGER refuse_boom ON subscriptions")
+        .execute(&app.pool)
+        .await
+        .expect("drop trigger");
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("url", "https://hooks.example.com/in"),
+        ("description", "after"),
+        ("headers", "X-Team: blue"),
+        ("event_types", "order.shipped"),
+    ];
+    let (status, to) = post(&app, &edit, &form).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{to}");
+    let shown = svix_endpoint(&app, &key, &a, &ep).await;
+    assert_eq!(shown["description"], "after", "{shown}");
+    assert_eq!(shown["filterTypes"], json!(["order.shipped"]), "{shown}");
+    assert_eq!(
+        svix_headers(&app, &key, &a, &ep).await,
+        json!({"X-Team": "blue"})
+    );
+}
+
+/// The native view of an endpoint without what differs between two endpoints by nature.
+async fn native_view(app: &TestApp, key: &str, id: &str) -> Value {
+    let r = app
+        .call(Method::GET, &format!("/v1/endpoints/{id}"), Some(key), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    let mut v = r.body;
+    let o = v.as_object_mut().expect("object");
+    for k in ["id", "created_at", "updated_at", "public_key"] {
+        o.remove(k);
+    }
+    v
+}
+
+#[tokio::test]
+async fn the_same_change_through_each_door_leaves_the_same_endpoint() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let r = app
+            .call(
+                Method::POST,
+                &format!("/api/v1/app/{a}/endpoint"),
+                Some(&key),
+                Some(json!({"url": format!("https://hooks.example.com/{n}")})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        ids.push(r.body["id"].as_str().expect("id").to_owned());
+    }
+    let url = "https://hooks.example.com/changed";
+    let filter = "$.amount_cents > 100";
+
+    // The native API: one PATCH.
+    let r = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/endpoints/{}", ids[0]),
+            Some(&key),
+            Some(
+                json!({"url": url, "description": "changed", "rate_limit_per_second": 7,
+                        "channels": ["eu"], "filter": filter, "headers": {"X-Team": "blue"}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+
+    // The Svix surface: the endpoint's PATCH and its headers' PUT.
+    let r = app
+        .call(
+            Method::PATCH,
+            &format!("/api/v1/app/{a}/endpoint/{}", ids[1]),
+            Some(&key),
+            Some(
+                json!({"url": url, "description": "changed", "throttleRate": 7,
+                        "channels": ["eu"], "filter": filter}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    let r = app
+        .call(
+            Method::PUT,
+            &format!("/api/v1/app/{a}/endpoint/{}/headers", ids[1]),
+            Some(&key),
+            Some(json!({"headers": {"X-Team": "blue"}})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{:?}", r.body);
+
+    // The portal: one form.
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let base = open(&app, &path).await;
+    let edit = format!("{base}/endpoints/{}", ids[2]);
+    let (_, page, _) = get(&app, &edit).await;
+    let csrf = csrf_of(&page);
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("url", url),
+        ("description", "changed"),
+        ("rate_limit", "7"),
+        ("channels", "eu"),
+        ("filter", filter),
+        ("headers", "X-Team: blue"),
+    ];
+    let (status, to) = post(&app, &edit, &form).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{to}");
+
+    let native = native_view(&app, &key, &ids[0]).await;
+    assert_eq!(native["description"], "changed", "{native}");
+    assert_eq!(native_view(&app, &key, &ids[1]).await, native, "Svix");
+    assert_eq!(native_view(&app, &key, &ids[2]).await, native, "portal");
+    for id in &ids {
+        assert_eq!(
+            svix_headers(&app, &key, &a, id).await,
+            json!({"X-Team": "blue"})
+        );
+    }
+}
