@@ -308,6 +308,7 @@ pub async fn wait_for_postgres(
 }
 
 /// Probes Redis with `PING` through `client` and records the outcome.
+#[cfg(feature = "redis")]
 pub async fn probe_redis(deps: &Dependencies, client: &crate::redis_client::RedisClient) {
     let result = async {
         let mut conn = client.connect(Duration::from_secs(5)).await?;
@@ -322,6 +323,7 @@ pub async fn probe_redis(deps: &Dependencies, client: &crate::redis_client::Redi
 
 /// A Redis error as a reason: its kind and text (the redis crate never puts the URL or the
 /// password into an error).
+#[cfg(feature = "redis")]
 pub fn redis_reason(e: &redis::RedisError) -> String {
     e.to_string()
 }

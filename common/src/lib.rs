@@ -21,6 +21,7 @@ pub mod keygen;
 pub mod metrics_http;
 pub mod names;
 pub mod postgres_url;
+#[cfg(feature = "redis")]
 pub mod redis_client;
 pub mod retention;
 pub mod retry;
@@ -31,6 +32,7 @@ pub mod slot_status;
 pub mod status;
 pub mod telemetry;
 pub mod trace_context;
+#[cfg(feature = "transformation")]
 pub mod transformation;
 pub mod transport;
 pub mod vocabulary;

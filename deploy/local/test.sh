@@ -37,6 +37,15 @@ drop_test_databases() {
 }
 drop_test_databases "$DATABASE_URL"
 cargo fmt --all -- --check
+# Each role's graph holds what it uses (issue #55 item 4): the relay builds on its own, without
+# the JavaScript engine or the Redis client (common's `transformation` and `redis` features).
+relay_graph="$(cargo tree --locked -p railhook-relay -e normal --prefix none)"
+if grep -Eq '^(rquickjs|redis|cpu-time) ' <<<"$relay_graph"; then
+  echo "railhook-relay's dependency graph pulls a crate it does not use:" >&2
+  grep -E '^(rquickjs|redis|cpu-time) ' <<<"$relay_graph" | sort -u >&2
+  exit 1
+fi
+cargo check --locked --quiet -p railhook-relay
 # sqlx's macros compile against the committed .sqlx/ data (SQLX_OFFLINE, .cargo/config.toml):
 # a query changed without regenerating it fails this build.
 log_file="$STATE/test-output.log"

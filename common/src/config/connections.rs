@@ -91,6 +91,7 @@ impl Settings {
     }
 
     /// The Redis client for `redis_url`, with the CA and client certificate settings.
+    #[cfg(feature = "redis")]
     pub fn redis_client(&self) -> Result<crate::redis_client::RedisClient, ConfigError> {
         crate::redis_client::redis_client(
             &self.redis_url,

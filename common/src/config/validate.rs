@@ -41,6 +41,9 @@ impl Settings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         self.postgres()?;
         self.replication_postgres()?;
+        // Only a build that can talk to Redis checks its URL (the relay's alone has no client;
+        // every binary that runs the ingest or the worker has one).
+        #[cfg(feature = "redis")]
         self.redis_client()?;
         let shortest = crate::retention::minimum_days();
         if self.retention_days < shortest {
