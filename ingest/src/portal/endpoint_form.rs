@@ -10,6 +10,7 @@ use railhook_common::transport::TransportKind;
 use railhook_common::vocabulary::Word;
 
 use super::{PortalError, PortalSession};
+use crate::endpoint::{Change, CreateEndpoint, UpdateEndpoint};
 use crate::problem::ApiError;
 use crate::store::endpoints::EndpointRow;
 use crate::store::event_types::EventTypeRow;
@@ -233,6 +234,95 @@ pub(super) struct Submitted {
     pub(super) headers: BTreeMap<String, String>,
     pub(super) rate: Option<i32>,
     pub(super) filter: Option<String>,
+}
+
+impl Submitted {
+    /// The edit form as one change: its fields, the headers and the event types (`*` when
+    /// none is ticked). Every field of both shapes is named, so a field added to either is a
+    /// compile error here until it is placed.
+    pub(super) fn into_change(self) -> Result<Change, PortalError> {
+        let Submitted {
+            url,
+            description,
+            types,
+            channels,
+            headers,
+            rate,
+            filter,
+        } = self;
+        let fields = UpdateEndpoint {
+            url: Some(url),
+            kafka: None,
+            sqs: None,
+            rabbitmq: None,
+            nats: None,
+            authentication: None,
+            client_certificate: None,
+            description: Some(description),
+            enabled: None,
+            timeout_ms: None,
+            rate_limit_per_second: Some(rate),
+            rate_limit_burst: None,
+            max_concurrency: None,
+            headers: Some(headers),
+            retry_delays_seconds: None,
+            max_attempts: None,
+            channels: Some(channels),
+            uid: None,
+            metadata: None,
+            filter: Some(filter),
+            transformation: None,
+        };
+        Ok(Change {
+            fields,
+            subscription: Some(crate::svix::endpoints::patterns(Some(&types))?),
+        })
+    }
+
+    /// The add form of a broker kind as the native create (its settings are placed by the
+    /// caller, which parses them by kind), and the event types ticked.
+    pub(super) fn into_broker_create(
+        self,
+        transport: TransportKind,
+    ) -> (CreateEndpoint, Vec<String>) {
+        let Submitted {
+            url: _,
+            description,
+            types,
+            channels,
+            headers,
+            rate,
+            filter,
+        } = self;
+        let create = CreateEndpoint {
+            transport: Some(transport),
+            url: String::new(),
+            kafka: None,
+            sqs: None,
+            rabbitmq: None,
+            nats: None,
+            authentication: None,
+            client_certificate: None,
+            description,
+            enabled: None,
+            timeout_ms: None,
+            rate_limit_per_second: rate,
+            rate_limit_burst: None,
+            max_concurrency: None,
+            headers,
+            retry_delays_seconds: None,
+            max_attempts: None,
+            signing: None,
+            secret: None,
+            application: None,
+            channels,
+            uid: None,
+            metadata: BTreeMap::new(),
+            filter,
+            transformation: None,
+        };
+        (create, types)
+    }
 }
 
 pub(super) fn submitted(f: &Fields) -> Result<Submitted, PortalError> {

@@ -22,7 +22,6 @@ use crate::dashboard::pages::{parse_time, when, when_opt};
 use crate::endpoint::Change;
 use crate::problem::ApiError;
 use crate::routes::endpoint_state;
-use crate::routes::endpoints::{CreateEndpoint, UpdateEndpoint};
 use crate::state::AppState;
 use crate::store::deliveries::{self as delivery_store, DeliveryFilter};
 use crate::store::endpoints::{self as store, EndpointRow, Kind};
@@ -175,42 +174,7 @@ async fn create_broker(
         );
     };
     let settings = broker_settings(f, transport);
-    let Submitted {
-        url: _,
-        description,
-        types,
-        channels,
-        headers,
-        rate,
-        filter,
-    } = s;
-    let mut create = CreateEndpoint {
-        transport: Some(transport),
-        url: String::new(),
-        kafka: None,
-        sqs: None,
-        rabbitmq: None,
-        nats: None,
-        authentication: None,
-        client_certificate: None,
-        description,
-        enabled: None,
-        timeout_ms: None,
-        rate_limit_per_second: rate,
-        rate_limit_burst: None,
-        max_concurrency: None,
-        headers,
-        retry_delays_seconds: None,
-        max_attempts: None,
-        signing: None,
-        secret: None,
-        application: None,
-        channels,
-        uid: None,
-        metadata: std::collections::BTreeMap::new(),
-        filter,
-        transformation: None,
-    };
+    let (mut create, types) = s.into_broker_create(transport);
     let parsed = |field: &str| {
         ApiError::validation(
             field.to_owned(),
@@ -463,42 +427,7 @@ pub async fn update(
     let e = find(&state, &session, &id).await?;
     // The form's every field, the endpoint's headers and its event types: one change, one
     // transaction (crate::endpoint).
-    let Submitted {
-        url,
-        description,
-        types,
-        channels,
-        headers,
-        rate,
-        filter,
-    } = submitted(&f)?;
-    let fields = UpdateEndpoint {
-        url: Some(url),
-        kafka: None,
-        sqs: None,
-        rabbitmq: None,
-        nats: None,
-        authentication: None,
-        client_certificate: None,
-        description: Some(description),
-        enabled: None,
-        timeout_ms: None,
-        rate_limit_per_second: Some(rate),
-        rate_limit_burst: None,
-        max_concurrency: None,
-        headers: Some(headers),
-        retry_delays_seconds: None,
-        max_attempts: None,
-        channels: Some(channels),
-        uid: None,
-        metadata: None,
-        filter: Some(filter),
-        transformation: None,
-    };
-    let change = Change {
-        fields,
-        subscription: Some(svix::patterns(Some(&types))?),
-    };
+    let change = submitted(&f)?.into_change()?;
     svix::apply(&state, &session.project, &e, change).await?;
     session.log("endpoint.update", &e.id);
     Ok(Redirect::to(&session.href(&format!("endpoints/{}?notice=saved", e.id))).into_response())

@@ -1,17 +1,11 @@
 //! Endpoints: where webhooks go, how they are signed, and how hard they may be pushed.
 
-use std::collections::BTreeMap;
-
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use railhook_common::endpoint_auth::{Authentication, ClientCertificate};
 use railhook_common::ids::EndpointId;
 use railhook_common::signing::SigningKey;
-use railhook_common::transport::{
-    KafkaTarget, NatsTarget, RabbitmqTarget, SqsTarget, TransportKind,
-};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -21,7 +15,6 @@ use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::applications::resolve as resolve_application;
-use crate::routes::transformations::TransformationIn;
 use crate::state::AppState;
 pub(crate) use crate::store::endpoints::EndpointRow;
 use crate::store::endpoints::{self as store, Kind};
@@ -29,8 +22,8 @@ use railhook_common::retry::RetryDelays;
 
 pub const DEFAULT_TIMEOUT_MS: i32 = 30_000;
 
-pub use super::endpoint_update::{__path_update, UpdateEndpoint, update};
-pub use super::endpoint_view::Endpoint;
+pub use super::endpoint_update::{__path_update, update};
+pub use crate::endpoint::{CreateEndpoint, CreatedEndpoint, Endpoint, UpdateEndpoint};
 
 pub(crate) fn parse_id(raw: &str) -> ApiResult<EndpointId> {
     EndpointId::parse(raw).map_err(|_| ApiError::NotFound("endpoint"))
@@ -85,72 +78,6 @@ pub(crate) fn check_description(d: &str) -> ApiResult<()> {
         ));
     }
     Ok(())
-}
-
-#[derive(Deserialize, Default, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateEndpoint {
-    /// `http` (default), `kafka`, `sqs`, `rabbitmq` or `nats`; a broker kind takes its
-    /// settings in the object of its name, and no `url` (docs/DESTINATIONS.md).
-    #[serde(rename = "type")]
-    pub transport: Option<TransportKind>,
-    /// Where Attempts are POSTed: required for `http`, refused for the other kinds.
-    #[serde(default)]
-    pub url: String,
-    pub kafka: Option<KafkaTarget>,
-    pub sqs: Option<SqsTarget>,
-    pub rabbitmq: Option<RabbitmqTarget>,
-    pub nats: Option<NatsTarget>,
-    /// HTTP authentication beyond the signature: `{"type": "basic", "username",
-    /// "password"}` or `{"type": "oauth2_client_credentials", "token_url", "client_id",
-    /// "client_secret", "scope", "audience"}` (docs/RECEIVERS.md); secrets are write-only.
-    pub authentication: Option<Authentication>,
-    /// A client certificate for receivers that require mutual TLS: `{"certificate_pem",
-    /// "private_key_pem"}`; the key is write-only.
-    pub client_certificate: Option<ClientCertificate>,
-    #[serde(default)]
-    pub description: String,
-    pub enabled: Option<bool>,
-    /// Per-Attempt timeout, 1000–300000 ms; default 30000.
-    pub timeout_ms: Option<i32>,
-    pub rate_limit_per_second: Option<i32>,
-    pub rate_limit_burst: Option<i32>,
-    pub max_concurrency: Option<i32>,
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Overrides the retry waits (seconds), e.g. `[30, 120, 600]`.
-    pub retry_delays_seconds: Option<Vec<f64>>,
-    /// Overrides the number of Attempts (1–50).
-    pub max_attempts: Option<i32>,
-    /// `hmac-sha256` (default: Standard Webhooks v1) or `ed25519` (v1a: receivers verify
-    /// with the public key alone).
-    pub signing: Option<String>,
-    /// Your own HMAC secret (`whsec_` + base64 of 24–64 bytes), e.g. a receiver's secret kept
-    /// while moving from another service; absent: Railhook generates one.
-    pub secret: Option<String>,
-    /// The application (id or uid) this endpoint belongs to, for life; absent: a project
-    /// endpoint.
-    pub application: Option<String>,
-    /// Receive only Events sent on one of these channels (1–10); absent: every channel.
-    pub channels: Option<Vec<String>>,
-    /// Your own name for it (1–256 of `[A-Za-z0-9_.-]`), unique in its application.
-    pub uid: Option<String>,
-    #[serde(default)]
-    pub metadata: BTreeMap<String, String>,
-    /// A SQL/JSON path predicate on the Event's payload, e.g. `$.amount_cents > 10000 &&
-    /// $.currency == "EUR"` (at most 1024 characters): the endpoint receives only the Events
-    /// it holds for (docs/ROUTING.md).
-    pub filter: Option<String>,
-    /// A program that reshapes what this endpoint receives, or skips it (docs/ROUTING.md).
-    pub transformation: Option<TransformationIn>,
-}
-
-/// A new endpoint and its signing secret (also readable later via `/secret`).
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct CreatedEndpoint {
-    #[serde(flatten)]
-    pub endpoint: Endpoint,
-    pub secret: String,
 }
 
 #[utoipa::path(post, path = "/v1/endpoints", tag = "endpoints", request_body = CreateEndpoint,

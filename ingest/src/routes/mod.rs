@@ -13,7 +13,6 @@ pub mod endpoint_secret;
 pub mod endpoint_state;
 pub mod endpoint_target;
 pub mod endpoint_update;
-pub mod endpoint_view;
 pub mod endpoints;
 pub mod event_types;
 pub mod events;

@@ -235,7 +235,7 @@ pub struct NewEndpoint<'a> {
 }
 
 /// A new endpoint's payload filter and transformation (both checked).
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Routing {
     pub filter: Option<String>,
     pub transformation_code: Option<String>,
@@ -244,7 +244,7 @@ pub struct Routing {
 
 /// A new endpoint's HTTP authentication and client certificate (mutual TLS): each shown
 /// without its secret, and whole, sealed.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Credentials {
     pub authentication: Option<serde_json::Value>,
     pub authentication_secret: Option<String>,

@@ -24,6 +24,10 @@
 //! - **The sender cache is cleared after every commit here**, whichever door: a change must
 //!   reach fan-out at once.
 
+mod shapes;
+
+pub use shapes::{CreateEndpoint, CreatedEndpoint, Endpoint, UpdateEndpoint};
+
 use std::collections::BTreeMap;
 
 use railhook_common::endpoint_auth::{Authentication, ClientCertificate};
@@ -40,9 +44,8 @@ use crate::routes::applications::{
 };
 use crate::routes::endpoint_target as target;
 use crate::routes::endpoints::{
-    CreateEndpoint, CreatedEndpoint, DEFAULT_TIMEOUT_MS, UpdateEndpoint, check_description,
-    check_given_secret, check_max_attempts, check_positive, check_timeout, retry_delays,
-    uid_conflict,
+    DEFAULT_TIMEOUT_MS, check_description, check_given_secret, check_max_attempts, check_positive,
+    check_timeout, retry_delays, uid_conflict,
 };
 use crate::routes::filters::{self, check_filter};
 use crate::routes::transformations;
@@ -155,22 +158,68 @@ async fn routing(
 
 /// Checks and stores a new endpoint with its subscription, in one transaction (see the
 /// module's doc).
-#[allow(
-    clippy::too_many_lines,
-    reason = "every field of the create is checked and bound here, one after the other"
-)]
 pub(crate) async fn create(
     state: &AppState,
     project: &Project,
     new: New<'_>,
 ) -> ApiResult<CreatedEndpoint> {
     let New {
-        fields: body,
+        fields,
         subscription,
         source_id,
     } = new;
-    let transport = target::transport_of(&body)?;
-    target::check_credentials(state, &body, transport.is_none())?;
+    let id = EndpointId::generate();
+    let checked = check_new(state, project, &id, &fields, source_id).await?;
+    let sealed_secret = state.keyring.seal(id.as_str(), &checked.secret);
+    let mut tx = state.pool.begin().await?;
+    let stored = checked.stored(project, &id, &fields, &sealed_secret, source_id);
+    let row = store::insert(&mut *tx, stored)
+        .await
+        .map_err(uid_conflict)?;
+    if let Some(patterns) = &subscription {
+        subscriptions::set_only(&mut tx, project.id.as_str(), &row.id, patterns).await?;
+    }
+    operational::emit(
+        &mut *tx,
+        project.id.as_str(),
+        Notice::EndpointCreated(EndpointChanged::new(&row.id, &row.url, &row.description)),
+    )
+    .await?;
+    tx.commit().await?;
+    state.senders.invalidate();
+    Ok(CreatedEndpoint {
+        endpoint: row.view(&state.keyring),
+        secret: checked.secret,
+    })
+}
+
+/// A create's fields, checked, in the form they are stored in (secrets and header values
+/// sealed for the endpoint's id).
+struct CheckedNew {
+    url: String,
+    timeout_ms: i32,
+    delays: Option<String>,
+    secret: String,
+    channels: Option<Vec<String>>,
+    metadata: serde_json::Value,
+    routing: store::Routing,
+    application: Option<String>,
+    sealed_headers: serde_json::Value,
+    transport: Option<TransportSettings>,
+    sealed_transport: Option<String>,
+    credentials: store::Credentials,
+}
+
+/// Every check of a create, before any transaction opens.
+async fn check_new(
+    state: &AppState,
+    project: &Project,
+    id: &EndpointId,
+    body: &CreateEndpoint,
+    source_id: Option<&str>,
+) -> ApiResult<CheckedNew> {
+    let transport = target::transport_of(body)?;
+    target::check_credentials(state, body, transport.is_none())?;
     let url = match &transport {
         None => validate_url(&body.url)?,
         Some(settings) => settings.display_url(),
@@ -185,23 +234,10 @@ pub(crate) async fn create(
     check_positive("rate_limit_burst", body.rate_limit_burst)?;
     check_positive("max_concurrency", body.max_concurrency)?;
     validate_headers(&body.headers)?;
-    let delays = body
-        .retry_delays_seconds
-        .as_deref()
-        .map(retry_delays)
-        .transpose()?;
     check_max_attempts(body.max_attempts)?;
-    let secret = signing_secret(&body)?;
-    let channels = body
-        .channels
-        .as_deref()
-        .map(|c| check_channels("channels", c))
-        .transpose()?;
     if let Some(uid) = &body.uid {
         check_uid("uid", uid, EndpointId::PREFIX)?;
     }
-    let metadata = check_metadata(&body.metadata)?;
-    let routing = routing(state, project, &body).await?;
     let application = match &body.application {
         Some(_) if source_id.is_some() => {
             return Err(ApiError::validation(
@@ -212,61 +248,77 @@ pub(crate) async fn create(
         Some(a) => Some(resolve_application(state, project.id.as_str(), a).await?.id),
         None => None,
     };
-    let id = EndpointId::generate();
-    // Header values are where receivers' credentials go: sealed like the signing secret.
-    let headers = state.keyring.seal_headers(
-        id.as_str(),
-        &serde_json::to_value(&body.headers).unwrap_or_default(),
-    );
-    let mut tx = state.pool.begin().await?;
-    let sealed_secret = state.keyring.seal(id.as_str(), &secret);
-    let new = store::NewEndpoint {
-        id: id.as_str(),
-        project_id: project.id.as_str(),
-        url: &url,
-        description: &body.description,
-        sealed_secret: &sealed_secret,
-        enabled: body.enabled.unwrap_or(true),
+    Ok(CheckedNew {
+        url,
         timeout_ms,
-        rate_limit_per_second: body.rate_limit_per_second,
-        rate_limit_burst: body.rate_limit_burst,
-        max_concurrency: body.max_concurrency,
-        sealed_headers: headers,
-        retry_delays: delays,
-        max_attempts: body.max_attempts,
-        source_id,
-        application_id: application.as_deref(),
-        channels: channels.as_deref(),
-        uid: body.uid.as_deref(),
-        metadata,
-        transport: transport
-            .as_ref()
-            .map_or(TransportKind::Http, TransportSettings::kind)
-            .as_str(),
-        transport_settings: transport.as_ref().map(TransportSettings::shown),
+        delays: body
+            .retry_delays_seconds
+            .as_deref()
+            .map(retry_delays)
+            .transpose()?,
+        secret: signing_secret(body)?,
+        channels: body
+            .channels
+            .as_deref()
+            .map(|c| check_channels("channels", c))
+            .transpose()?,
+        metadata: check_metadata(&body.metadata)?,
+        routing: routing(state, project, body).await?,
+        application,
+        // Header values are where receivers' credentials go: sealed like the signing secret.
+        sealed_headers: state.keyring.seal_headers(
+            id.as_str(),
+            &serde_json::to_value(&body.headers).unwrap_or_default(),
+        ),
         // The whole settings, credentials included, sealed like the signing secret.
-        transport_secret: transport
+        sealed_transport: transport
             .as_ref()
             .map(|t| target::seal_whole(state, &sealing_id(id.as_str()), t)),
-        credentials: target::seal_credentials(state, id.as_str(), &body),
-        routing,
-    };
-    let row = store::insert(&mut *tx, new).await.map_err(uid_conflict)?;
-    if let Some(patterns) = &subscription {
-        subscriptions::set_only(&mut tx, project.id.as_str(), &row.id, patterns).await?;
-    }
-    operational::emit(
-        &mut *tx,
-        project.id.as_str(),
-        Notice::EndpointCreated(EndpointChanged::new(&row.id, &row.url, &row.description)),
-    )
-    .await?;
-    tx.commit().await?;
-    state.senders.invalidate();
-    Ok(CreatedEndpoint {
-        endpoint: row.view(&state.keyring),
-        secret,
+        transport,
+        credentials: target::seal_credentials(state, id.as_str(), body),
     })
+}
+
+impl CheckedNew {
+    /// The row to insert: each column named by the store's `NewEndpoint`.
+    fn stored<'a>(
+        &'a self,
+        project: &'a Project,
+        id: &'a EndpointId,
+        body: &'a CreateEndpoint,
+        sealed_secret: &'a str,
+        source_id: Option<&'a str>,
+    ) -> store::NewEndpoint<'a> {
+        store::NewEndpoint {
+            id: id.as_str(),
+            project_id: project.id.as_str(),
+            url: &self.url,
+            description: &body.description,
+            sealed_secret,
+            enabled: body.enabled.unwrap_or(true),
+            timeout_ms: self.timeout_ms,
+            rate_limit_per_second: body.rate_limit_per_second,
+            rate_limit_burst: body.rate_limit_burst,
+            max_concurrency: body.max_concurrency,
+            sealed_headers: self.sealed_headers.clone(),
+            retry_delays: self.delays.clone(),
+            max_attempts: body.max_attempts,
+            source_id,
+            application_id: self.application.as_deref(),
+            channels: self.channels.as_deref(),
+            uid: body.uid.as_deref(),
+            metadata: self.metadata.clone(),
+            transport: self
+                .transport
+                .as_ref()
+                .map_or(TransportKind::Http, TransportSettings::kind)
+                .as_str(),
+            transport_settings: self.transport.as_ref().map(TransportSettings::shown),
+            transport_secret: self.sealed_transport.clone(),
+            credentials: self.credentials.clone(),
+            routing: self.routing.clone(),
+        }
+    }
 }
 
 /// The endpoint's signing secret: the caller's own HMAC secret, or a new one of the scheme
@@ -294,10 +346,6 @@ fn signing_secret(body: &CreateEndpoint) -> ApiResult<String> {
 /// Checks `change` and applies it to the project's webhook endpoint `id`, with its
 /// subscription and its operational notices, in one transaction. Returns the row as
 /// committed.
-#[allow(
-    clippy::too_many_lines,
-    reason = "every field of the patch is checked and bound here, one after the other"
-)]
 pub(crate) async fn update(
     state: &AppState,
     project: &Project,
@@ -305,56 +353,10 @@ pub(crate) async fn update(
     change: Change,
 ) -> ApiResult<EndpointRow> {
     let Change {
-        fields: body,
+        fields,
         subscription,
     } = change;
-    if let Some(d) = &body.description {
-        check_description(d)?;
-    }
-    if let Some(ms) = body.timeout_ms {
-        check_timeout(state, ms)?;
-    }
-    check_positive(
-        "rate_limit_per_second",
-        body.rate_limit_per_second.flatten(),
-    )?;
-    check_positive("rate_limit_burst", body.rate_limit_burst.flatten())?;
-    check_positive("max_concurrency", body.max_concurrency.flatten())?;
-    if let Some(h) = &body.headers {
-        validate_headers(h)?;
-    }
-    let headers = body.headers.as_ref().map(|h| {
-        state
-            .keyring
-            .seal_headers(id.as_str(), &serde_json::to_value(h).unwrap_or_default())
-    });
-    let delays = body
-        .retry_delays_seconds
-        .as_ref()
-        .map(|d| d.as_deref().map(retry_delays).transpose())
-        .transpose()?;
-    check_max_attempts(body.max_attempts.flatten())?;
-    let channels = match &body.channels {
-        Some(Some(c)) if !c.is_empty() => Some(Some(check_channels("channels", c)?)),
-        Some(_) => Some(None),
-        None => None,
-    };
-    if let Some(Some(uid)) = &body.uid {
-        check_uid("uid", uid, EndpointId::PREFIX)?;
-    }
-    let metadata = body.metadata.as_ref().map(check_metadata).transpose()?;
-    let filter = filters::check_change(
-        &state.pool,
-        "filter",
-        body.filter.as_ref().map(Option::as_deref),
-    )
-    .await?;
-    let (transformation_code, transformation_enabled) = transformations::check_change(
-        project.id.as_str(),
-        "transformation",
-        body.transformation.as_ref().map(Option::as_ref),
-    )
-    .await?;
+    let checked = check_change(state, project, id, &fields).await?;
     // The change, its subscription and its operational webhooks commit together.
     let mut tx = state.pool.begin().await?;
     let was_enabled = operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
@@ -364,31 +366,12 @@ pub(crate) async fn update(
     let current = store::find(&mut *tx, project.id.as_str(), id.as_str(), Kind::Webhook)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    let target = target::changed_target(state, &current, &body)?;
-    let authentication = target::changed_authentication(state, &current, &body)?;
-    let client_certificate = target::changed_client_certificate(state, &current, &body)?;
-    let stored = store::EndpointChange {
-        client_certificate,
-        url: target.url.as_deref(),
-        transport_settings: target.shown,
-        transport_secret: target.sealed,
-        authentication,
-        description: body.description.as_deref(),
-        enabled: body.enabled,
-        timeout_ms: body.timeout_ms,
-        rate_limit_per_second: body.rate_limit_per_second,
-        rate_limit_burst: body.rate_limit_burst,
-        max_concurrency: body.max_concurrency,
-        sealed_headers: headers,
-        retry_delays: delays,
-        max_attempts: body.max_attempts,
-        channels,
-        uid: body.uid.clone(),
-        metadata,
-        filter,
-        transformation_code,
-        transformation_enabled,
-    };
+    let target = target::changed_target(state, &current, &fields)?;
+    let credentials = (
+        target::changed_authentication(state, &current, &fields)?,
+        target::changed_client_certificate(state, &current, &fields)?,
+    );
+    let stored = checked.stored(&fields, &target, credentials);
     let row = store::update(&mut *tx, id.as_str(), project.id.as_str(), stored)
         .await
         .map_err(uid_conflict)?
@@ -406,6 +389,112 @@ pub(crate) async fn update(
     tx.commit().await?;
     state.senders.invalidate();
     Ok(row)
+}
+
+/// A change's fields that are checked without the stored row, in their stored form.
+struct CheckedChange {
+    sealed_headers: Option<serde_json::Value>,
+    delays: Option<Option<String>>,
+    channels: Option<Option<Vec<String>>>,
+    metadata: Option<serde_json::Value>,
+    filter: Option<Option<String>>,
+    transformation_code: Option<Option<String>>,
+    transformation_enabled: Option<bool>,
+}
+
+/// Every check of a change that needs no stored row, before any transaction opens (the
+/// target and the credentials are checked against the row, inside it).
+async fn check_change(
+    state: &AppState,
+    project: &Project,
+    id: &EndpointId,
+    body: &UpdateEndpoint,
+) -> ApiResult<CheckedChange> {
+    if let Some(d) = &body.description {
+        check_description(d)?;
+    }
+    if let Some(ms) = body.timeout_ms {
+        check_timeout(state, ms)?;
+    }
+    check_positive(
+        "rate_limit_per_second",
+        body.rate_limit_per_second.flatten(),
+    )?;
+    check_positive("rate_limit_burst", body.rate_limit_burst.flatten())?;
+    check_positive("max_concurrency", body.max_concurrency.flatten())?;
+    if let Some(h) = &body.headers {
+        validate_headers(h)?;
+    }
+    check_max_attempts(body.max_attempts.flatten())?;
+    if let Some(Some(uid)) = &body.uid {
+        check_uid("uid", uid, EndpointId::PREFIX)?;
+    }
+    let channels = match &body.channels {
+        Some(Some(c)) if !c.is_empty() => Some(Some(check_channels("channels", c)?)),
+        Some(_) => Some(None),
+        None => None,
+    };
+    let filter_change = body.filter.as_ref().map(Option::as_deref);
+    let transformation_change = body.transformation.as_ref().map(Option::as_ref);
+    let (transformation_code, transformation_enabled) =
+        transformations::check_change(project.id.as_str(), "transformation", transformation_change)
+            .await?;
+    Ok(CheckedChange {
+        sealed_headers: body.headers.as_ref().map(|h| {
+            state
+                .keyring
+                .seal_headers(id.as_str(), &serde_json::to_value(h).unwrap_or_default())
+        }),
+        delays: body
+            .retry_delays_seconds
+            .as_ref()
+            .map(|d| d.as_deref().map(retry_delays).transpose())
+            .transpose()?,
+        channels,
+        metadata: body.metadata.as_ref().map(check_metadata).transpose()?,
+        filter: filters::check_change(&state.pool, "filter", filter_change).await?,
+        transformation_code,
+        transformation_enabled,
+    })
+}
+
+/// A new authentication and client certificate, each shown and sealed (`None`: unchanged).
+type CredentialChanges = (
+    Option<Option<(serde_json::Value, String)>>,
+    Option<Option<(serde_json::Value, String)>>,
+);
+
+impl CheckedChange {
+    /// The columns to change: each named by the store's `EndpointChange`.
+    fn stored<'a>(
+        self,
+        body: &'a UpdateEndpoint,
+        target: &'a target::TargetChange,
+        (authentication, client_certificate): CredentialChanges,
+    ) -> store::EndpointChange<'a> {
+        store::EndpointChange {
+            client_certificate,
+            url: target.url.as_deref(),
+            transport_settings: target.shown.clone(),
+            transport_secret: target.sealed.clone(),
+            authentication,
+            description: body.description.as_deref(),
+            enabled: body.enabled,
+            timeout_ms: body.timeout_ms,
+            rate_limit_per_second: body.rate_limit_per_second,
+            rate_limit_burst: body.rate_limit_burst,
+            max_concurrency: body.max_concurrency,
+            sealed_headers: self.sealed_headers,
+            retry_delays: self.delays,
+            max_attempts: body.max_attempts,
+            channels: self.channels,
+            uid: body.uid.clone(),
+            metadata: self.metadata,
+            filter: self.filter,
+            transformation_code: self.transformation_code,
+            transformation_enabled: self.transformation_enabled,
+        }
+    }
 }
 
 /// Deletes the project's webhook endpoint `id` and its subscriptions (the row stays, so its
