@@ -18,9 +18,15 @@
 //!   its headers, never leaves half a change (issue #55; before, the endpoint and its
 //!   subscription, or its headers, were two transactions). Tested by injecting a failure into
 //!   the subscription's write (`tests/it/endpoint_doors.rs`).
-//! - **Everything is checked before the transaction opens** (URLs, limits, headers, the
-//!   filter's cost, the transformation's program, the subscription's patterns), so a refused
-//!   change writes nothing and holds no lock while a program is compiled.
+//! - **Everything that needs no stored row is checked before the transaction opens** (URLs,
+//!   limits, headers, the filter's cost, the transformation's program, the subscription's
+//!   patterns), so a refused change holds no lock while a program is compiled; the target and
+//!   the credentials, which a PATCH merges with the stored ones, are checked against the row
+//!   it locked. A refusal at either point writes nothing.
+//!
+//! The dashboard's enable and disable (with a person's reason) go through
+//! `routes::endpoint_state::set_enabled`, shared with the native `/disable` and `/enable`
+//! routes: a state change of its own, not a field change.
 //! - **The sender cache is cleared after every commit here**, whichever door: a change must
 //!   reach fan-out at once.
 
