@@ -5,9 +5,12 @@
 //! from the sealed secret); the operational endpoints' view is in
 //! routes/operational_endpoints.rs; the dashboard lists what [`of_project`] returns.
 //!
-//! Writes with their own rules stay with their handlers (create and update in
-//! routes/endpoints.rs, enable and disable in routes/endpoint_state.rs, the worker's streak
-//! and breaker in the Fence); each returns the row through `RETURNING *`.
+//! The endpoint's own create and change ([`insert`], [`update`]) bind their values by column
+//! name, as one record (issue #55 item 2: a column added to the table is added to the
+//! record's struct and to the statement's list, both by name, in this file). Writes with
+//! rules of their own stay with their callers (crate::endpoint checks and calls these;
+//! enable and disable with a reason in routes/endpoint_state.rs; the worker's streak and
+//! breaker in the Fence); each returns the row through `RETURNING *`.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
@@ -205,18 +208,23 @@ pub async fn of_source(
 }
 
 /// A webhook endpoint (or a Source's Destination) to create; secrets and header values
-/// arrive sealed.
+/// arrive sealed. Each field is named as its column (serde's name where the Rust name says
+/// more), and [`insert`] binds the whole value as one record by those names: no column is
+/// matched to a position.
+#[derive(serde::Serialize)]
 pub struct NewEndpoint<'a> {
     pub id: &'a str,
     pub project_id: &'a str,
     pub url: &'a str,
     pub description: &'a str,
+    #[serde(rename = "secret")]
     pub sealed_secret: &'a str,
     pub enabled: bool,
     pub timeout_ms: i32,
     pub rate_limit_per_second: Option<i32>,
     pub rate_limit_burst: Option<i32>,
     pub max_concurrency: Option<i32>,
+    #[serde(rename = "headers")]
     pub sealed_headers: serde_json::Value,
     /// The stored form of the endpoint's own retry waits (common/src/retry.rs).
     pub retry_delays: Option<String>,
@@ -230,12 +238,14 @@ pub struct NewEndpoint<'a> {
     pub transport: &'a str,
     pub transport_settings: Option<serde_json::Value>,
     pub transport_secret: Option<String>,
+    #[serde(flatten)]
     pub credentials: Credentials,
+    #[serde(flatten)]
     pub routing: Routing,
 }
 
 /// A new endpoint's payload filter and transformation (both checked).
-#[derive(Default, Clone)]
+#[derive(Default, Clone, serde::Serialize)]
 pub struct Routing {
     pub filter: Option<String>,
     pub transformation_code: Option<String>,
@@ -244,7 +254,7 @@ pub struct Routing {
 
 /// A new endpoint's HTTP authentication and client certificate (mutual TLS): each shown
 /// without its secret, and whole, sealed.
-#[derive(Default, Clone)]
+#[derive(Default, Clone, serde::Serialize)]
 pub struct Credentials {
     pub authentication: Option<serde_json::Value>,
     pub authentication_secret: Option<String>,
@@ -252,172 +262,202 @@ pub struct Credentials {
     pub client_certificate_secret: Option<String>,
 }
 
+/// Inserts `e`. The record `n` is `e` read by column name into the table's own row type
+/// (`jsonb_populate_record`); a column `e` does not name keeps its default.
 pub async fn insert(
     db: impl PgExecutor<'_>,
     e: NewEndpoint<'_>,
 ) -> Result<EndpointRow, sqlx::Error> {
+    let record = serde_json::to_value(&e).map_err(|err| sqlx::Error::Encode(Box::new(err)))?;
     sqlx::query_as!(
         EndpointRow,
         r#"INSERT INTO endpoints (id, project_id, url, description, secret, enabled, timeout_ms,
-                                  rate_limit_per_second, max_concurrency, headers, retry_delays,
-                                  max_attempts, rate_limit_burst, source_id, application_id,
-                                  channels, uid, metadata, transport, transport_settings,
-                                  transport_secret, authentication, authentication_secret,
-                                  client_certificate, client_certificate_secret, filter,
-                                  transformation_code, transformation_enabled,
-                                  transformation_updated_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                   $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
-                   CASE WHEN $27::text IS NULL THEN NULL ELSE now() END)
+                                  rate_limit_per_second, rate_limit_burst, max_concurrency,
+                                  headers, retry_delays, max_attempts, source_id,
+                                  application_id, channels, uid, metadata, transport,
+                                  transport_settings, transport_secret, authentication,
+                                  authentication_secret, client_certificate,
+                                  client_certificate_secret, filter, transformation_code,
+                                  transformation_enabled, transformation_updated_at)
+           SELECT n.id, n.project_id, n.url, n.description, n.secret, n.enabled, n.timeout_ms,
+                  n.rate_limit_per_second, n.rate_limit_burst, n.max_concurrency,
+                  n.headers, n.retry_delays, n.max_attempts, n.source_id,
+                  n.application_id, n.channels, n.uid, n.metadata, n.transport,
+                  n.transport_settings, n.transport_secret, n.authentication,
+                  n.authentication_secret, n.client_certificate,
+                  n.client_certificate_secret, n.filter, n.transformation_code,
+                  n.transformation_enabled,
+                  CASE WHEN n.transformation_code IS NULL THEN NULL ELSE now() END
+           FROM jsonb_populate_record(NULL::endpoints, $1) AS n
            RETURNING *"#,
-        e.id,
-        e.project_id,
-        e.url,
-        e.description,
-        e.sealed_secret,
-        e.enabled,
-        e.timeout_ms,
-        e.rate_limit_per_second,
-        e.max_concurrency,
-        e.sealed_headers,
-        e.retry_delays,
-        e.max_attempts,
-        e.rate_limit_burst,
-        e.source_id,
-        e.application_id,
-        e.channels,
-        e.uid,
-        e.metadata,
-        e.transport,
-        e.transport_settings,
-        e.transport_secret,
-        e.credentials.authentication,
-        e.credentials.authentication_secret,
-        e.credentials.client_certificate,
-        e.credentials.client_certificate_secret,
-        e.routing.filter,
-        e.routing.transformation_code,
-        e.routing.transformation_enabled
+        record
     )
     .fetch_one(db)
     .await
 }
 
-/// What a PATCH changes: `None` leaves a field; for the optional limits and the ladder,
-/// `Some(None)` clears it.
-#[derive(Default)]
+/// What a PATCH changes: `None` leaves a field; for the optional ones, `Some(None)` clears
+/// it. Fields are named as their columns; [`update`] sends the change as one record whose
+/// absent keys leave their columns as they are (no column is matched to a position).
+#[derive(Default, serde::Serialize)]
 pub struct EndpointChange<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_limit_per_second: Option<Option<i32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_limit_burst: Option<Option<i32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<Option<i32>>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "headers")]
     pub sealed_headers: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_delays: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<Option<i32>>,
     /// `Some(None)` clears the channels (the endpoint then hears every channel).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub channels: Option<Option<Vec<String>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub uid: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Value>,
     /// A broker endpoint's new settings: shown, and whole sealed (same kind).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub transport_settings: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub transport_secret: Option<String>,
     /// `Some(None)` removes the endpoint's authentication; `Some(Some((shown, sealed)))`
-    /// replaces it.
+    /// replaces it (the columns `authentication` and `authentication_secret`).
+    #[serde(skip)]
     pub authentication: Option<Option<(serde_json::Value, String)>>,
     /// The same for the client certificate.
+    #[serde(skip)]
     pub client_certificate: Option<Option<(serde_json::Value, String)>>,
     /// `Some(None)` removes the payload filter; `Some(Some(f))` sets it (checked).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub filter: Option<Option<String>>,
     /// `Some(None)` removes the transformation; `Some(Some(code))` replaces its program.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub transformation_code: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub transformation_enabled: Option<bool>,
 }
 
+/// The record [`update`] sends: the change, and the columns its rules derive.
+#[derive(serde::Serialize)]
+struct Patch<'a> {
+    #[serde(flatten)]
+    change: EndpointChange<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    authentication_secret: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_certificate_secret: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "authentication")]
+    authentication_shown: Option<Option<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "client_certificate")]
+    client_certificate_shown: Option<Option<serde_json::Value>>,
+    /// Enabling clears the disabled reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disabled_reason: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transformation_updated_at: Option<DateTime<Utc>>,
+    /// A new program (or none) forgets the last run of the old one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transformation_last: Option<Option<serde_json::Value>>,
+}
+
+impl<'a> Patch<'a> {
+    fn of(mut change: EndpointChange<'a>) -> Self {
+        let (authentication_shown, authentication_secret) = split(change.authentication.take());
+        let (client_certificate_shown, client_certificate_secret) =
+            split(change.client_certificate.take());
+        let code_changed = change.transformation_code.is_some();
+        // Removing the program turns it off; a new one keeps the switch as it was unless
+        // the change says otherwise.
+        if matches!(change.transformation_code, Some(None)) {
+            change.transformation_enabled = Some(false);
+        }
+        let transformation_touched = code_changed || change.transformation_enabled.is_some();
+        Self {
+            disabled_reason: (change.enabled == Some(true)).then_some(None),
+            transformation_updated_at: transformation_touched.then(Utc::now),
+            transformation_last: code_changed.then_some(None),
+            authentication_shown,
+            authentication_secret,
+            client_certificate_shown,
+            client_certificate_secret,
+            change,
+        }
+    }
+}
+
+/// A credential change as its two columns' changes.
+type ColumnChange<T> = Option<Option<T>>;
+fn split(
+    c: Option<Option<(serde_json::Value, String)>>,
+) -> (ColumnChange<serde_json::Value>, ColumnChange<String>) {
+    match c {
+        None => (None, None),
+        Some(None) => (Some(None), Some(None)),
+        Some(Some((shown, sealed))) => (Some(Some(shown)), Some(Some(sealed))),
+    }
+}
+
 /// Applies `c` to the project's live webhook endpoint `id` (enabling it clears its disabled
-/// reason); `None`: no such endpoint.
+/// reason); `None`: no such endpoint. `p` is the stored row with the change's keys laid
+/// over it (`jsonb_populate_record`: a key the change does not name keeps its column), so
+/// each column below is set to itself unless the change names it.
 pub async fn update(
     db: impl PgExecutor<'_>,
     id: &str,
     project_id: &str,
     c: EndpointChange<'_>,
 ) -> Result<Option<EndpointRow>, sqlx::Error> {
-    let channels = c.channels.clone().flatten();
-    let (auth_shown, auth_sealed) = c.authentication.clone().flatten().unzip();
-    let (cert_shown, cert_sealed) = c.client_certificate.clone().flatten().unzip();
+    let patch =
+        serde_json::to_value(Patch::of(c)).map_err(|err| sqlx::Error::Encode(Box::new(err)))?;
     sqlx::query_as!(
         EndpointRow,
-        r#"UPDATE endpoints SET
-               url = coalesce($3, url),
-               description = coalesce($4, description),
-               enabled = coalesce($5, enabled),
-               disabled_reason = CASE WHEN $5 IS TRUE THEN NULL ELSE disabled_reason END,
-               timeout_ms = coalesce($6, timeout_ms),
-               rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
-               max_concurrency = CASE WHEN $9 THEN $10 ELSE max_concurrency END,
-               headers = coalesce($11, headers),
-               retry_delays = CASE WHEN $12 THEN $13 ELSE retry_delays END,
-               max_attempts = CASE WHEN $14 THEN $15 ELSE max_attempts END,
-               rate_limit_burst = CASE WHEN $16 THEN $17 ELSE rate_limit_burst END,
-               channels = CASE WHEN $18 THEN $19 ELSE channels END,
-               uid = CASE WHEN $20 THEN $21 ELSE uid END,
-               metadata = coalesce($22, metadata),
-               transport_settings = coalesce($23, transport_settings),
-               transport_secret = coalesce($24, transport_secret),
-               authentication = CASE WHEN $25 THEN $26 ELSE authentication END,
-               authentication_secret = CASE WHEN $25 THEN $27 ELSE authentication_secret END,
-               client_certificate = CASE WHEN $28 THEN $29 ELSE client_certificate END,
-               client_certificate_secret =
-                   CASE WHEN $28 THEN $30 ELSE client_certificate_secret END,
-               filter = CASE WHEN $31 THEN $32 ELSE filter END,
-               transformation_code = CASE WHEN $33 THEN $34 ELSE transformation_code END,
-               -- Removing the program turns it off; a new one keeps the switch as it was
-               -- unless the change says otherwise.
-               transformation_enabled = CASE WHEN $33 AND $34::text IS NULL THEN false
-                                             ELSE coalesce($35, transformation_enabled) END,
-               transformation_updated_at = CASE WHEN $33 OR $35 IS NOT NULL THEN now()
-                                                ELSE transformation_updated_at END,
-               transformation_last = CASE WHEN $33 THEN NULL ELSE transformation_last END,
+        r#"UPDATE endpoints e SET
+               url = p.url,
+               description = p.description,
+               enabled = p.enabled,
+               disabled_reason = p.disabled_reason,
+               timeout_ms = p.timeout_ms,
+               rate_limit_per_second = p.rate_limit_per_second,
+               rate_limit_burst = p.rate_limit_burst,
+               max_concurrency = p.max_concurrency,
+               headers = p.headers,
+               retry_delays = p.retry_delays,
+               max_attempts = p.max_attempts,
+               channels = p.channels,
+               uid = p.uid,
+               metadata = p.metadata,
+               transport_settings = p.transport_settings,
+               transport_secret = p.transport_secret,
+               authentication = p.authentication,
+               authentication_secret = p.authentication_secret,
+               client_certificate = p.client_certificate,
+               client_certificate_secret = p.client_certificate_secret,
+               filter = p.filter,
+               transformation_code = p.transformation_code,
+               transformation_enabled = p.transformation_enabled,
+               transformation_updated_at = p.transformation_updated_at,
+               transformation_last = p.transformation_last,
                updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND kind = 'webhook'
-           RETURNING *"#,
+           FROM endpoints cur, jsonb_populate_record(cur, $3) AS p
+           WHERE e.id = $1 AND e.project_id = $2 AND e.deleted_at IS NULL AND e.kind = 'webhook'
+             AND cur.id = e.id
+           RETURNING e.*"#,
         id,
         project_id,
-        c.url,
-        c.description,
-        c.enabled,
-        c.timeout_ms,
-        c.rate_limit_per_second.is_some(),
-        c.rate_limit_per_second.flatten(),
-        c.max_concurrency.is_some(),
-        c.max_concurrency.flatten(),
-        c.sealed_headers,
-        c.retry_delays.is_some(),
-        c.retry_delays.flatten(),
-        c.max_attempts.is_some(),
-        c.max_attempts.flatten(),
-        c.rate_limit_burst.is_some(),
-        c.rate_limit_burst.flatten(),
-        c.channels.is_some(),
-        channels.as_deref(),
-        c.uid.is_some(),
-        c.uid.flatten(),
-        c.metadata,
-        c.transport_settings,
-        c.transport_secret,
-        c.authentication.is_some(),
-        auth_shown,
-        auth_sealed,
-        c.client_certificate.is_some(),
-        cert_shown,
-        cert_sealed,
-        c.filter.is_some(),
-        c.filter.clone().flatten(),
-        c.transformation_code.is_some(),
-        c.transformation_code.clone().flatten(),
-        c.transformation_enabled
+        patch
     )
     .fetch_optional(db)
     .await
