@@ -75,6 +75,31 @@ crate::words! {
 }
 
 crate::words! {
+    /// How a Delivery came to be (`deliveries.origin`): with its Event at ingest, or made
+    /// again by a Replay (the Time Machine). An Idempotency-Key's answer lists only the
+    /// first kind.
+    DeliveryOrigin { Ingest, Replay }
+}
+
+crate::words! {
+    /// Where a Replay stands (`replays.status`); the API shows the words in capitals.
+    ReplayStatus {
+        #[strum(serialize = "RUNNING")]
+        Running,
+        #[strum(serialize = "COMPLETED")]
+        Completed,
+        #[strum(serialize = "CANCELLED")]
+        Cancelled,
+    }
+}
+
+crate::words! {
+    /// The customer portal's colour scheme (`portal_settings.color_scheme`): fixed light or
+    /// dark, or the viewer's own preference.
+    ColorScheme { Light, Dark, Auto }
+}
+
+crate::words! {
     /// An endpoint's circuit breaker (`endpoints.breaker_state`, the breaker metrics).
     BreakerState { Closed, Open, HalfOpen }
 }

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use railhook_common::event_type::EventType;
 use railhook_common::ids::{DeliveryId, EventId};
+use railhook_common::vocabulary::{DeliveryOrigin, Word};
 use sqlx::{PgConnection, PgPool};
 
 use crate::accept::candidates;
@@ -242,7 +243,7 @@ async fn insert(
              INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
                                      direction, origin, replay_id)
              SELECT x.id, $1, x.event_id, x.endpoint_id, x.subscription_id, x.direction,
-                    'replay', $2
+                    $9, $2
              FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
                   WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, direction,
                                        filter, n)
@@ -263,7 +264,8 @@ async fn insert(
         &plan.endpoint_ids,
         &plan.subscription_ids as &[Option<String>],
         &plan.directions as &[&str],
-        &plan.filters as &[Option<String>]
+        &plan.filters as &[Option<String>],
+        DeliveryOrigin::Replay.as_str()
     )
     .fetch_one(&mut *tx)
     .await?;

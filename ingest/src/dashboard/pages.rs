@@ -7,6 +7,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use maud::{Markup, html};
 use railhook_common::event_type::EventType;
 use railhook_common::ids::EndpointId;
+use railhook_common::vocabulary::{DeliveryOrigin, ReplayStatus, Word};
 use serde::Deserialize;
 
 use super::{CsrfForm, PageError, PageResult, Session, layout, layout_with};
@@ -198,7 +199,7 @@ pub async fn deliveries(
             tbody {
                 @for d in &listing.data {
                     tr {
-                        td { a href={ "/dashboard/deliveries/" (d.id) } { code { (d.id) } } @if d.origin == "replay" { " " span.muted { "replay" } } }
+                        td { a href={ "/dashboard/deliveries/" (d.id) } { code { (d.id) } } @if DeliveryOrigin::parse(&d.origin) == Some(DeliveryOrigin::Replay) { " " span.muted { "replay" } } }
                         td { (d.event_type) br; code.muted { (d.event_id) } }
                         td { code { (d.endpoint_id) } }
                         td.status class=(d.status.as_str()) { (d.status) }
@@ -564,7 +565,7 @@ pub async fn replay(
     Path(id): Path<String>,
 ) -> PageResult {
     let r = replays::find(&state, &session.project, &id).await?;
-    let running = r.status == "RUNNING";
+    let running = ReplayStatus::parse(&r.status) == Some(ReplayStatus::Running);
     let body = html! {
         p { "Status: " span #replay-status.status class=(r.status) { (r.status) } }
         p #replay-progress { (progress(&r)) }

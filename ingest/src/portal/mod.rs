@@ -37,6 +37,7 @@ use axum::routing::{get, post};
 use maud::{DOCTYPE, Markup, html};
 use railhook_common::ids::{OrganizationId, PortalSessionId, ProjectId};
 use railhook_common::keygen::hash_api_key;
+use railhook_common::vocabulary::{ColorScheme, Word};
 use subtle::ConstantTimeEq;
 
 use crate::auth::Project;
@@ -260,18 +261,20 @@ async fn style() -> impl IntoResponse {
 async fn theme(axum::Extension(session): axum::Extension<PortalSession>) -> Response {
     let s = &session.settings;
     let mut css = String::new();
-    match s.color_scheme.as_str() {
-        "dark" => css.push_str(
+    // Stored through the settings' check, so another word is never read; `auto` if it were.
+    let scheme = ColorScheme::parse(&s.color_scheme).unwrap_or(ColorScheme::Auto);
+    match scheme {
+        ColorScheme::Dark => css.push_str(
             ":root { --fg: #e6e8ef; --muted: #9aa2b5; --line: #343a4a; --bg: #151821; \
              --card: #1d212c; --accent: #8ea6ff; --on-accent: #10131a; --ok: #5cc98a; \
              --warn: #e0a84a; --bad: #ff8a80; color-scheme: dark; }\n",
         ),
-        "light" => css.push_str(
+        ColorScheme::Light => css.push_str(
             ":root { --fg: #1d2330; --muted: #6b7385; --line: #dde1ea; --bg: #f6f7fb; \
              --card: #fff; --accent: #3451b2; --on-accent: #fff; --ok: #1f7a3f; \
              --warn: #a36300; --bad: #b3261e; color-scheme: light; }\n",
         ),
-        _ => {}
+        ColorScheme::Auto => {}
     }
     let is_hex = |c: &&String| c.len() == 7 && c[1..].bytes().all(|b| b.is_ascii_hexdigit());
     if let Some(c) = s.primary_color.as_ref().filter(is_hex) {
@@ -279,10 +282,10 @@ async fn theme(axum::Extension(session): axum::Extension<PortalSession>) -> Resp
     }
     // A background is a light-scheme choice; a dark scheme keeps its own.
     if let Some(c) = s.background_color.as_ref().filter(is_hex) {
-        match s.color_scheme.as_str() {
-            "dark" => {}
-            "light" => css.push_str(&format!(":root {{ --bg: {c}; }}\n")),
-            _ => css.push_str(&format!(
+        match scheme {
+            ColorScheme::Dark => {}
+            ColorScheme::Light => css.push_str(&format!(":root {{ --bg: {c}; }}\n")),
+            ColorScheme::Auto => css.push_str(&format!(
                 "@media (prefers-color-scheme: light) {{ :root {{ --bg: {c}; }} }}\n"
             )),
         }

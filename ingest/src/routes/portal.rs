@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use chrono::{DateTime, Utc};
 use railhook_common::keygen::hash_api_key;
 use railhook_common::transport::TransportKind;
-use railhook_common::vocabulary::Word;
+use railhook_common::vocabulary::{ColorScheme, Word};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -289,15 +289,15 @@ fn check_settings(given: &PortalSettings) -> ApiResult<Settings> {
         })?),
     };
     let color_scheme = match t.color_scheme.as_deref() {
-        None => "auto",
-        Some(s @ ("light" | "dark" | "auto")) => s,
-        Some(_) => {
-            return Err(ApiError::validation(
+        None => ColorScheme::Auto,
+        Some(raw) => ColorScheme::parse(raw).ok_or_else(|| {
+            ApiError::validation(
                 "theme.color_scheme",
                 "color_scheme must be light, dark or auto",
-            ));
-        }
-    };
+            )
+        })?,
+    }
+    .as_str();
     Ok(Settings {
         allowed_origins: origins,
         display_name,
