@@ -46,6 +46,11 @@ if grep -Eq '^(rquickjs|redis|cpu-time) ' <<<"$relay_graph"; then
   exit 1
 fi
 cargo check --locked --quiet -p railhook-relay
+# No crate declares a dependency it does not use (cargo-machete, pinned; installed once).
+if [ "$(cargo machete --version 2>/dev/null)" != "0.9.1" ]; then
+  cargo install --locked --quiet cargo-machete --version 0.9.1
+fi
+cargo machete
 # sqlx's macros compile against the committed .sqlx/ data (SQLX_OFFLINE, .cargo/config.toml):
 # a query changed without regenerating it fails this build.
 log_file="$STATE/test-output.log"
