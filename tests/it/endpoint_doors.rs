@@ -264,3 +264,137 @@ async fn the_same_change_through_each_door_leaves_the_same_endpoint() {
         );
     }
 }
+
+/// Transactions committed in the test's database so far, every backend's counters flushed:
+/// each backend of the database but `observer` is ended (a backend flushes its counters as
+/// it exits; the app's pools reconnect on their next use).
+async fn commits(observer: &mut sqlx::PgConnection) -> i64 {
+    let ended: Vec<i32> = sqlx::query_scalar(
+        "WITH others AS MATERIALIZED (
+             SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid())
+         SELECT pid FROM others WHERE pg_terminate_backend(pid)",
+    )
+    .fetch_all(&mut *observer)
+    .await
+    .expect("terminate");
+    for _ in 0..500 {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)")
+                .bind(&ended)
+                .fetch_one(&mut *observer)
+                .await
+                .expect("activity");
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The app's pool pings a connection idle for over a second before handing it out, and
+    // replaces the ones just ended; past that, the next request finds a live connection (the
+    // scenario's length, not a wait for a condition).
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *observer)
+        .await
+        .expect("clear");
+    sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&mut *observer)
+    .await
+    .expect("xact_commit")
+}
+
+/// Issue #55 item 5: the Svix endpoint list reads a page, and its endpoints' subscriptions,
+/// in a fixed number of statements, however many endpoints the page holds. Measured as the
+/// database's committed transactions (each statement of a request is one) for a page of
+/// one endpoint and a page of 61: one statement per endpoint would add 60.
+#[tokio::test]
+async fn the_svix_endpoint_list_reads_a_page_in_a_fixed_number_of_statements() {
+    use sqlx::Connection;
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let create = |n: usize| {
+        let (app, key, a) = (&app, &key, &a);
+        async move {
+            let r = app
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/app/{a}/endpoint"),
+                    Some(key),
+                    Some(json!({"url": format!("https://hooks.example.com/{n}"),
+                                "filterTypes": [format!("order.t{n}")]})),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        }
+    };
+    let list = || async {
+        let r = app
+            .call(
+                Method::GET,
+                &format!("/api/v1/app/{a}/endpoint?limit=100"),
+                Some(&key),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        r.body["data"].as_array().map_or(0, Vec::len)
+    };
+    let mut observer = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .expect("observer");
+    create(0).await;
+    // Warm: the key and the application are read once and cached.
+    assert_eq!(list().await, 1);
+    let before = commits(&mut observer).await;
+    assert_eq!(list().await, 1);
+    let one = commits(&mut observer).await - before;
+    for n in 1..=60 {
+        create(n).await;
+    }
+    assert_eq!(list().await, 61);
+    let before = commits(&mut observer).await;
+    assert_eq!(list().await, 61);
+    let many = commits(&mut observer).await - before;
+    println!("transactions: a page of 1 endpoint {one}, a page of 61 endpoints {many}");
+    assert!(
+        many < one + 20,
+        "a page of 61 endpoints took {many} transactions against {one} for a page of 1"
+    );
+}
+
+/// The Svix view reads at most 100 subscriptions an endpoint (the newest): a tenant with
+/// thousands on one endpoint does not make each page of endpoints cost thousands of rows.
+#[tokio::test]
+async fn the_svix_view_reads_at_most_a_hundred_subscriptions_an_endpoint() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/app/{a}/endpoint"),
+            Some(&key),
+            Some(json!({"url": "https://hooks.example.com/in", "filterTypes": ["t.first"]})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    let ep = r.body["id"].as_str().expect("id").to_owned();
+    for n in 0..100 {
+        app.subscribe(&key, &ep, &[&format!("t.n{n:03}")], false)
+            .await;
+    }
+    let shown = svix_endpoint(&app, &key, &a, &ep).await;
+    let types: Vec<&str> = shown["filterTypes"]
+        .as_array()
+        .expect("filterTypes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(types.len(), 100, "{types:?}");
+    assert!(!types.contains(&"t.first"), "the oldest is left out");
+    assert!(types.contains(&"t.n099"), "the newest is read");
+}
