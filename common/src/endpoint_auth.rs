@@ -18,7 +18,8 @@ pub fn sealing_id(endpoint_id: &str) -> String {
 }
 
 /// An endpoint's authentication towards its receiver.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Authentication {
     /// HTTP Basic: `Authorization: Basic base64(username:password)` on every Attempt.
@@ -36,7 +37,8 @@ pub enum Authentication {
 }
 
 /// An OAuth2 client of the receiver's identity provider.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OAuth2Client {
     /// The provider's token endpoint (`https://`; `http://` only where the deployment
     /// allows private targets, as for tests).
@@ -188,7 +190,8 @@ pub fn certificate_sealing_id(endpoint_id: &str) -> String {
 
 /// A client certificate and its key, for receivers that require mutual TLS. The certificate
 /// (a PEM chain, the endpoint's own first) is shown; the key is write-only.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClientCertificate {
     pub certificate_pem: String,
     /// PKCS#8, PKCS#1 or SEC1 PEM. Write-only: sealed at rest, never returned. Left out of a

@@ -13,12 +13,15 @@ pub mod event_type;
 pub mod fair_slots;
 pub mod headers;
 pub mod health;
+#[cfg(feature = "http")]
 pub mod http_server;
 pub mod ids;
 pub mod kafka;
 pub mod kafka_producer;
 pub mod keygen;
 pub mod metrics_http;
+#[cfg(feature = "http")]
+mod metrics_server;
 pub mod names;
 pub mod postgres_url;
 #[cfg(feature = "redis")]

@@ -69,7 +69,8 @@ crate::words! {
 crate::words! {
     /// What carries an endpoint's Attempts (`endpoints.transport`, the API's `type`): an
     /// HTTP request, or a publish to a broker (common/src/transport/).
-    #[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
     #[serde(rename_all = "lowercase")]
     TransportKind { Http, Kafka, Sqs, Rabbitmq, Nats }
 }

@@ -38,11 +38,12 @@ drop_test_databases() {
 drop_test_databases "$DATABASE_URL"
 cargo fmt --all -- --check
 # Each role's graph holds what it uses (issue #55 item 4): the relay builds on its own, without
-# the JavaScript engine or the Redis client (common's `transformation` and `redis` features).
+# the JavaScript engine, the Redis client, the HTTP server or the OpenAPI schemas (common's
+# `transformation`, `redis`, `http` and `openapi` features).
 relay_graph="$(cargo tree --locked -p railhook-relay -e normal --prefix none)"
-if grep -Eq '^(rquickjs|redis|cpu-time) ' <<<"$relay_graph"; then
+if grep -Eq '^(rquickjs|redis|cpu-time|axum|utoipa) ' <<<"$relay_graph"; then
   echo "railhook-relay's dependency graph pulls a crate it does not use:" >&2
-  grep -E '^(rquickjs|redis|cpu-time) ' <<<"$relay_graph" | sort -u >&2
+  grep -E '^(rquickjs|redis|cpu-time|axum|utoipa) ' <<<"$relay_graph" | sort -u >&2
   exit 1
 fi
 cargo check --locked --quiet -p railhook-relay

@@ -28,7 +28,8 @@ pub use crate::vocabulary::TransportKind;
 pub const KAFKA_KEYS: &[&str] = &["endpoint", "event_id", "application"];
 
 /// A Kafka topic on the receiver's cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct KafkaTarget {
     /// Bootstrap brokers, `host:port` each (1–10).
@@ -47,7 +48,8 @@ fn default_kafka_key() -> String {
 }
 
 /// TLS and SASL for a Kafka target.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSecurity {
     /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
@@ -66,7 +68,8 @@ pub struct KafkaSecurity {
 }
 
 /// An Amazon SQS queue (standard or FIFO).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SqsTarget {
     /// `https://sqs.<region>.amazonaws.com/<account>/<name>`; a name ending in `.fifo` is a
@@ -84,7 +87,8 @@ pub struct SqsTarget {
 }
 
 /// A RabbitMQ (AMQP 0-9-1) exchange.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RabbitmqTarget {
     /// `amqp://user:password@host:port/vhost` or `amqps://…`; the password is sealed and
@@ -97,7 +101,8 @@ pub struct RabbitmqTarget {
 }
 
 /// A NATS JetStream subject.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NatsTarget {
     /// `nats://[user:password@]host:port` or `tls://…`; the password is sealed and shown as
