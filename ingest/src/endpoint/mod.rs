@@ -244,16 +244,7 @@ async fn check_new(
     if let Some(uid) = &body.uid {
         check_uid("uid", uid, EndpointId::PREFIX)?;
     }
-    let application = match &body.application {
-        Some(_) if source_id.is_some() => {
-            return Err(ApiError::validation(
-                "application",
-                "a Source's Destination cannot belong to an application",
-            ));
-        }
-        Some(a) => Some(resolve_application(state, project.id.as_str(), a).await?.id),
-        None => None,
-    };
+    let application = application_of(state, project, body, source_id).await?;
     Ok(CheckedNew {
         url,
         timeout_ms,
@@ -282,6 +273,26 @@ async fn check_new(
             .map(|t| target::seal_whole(state, &sealing_id(id.as_str()), t)),
         transport,
         credentials: target::seal_credentials(state, id.as_str(), body),
+    })
+}
+
+/// The application a new endpoint belongs to (its id, from an id or a uid), if any; a
+/// Source's Destination belongs to none.
+async fn application_of(
+    state: &AppState,
+    project: &Project,
+    body: &CreateEndpoint,
+    source_id: Option<&str>,
+) -> ApiResult<Option<String>> {
+    Ok(match &body.application {
+        Some(_) if source_id.is_some() => {
+            return Err(ApiError::validation(
+                "application",
+                "a Source's Destination cannot belong to an application",
+            ));
+        }
+        Some(a) => Some(resolve_application(state, project.id.as_str(), a).await?.id),
+        None => None,
     })
 }
 

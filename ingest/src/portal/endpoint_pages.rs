@@ -443,7 +443,6 @@ pub async fn action(
     let f = Fields::parse(&body);
     session.check(f.csrf())?;
     let e = find(&state, &session, &id).await?;
-    let path = (session.application_id.clone(), e.id.clone());
     let back = |notice: &str| session.href(&format!("endpoints/{}?notice={notice}", e.id));
     let to = match action.as_str() {
         "enable" | "disable" => {
@@ -461,11 +460,14 @@ pub async fn action(
             session.href("endpoints")
         }
         "rotate" => {
-            let _ = svix::rotate_secret(
-                session.project.clone(),
-                State(state.clone()),
-                Path(path),
-                Bytes::new(),
+            // A generated secret, the previous one kept for the default overlap.
+            let _rotated = crate::routes::endpoint_secret::rotate_to(
+                &state,
+                &session.project,
+                &e.id,
+                Kind::Webhook,
+                None,
+                None,
             )
             .await?;
             back("rotated")
