@@ -398,3 +398,81 @@ async fn the_svix_view_reads_at_most_a_hundred_subscriptions_an_endpoint() {
     assert!(!types.contains(&"t.first"), "the oldest is left out");
     assert!(types.contains(&"t.n099"), "the newest is read");
 }
+
+/// The Svix surface's operational-webhook endpoints go through the same checks and writes as
+/// `/v1/operational-endpoints`: one made disabled is disabled from its first statement, a PUT
+/// replaces its fields, a DELETE removes it.
+#[tokio::test]
+async fn svix_operational_endpoints_are_made_changed_and_deleted_in_one_write_each() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let base = "/api/v1/operational-webhook/endpoint";
+    let r = app
+        .call(
+            Method::POST,
+            base,
+            Some(&key),
+            Some(
+                json!({"url": "https://ops.example.com/in", "disabled": true,
+                        "filterTypes": ["endpoint.disabled"]}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    assert_eq!(r.body["disabled"], true, "{:?}", r.body);
+    let id = r.body["id"].as_str().expect("id").to_owned();
+    let native = app
+        .call(
+            Method::GET,
+            &format!("/v1/operational-endpoints/{id}"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(native.body["enabled"], false, "{:?}", native.body);
+
+    let r = app
+        .call(
+            Method::PUT,
+            &format!("{base}/{id}"),
+            Some(&key),
+            Some(
+                json!({"url": "https://ops.example.com/other", "description": "ops",
+                        "disabled": false}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["disabled"], false, "{:?}", r.body);
+    assert_eq!(
+        r.body["url"], "https://ops.example.com/other",
+        "{:?}",
+        r.body
+    );
+    assert_eq!(
+        r.body["filterTypes"],
+        Value::Null,
+        "every type: {:?}",
+        r.body
+    );
+
+    // A bad URL is refused and changes nothing.
+    let r = app
+        .call(
+            Method::PUT,
+            &format!("{base}/{id}"),
+            Some(&key),
+            Some(json!({"url": "not a url"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+
+    let r = app
+        .call(Method::DELETE, &format!("{base}/{id}"), Some(&key), None)
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{:?}", r.body);
+    let r = app
+        .call(Method::GET, &format!("{base}/{id}"), Some(&key), None)
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{:?}", r.body);
+}

@@ -131,6 +131,18 @@ pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateOperationalEndpoint>,
 ) -> ApiResult<(StatusCode, Json<CreatedOperationalEndpoint>)> {
+    let created = insert(&state, &project, body, true).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Checks and stores an operational endpoint, enabled or not, in one statement: the native
+/// create and the Svix surface's (which may make it disabled) both call it.
+pub(crate) async fn insert(
+    state: &AppState,
+    project: &Project,
+    body: CreateOperationalEndpoint,
+    enabled: bool,
+) -> ApiResult<CreatedOperationalEndpoint> {
     let url = validate_url(&body.url)?;
     let description = description(body.description)?.unwrap_or_default();
     let types = event_types(body.event_types)?;
@@ -147,15 +159,13 @@ pub async fn create(
         retry_delays: LADDER,
         max_attempts: MAX_ATTEMPTS,
         types: &types,
+        enabled,
     };
     let row = operational_store::insert_operational(&state.pool, new).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(CreatedOperationalEndpoint {
-            endpoint: row.into(),
-            secret,
-        }),
-    ))
+    Ok(CreatedOperationalEndpoint {
+        endpoint: row.into(),
+        secret,
+    })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -228,7 +238,18 @@ pub async fn update(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<UpdateOperationalEndpoint>,
 ) -> ApiResult<Json<OperationalEndpoint>> {
-    let id = parse_id(&id)?;
+    let row = apply(&state, &project, &parse_id(&id)?, body).await?;
+    Ok(Json(row.into()))
+}
+
+/// Checks and applies a change to the project's operational endpoint `id` (the native PATCH
+/// and the Svix surface's PUT).
+pub(crate) async fn apply(
+    state: &AppState,
+    project: &Project,
+    id: &EndpointId,
+    body: UpdateOperationalEndpoint,
+) -> ApiResult<EndpointRow> {
     let url = body.url.as_deref().map(validate_url).transpose()?;
     let description = description(body.description)?;
     let types = body.event_types.map(|t| event_types(Some(t))).transpose()?;
@@ -238,15 +259,9 @@ pub async fn update(
         types: types.as_deref(),
         enabled: body.enabled,
     };
-    let row = operational_store::update_operational(
-        &state.pool,
-        id.as_str(),
-        project.id.as_str(),
-        change,
-    )
-    .await?
-    .ok_or(ApiError::NotFound("operational endpoint"))?;
-    Ok(Json(row.into()))
+    operational_store::update_operational(&state.pool, id.as_str(), project.id.as_str(), change)
+        .await?
+        .ok_or(ApiError::NotFound("operational endpoint"))
 }
 
 #[utoipa::path(delete, path = "/v1/operational-endpoints/{id}", tag = "operational-endpoints",
@@ -257,12 +272,17 @@ pub async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let id = parse_id(&id)?;
+    remove(&state, &project, &parse_id(&id)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Deletes the project's operational endpoint `id` (the native DELETE and the Svix one).
+pub(crate) async fn remove(state: &AppState, project: &Project, id: &EndpointId) -> ApiResult<()> {
     if !operational_store::delete_operational(&state.pool, id.as_str(), project.id.as_str()).await?
     {
         return Err(ApiError::NotFound("operational endpoint"));
     }
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }
 
 #[utoipa::path(get, path = "/v1/operational-endpoints/{id}/secret", tag = "operational-endpoints",

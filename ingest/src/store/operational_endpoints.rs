@@ -18,6 +18,8 @@ pub struct NewOperational<'a> {
     pub retry_delays: &'a str,
     pub max_attempts: i32,
     pub types: &'a [String],
+    /// Made disabled (the Svix surface's `disabled: true`), in the same statement.
+    pub enabled: bool,
 }
 
 pub async fn insert_operational(
@@ -27,8 +29,8 @@ pub async fn insert_operational(
     sqlx::query_as!(
         EndpointRow,
         r#"INSERT INTO endpoints (id, project_id, url, description, secret, timeout_ms,
-                                  retry_delays, max_attempts, kind, operational_types)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'operational', $9)
+                                  retry_delays, max_attempts, kind, operational_types, enabled)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'operational', $9, $10)
            RETURNING *"#,
         e.id,
         e.project_id,
@@ -38,7 +40,8 @@ pub async fn insert_operational(
         e.timeout_ms,
         e.retry_delays,
         e.max_attempts,
-        e.types
+        e.types,
+        e.enabled
     )
     .fetch_one(db)
     .await

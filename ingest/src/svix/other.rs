@@ -16,7 +16,6 @@ use utoipa_axum::routes;
 use super::endpoints::EndpointSecretOut;
 use super::{ListResponse, Page, SvixJson, SvixQuery, SvixResult, unsupported};
 use crate::auth::Project;
-use crate::extract::ApiJson;
 use crate::problem::ApiError;
 use crate::routes::operational_endpoints::{
     self as native, CreateOperationalEndpoint, UpdateOperationalEndpoint,
@@ -98,22 +97,10 @@ pub async fn create_operational(
         description: body.description,
         event_types: body.filter_types.filter(|t| !t.is_empty()),
     };
-    let (_, created) =
-        native::create(project.clone(), State(state.clone()), ApiJson(create)).await?;
-    let id = created.0.endpoint.id.clone();
-    if body.disabled == Some(true) {
-        let change = UpdateOperationalEndpoint {
-            enabled: Some(false),
-            ..UpdateOperationalEndpoint::default()
-        };
-        let _ = native::update(
-            project.clone(),
-            State(state.clone()),
-            Path(id.clone()),
-            ApiJson(change),
-        )
-        .await?;
-    }
+    // Made disabled in the same statement when asked (not created, then disabled).
+    let enabled = body.disabled != Some(true);
+    let created = native::insert(&state, &project, create, enabled).await?;
+    let id = created.endpoint.id.clone();
     let row = find_operational(&state, &project, &id).await?;
     Ok((StatusCode::CREATED, Json(row.into())))
 }
@@ -180,15 +167,9 @@ pub async fn update_operational(
         ),
         enabled: Some(!body.disabled.unwrap_or(false)),
     };
-    let _ = native::update(
-        project.clone(),
-        State(state.clone()),
-        Path(row.id.clone()),
-        ApiJson(change),
-    )
-    .await?;
+    let id = crate::routes::endpoints::parse_id(&row.id)?;
     Ok(Json(
-        find_operational(&state, &project, &row.id).await?.into(),
+        native::apply(&state, &project, &id, change).await?.into(),
     ))
 }
 
@@ -201,7 +182,9 @@ pub async fn delete_operational(
     Path(id): Path<String>,
 ) -> SvixResult<StatusCode> {
     let row = find_operational(&state, &project, &id).await?;
-    Ok(native::delete(project, State(state), Path(row.id)).await?)
+    let id = crate::routes::endpoints::parse_id(&row.id)?;
+    native::remove(&state, &project, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(get, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}/secret",
