@@ -77,6 +77,13 @@ pub(crate) fn check_description(d: &str) -> ApiResult<()> {
             "description must be at most 1000 characters",
         ));
     }
+    // Postgres's text holds no NUL character: refused here, not a 500 from the write.
+    if d.contains('\0') {
+        return Err(ApiError::validation(
+            "description",
+            "description must not contain NUL",
+        ));
+    }
     Ok(())
 }
 

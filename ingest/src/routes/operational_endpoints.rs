@@ -104,13 +104,10 @@ fn event_types(raw: Option<Vec<String>>) -> ApiResult<Vec<String>> {
 }
 
 fn description(d: Option<String>) -> ApiResult<Option<String>> {
-    match d {
-        Some(d) if d.chars().count() > 1_000 => Err(ApiError::validation(
-            "description",
-            "description must be at most 1000 characters",
-        )),
-        other => Ok(other),
+    if let Some(d) = &d {
+        crate::routes::endpoints::check_description(d)?;
     }
+    Ok(d)
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
