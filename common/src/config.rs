@@ -498,6 +498,10 @@ mod tests {
             (("http_addr", "not an address"), "http_addr"),
         ];
         for ((k, v), field) in cases {
+            // A build without the Redis client (the relay's) does not read its URL.
+            if k == "redis_url" && !cfg!(feature = "redis") {
+                continue;
+            }
             let mut pairs = vec![("database_url", "postgres://localhost/x")];
             pairs.retain(|(pk, _)| *pk != k);
             pairs.push((k, v));

@@ -256,7 +256,53 @@ impl Relay {
         // a primary that froze never answers and never closes the connection, and without
         // one the relay would wait on it past the failover for as long as the kernel keeps
         // the socket. A session that ends this way starts again from `primary()`.
-        let connect = slot::connect(&primary);
+        let mut control = self.take_slot(&primary).await?;
+        let mut stream = self.open_stream(&primary).await?;
+        self.metrics.active.set(1);
+        self.deps.set_role("active");
+        self.metrics.sessions.inc();
+        tracing::info!(slot = %self.config.slot, "relay holds the slot; streaming");
+        // A fresh producer (a fresh producer id) per session. A session ends when an ack
+        // fails, typically messages that timed out while the broker was away; librdkafka's
+        // idempotent producer then bumps its epoch, which tansu 0.6.0 cannot handle (its
+        // storage task panics and the broker answers nothing until restarted;
+        // docs/RELIABILITY.md). A new producer starts at epoch 0 and never needs the bump.
+        let producer = producer::producer(
+            &self.config.kafka,
+            self.config.message_timeout,
+            self.config.max_in_flight,
+        )?;
+        let (prune_up_to, confirmed) = watch::channel(None);
+        let _helpers = self.spawn_helpers(&primary, confirmed);
+        // The doorbell (common/src/doorbell.rs), on a connection of its own.
+        let ringer = Ringer::spawn(
+            primary
+                .sqlx_options()
+                .map_err(SlotError::from)?
+                .application_name("railhook-relay-doorbell"),
+        );
+        // Express hints at read time need the partition count the producer hashes keys
+        // onto; without an answer they go out at the acknowledgement, as before.
+        let partitions = if self.config.express_at_read {
+            producer
+                .partition_count(&self.config.topic, Duration::from_secs(5))
+                .await
+        } else {
+            None
+        };
+        let mut s = Session::new(&self.config, producer, prune_up_to, ringer, partitions);
+        let result = self
+            .stream(&mut stream, &mut control, &mut s, stopping)
+            .await;
+        // Dropping the client ends the connection; an aborted session never confirms more.
+        stream.abort();
+        result
+    }
+
+    /// The control connection, once the Slot is known usable (and what was written while it
+    /// was not is handed over) and the topic exists.
+    async fn take_slot(&self, primary: &PostgresTarget) -> Result<PgConnection, RelayError> {
+        let connect = slot::connect(primary);
         let mut control = within(ANSWER_WITHIN, "the relay's control connect", connect).await??;
         self.deps.up(REPLICATION);
         let usable = slot::ensure_usable(&mut control, &self.config.slot, &self.config.publication);
@@ -282,10 +328,15 @@ impl Relay {
             self.topic_ready.store(true, Ordering::Relaxed);
         }
         self.deps.up("kafka");
+        Ok(control)
+    }
+
+    /// The replication stream from the Slot, started.
+    async fn open_stream(&self, primary: &PostgresTarget) -> Result<ReplicationClient, RelayError> {
         let mut stream = within(
             ANSWER_WITHIN,
             "the replication connect",
-            ReplicationClient::connect(self.replication_config(&primary)),
+            ReplicationClient::connect(self.replication_config(primary)),
         )
         .await?
         .map_err(stream_error)?;
@@ -296,28 +347,23 @@ impl Relay {
         )
         .await?
         .map_err(stream_error)?;
-        self.metrics.active.set(1);
-        self.deps.set_role("active");
-        self.metrics.sessions.inc();
-        tracing::info!(slot = %self.config.slot, "relay holds the slot; streaming");
-        // A fresh producer (a fresh producer id) per session. A session ends when an ack
-        // fails, typically messages that timed out while the broker was away; librdkafka's
-        // idempotent producer then bumps its epoch, which tansu 0.6.0 cannot handle (its
-        // storage task panics and the broker answers nothing until restarted;
-        // docs/RELIABILITY.md). A new producer starts at epoch 0 and never needs the bump.
-        let producer = producer::producer(
-            &self.config.kafka,
-            self.config.message_timeout,
-            self.config.max_in_flight,
-        )?;
-        let (prune_up_to, confirmed) = watch::channel(None);
+        Ok(stream)
+    }
+
+    /// The session's companions, ended with it: the Outbox pruner (which follows the
+    /// confirmed LSN) and the watch on a failover Slot's standby copies.
+    fn spawn_helpers(
+        &self,
+        primary: &PostgresTarget,
+        confirmed: watch::Receiver<Option<i64>>,
+    ) -> (AbortOnDrop, AbortOnDrop) {
         let pruner = Pruner {
             postgres: primary.clone(),
             retention: self.config.outbox_retention,
             every: self.config.status_interval,
             metrics: self.metrics.clone(),
         };
-        let _prune = AbortOnDrop(tokio::spawn(pruner.run(confirmed)));
+        let prune = AbortOnDrop(tokio::spawn(pruner.run(confirmed)));
         // A failover Slot's standby copies, asked about while this session streams.
         let copies = CopyWatch {
             primary: primary.clone(),
@@ -325,30 +371,8 @@ impl Relay {
             metrics: self.metrics.clone(),
             deps: self.deps.clone(),
         };
-        let _copies = AbortOnDrop(tokio::spawn(copies.run()));
-        // The doorbell (common/src/doorbell.rs), on a connection of its own.
-        let ringer = Ringer::spawn(
-            primary
-                .sqlx_options()
-                .map_err(SlotError::from)?
-                .application_name("railhook-relay-doorbell"),
-        );
-        // Express hints at read time need the partition count the producer hashes keys
-        // onto; without an answer they go out at the acknowledgement, as before.
-        let partitions = if self.config.express_at_read {
-            producer
-                .partition_count(&self.config.topic, Duration::from_secs(5))
-                .await
-        } else {
-            None
-        };
-        let mut s = Session::new(&self.config, producer, prune_up_to, ringer, partitions);
-        let result = self
-            .stream(&mut stream, &mut control, &mut s, stopping)
-            .await;
-        // Dropping the client ends the connection; an aborted session never confirms more.
-        stream.abort();
-        result
+        let copies_task = AbortOnDrop(tokio::spawn(copies.run()));
+        (prune, copies_task)
     }
 
     async fn stream(

@@ -34,17 +34,44 @@ impl Settings {
         })
     }
 
-    #[allow(
-        clippy::too_many_lines,
-        reason = "a declarative list of checks, one per setting"
-    )]
+    /// Every setting's check, by concern: where it connects, who may call, how much it takes
+    /// on, and how Deliveries are retried and given up.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_connections()?;
+        self.validate_access()?;
+        self.validate_capacity()?;
+        self.validate_delivery()
+    }
+
+    /// Postgres, Redis, Kafka, the Slot's and publication's names, the public URL.
+    fn validate_connections(&self) -> Result<(), ConfigError> {
         self.postgres()?;
         self.replication_postgres()?;
         // Only a build that can talk to Redis checks its URL (the relay's alone has no client;
         // every binary that runs the ingest or the worker has one).
         #[cfg(feature = "redis")]
         self.redis_client()?;
+        if self.kafka_brokers.trim().is_empty() {
+            return Err(invalid("kafka_brokers", "must name at least one host:port"));
+        }
+        for (field, value) in [("slot", &self.slot), ("publication", &self.publication)] {
+            let ok = !value.is_empty()
+                && value.len() <= 63
+                && value
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !ok {
+                return Err(invalid(
+                    field,
+                    "must be 1-63 characters of a-z, 0-9 and '_'",
+                ));
+            }
+        }
+        self.validate_public_url()
+    }
+
+    /// Retention and the limits on what one request, batch or process takes on.
+    fn validate_capacity(&self) -> Result<(), ConfigError> {
         let shortest = crate::retention::minimum_days();
         if self.retention_days < shortest {
             return Err(invalid(
@@ -59,41 +86,6 @@ impl Settings {
                 "retention_interval_seconds",
                 "must be between 10 and 86400",
             ));
-        }
-        if self.kafka_brokers.trim().is_empty() {
-            return Err(invalid("kafka_brokers", "must name at least one host:port"));
-        }
-        if let Some(token) = &self.admin_token
-            && token.expose_secret().len() < 16
-        {
-            return Err(invalid("admin_token", "must be at least 16 characters"));
-        }
-        if self.api_metrics == Some(true) && self.metrics_token.is_none() {
-            return Err(invalid(
-                "api_metrics",
-                "true needs RAILHOOK_METRICS_TOKEN: the API port is public, and /metrics there must ask for a token (or leave api_metrics unset or false: the metrics port serves it)",
-            ));
-        }
-        if let Some(token) = &self.admin_token_previous
-            && token.expose_secret().len() < 16
-        {
-            return Err(invalid(
-                "admin_token_previous",
-                "must be at least 16 characters",
-            ));
-        }
-        for (field, value) in [("slot", &self.slot), ("publication", &self.publication)] {
-            let ok = !value.is_empty()
-                && value.len() <= 63
-                && value
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-            if !ok {
-                return Err(invalid(
-                    field,
-                    "must be 1-63 characters of a-z, 0-9 and '_'",
-                ));
-            }
         }
         if self.max_payload_bytes == 0 {
             return Err(invalid("max_payload_bytes", "must be greater than 0"));
@@ -141,6 +133,12 @@ impl Settings {
                 "intervals must be at least 10 ms",
             ));
         }
+        Ok(())
+    }
+
+    /// The retry ladders, the processing window, the worker's limits, the breaker and the
+    /// endpoint-disable policy.
+    fn validate_delivery(&self) -> Result<(), ConfigError> {
         for (field, raw) in [
             ("retry_outgoing_delays", &self.retry_outgoing_delays),
             ("retry_incoming_delays", &self.retry_incoming_delays),
@@ -197,6 +195,35 @@ impl Settings {
                 "dashboard_session_seconds and operational_failing_after must be at least 1",
             ));
         }
+        Ok(())
+    }
+
+    /// Who may call: the admin tokens and where `/metrics` is served.
+    fn validate_access(&self) -> Result<(), ConfigError> {
+        if let Some(token) = &self.admin_token
+            && token.expose_secret().len() < 16
+        {
+            return Err(invalid("admin_token", "must be at least 16 characters"));
+        }
+        if self.api_metrics == Some(true) && self.metrics_token.is_none() {
+            return Err(invalid(
+                "api_metrics",
+                "true needs RAILHOOK_METRICS_TOKEN: the API port is public, and /metrics there must ask for a token (or leave api_metrics unset or false: the metrics port serves it)",
+            ));
+        }
+        if let Some(token) = &self.admin_token_previous
+            && token.expose_secret().len() < 16
+        {
+            return Err(invalid(
+                "admin_token_previous",
+                "must be at least 16 characters",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The URL links and the portal are built from.
+    fn validate_public_url(&self) -> Result<(), ConfigError> {
         if let Some(raw) = &self.public_url {
             let ok = url::Url::parse(raw).is_ok_and(|u| {
                 matches!(u.scheme(), "http" | "https")
