@@ -159,11 +159,6 @@ pub struct Settings {
     /// partition librdkafka's partitioner will give it, instead of after the broker's
     /// acknowledgement (relay.rs, `produce`; a wrong guess is corrected at the ack).
     pub relay_express_at_read: bool,
-    /// The ingest sends the express hints of the Events it wrote itself, right after their
-    /// statement committed, so the worker claims without waiting for the relay to read the
-    /// WAL (ingest/src/express.rs). The relay's hints still follow; the worker's book takes
-    /// the first. Needs librdkafka's default partitioner, as `relay_express_at_read`.
-    pub ingest_express_hints: bool,
     /// Most bytes of un-acknowledged messages before the relay stops reading the Slot.
     pub relay_max_in_flight_bytes: usize,
     /// Interval between transactional heartbeats written into the WAL.

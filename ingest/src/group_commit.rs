@@ -49,7 +49,6 @@ use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::accept::IDEMPOTENCY_WINDOW_HOURS;
-use crate::express::{Announced, IngestHints};
 use crate::metrics::IngestMetrics;
 use crate::plan::DeliveryPlan;
 use crate::plan::filtered::{MAX_CANDIDATES, filtered_delivery_id};
@@ -68,9 +67,6 @@ const QUEUE: usize = 4_096;
 pub(crate) struct Inserted {
     pub events: HashMap<String, DateTime<Utc>>,
     pub passed: HashMap<usize, String>,
-    /// The Deliveries the statement announced, for the ingest's express hints (express.rs);
-    /// only the plain statement reports them.
-    pub announced: Vec<Announced>,
 }
 
 impl Inserted {
@@ -273,17 +269,8 @@ async fn insert_plain(
                INSERT INTO outbox (delivery_id, endpoint_id, project_id, reason, traceparent)
                SELECT d.id, d.endpoint_id, $1, 'CREATED', ev.traceparent
                FROM d JOIN ev ON ev.id = d.event_id ORDER BY d.id
-               RETURNING outbox.id, outbox.delivery_id, outbox.endpoint_id
-           ), told AS (
-               -- What was announced, once for the statement (an uncorrelated subquery).
-               SELECT array_agg(a.id ORDER BY a.id) AS outbox_ids,
-                      array_agg(a.delivery_id ORDER BY a.id) AS delivery_ids,
-                      array_agg(a.endpoint_id ORDER BY a.id) AS endpoint_ids
-               FROM announced a
            )
-           SELECT ev.id AS "id!", ev.created_at AS "created_at!",
-                  t.outbox_ids, t.delivery_ids, t.endpoint_ids
-           FROM ev CROSS JOIN told t"#,
+           SELECT ev.id AS "id!", ev.created_at AS "created_at!" FROM ev"#,
         project,
         &rows.ids,
         &rows.types,
@@ -301,29 +288,9 @@ async fn insert_plain(
     )
     .fetch_all(db)
     .await?;
-    // Every row carries the same arrays.
-    let announced = found
-        .first()
-        .map(|r| {
-            let outbox = r.outbox_ids.clone().unwrap_or_default();
-            let deliveries = r.delivery_ids.clone().unwrap_or_default();
-            let endpoints = r.endpoint_ids.clone().unwrap_or_default();
-            outbox
-                .into_iter()
-                .zip(deliveries)
-                .zip(endpoints)
-                .map(|((outbox_id, delivery_id), endpoint_id)| Announced {
-                    delivery_id,
-                    endpoint_id,
-                    outbox_id,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
     Ok(Inserted {
         events: found.into_iter().map(|r| (r.id, r.created_at)).collect(),
         passed: HashMap::new(),
-        announced,
     })
 }
 
@@ -349,7 +316,6 @@ async fn insert_or_find(
     pool: &PgPool,
     faults: &AnswerFault,
     metrics: &IngestMetrics,
-    hints: Option<&IngestHints>,
     project: &str,
     rows: &Rows,
 ) -> Result<Inserted, sqlx::Error> {
@@ -375,13 +341,7 @@ async fn insert_or_find(
         }
     };
     match written {
-        Ok(inserted) => {
-            // The pool's statement is its own transaction: it has committed.
-            if let Some(hints) = hints {
-                hints.send(&inserted.announced);
-            }
-            Ok(inserted)
-        }
+        Ok(inserted) => Ok(inserted),
         Err(e) => match answered(
             ANSWER_WITHIN,
             "an Event lookup",
@@ -423,7 +383,6 @@ pub(crate) async fn committed(
     let mut inserted = Inserted {
         events: rows.into_iter().map(|r| (r.id, r.created_at)).collect(),
         passed: HashMap::new(),
-        announced: Vec::new(),
     };
     // The id each candidate of an inserted Event would have been written with.
     let candidates: HashMap<String, usize> = plan
@@ -507,18 +466,11 @@ struct Inner {
     metrics: IngestMetrics,
     queue: OnceLock<mpsc::Sender<Job>>,
     faults: Arc<AnswerFault>,
-    hints: Option<Arc<IngestHints>>,
 }
 
 impl GroupCommit {
-    /// `writers`: statements in flight at once; 0 turns group commit off. `hints`: the
-    /// ingest's express hints (express.rs), sent after each statement that wrote commits.
-    pub(crate) fn new(
-        pool: PgPool,
-        writers: usize,
-        metrics: IngestMetrics,
-        hints: Option<IngestHints>,
-    ) -> Self {
+    /// `writers`: statements in flight at once; 0 turns group commit off.
+    pub fn new(pool: PgPool, writers: usize, metrics: IngestMetrics) -> Self {
         Self {
             inner: Arc::new(Inner {
                 pool,
@@ -526,7 +478,6 @@ impl GroupCommit {
                 metrics,
                 queue: OnceLock::new(),
                 faults: Arc::default(),
-                hints: hints.map(Arc::new),
             }),
         }
     }
@@ -542,16 +493,8 @@ impl GroupCommit {
         let inner = &self.inner;
         if inner.writers == 0 {
             inner.metrics.group_events.observe(rows.ids.len() as f64);
-            let hints = inner.hints.as_deref();
-            return insert_or_find(
-                &inner.pool,
-                &inner.faults,
-                &inner.metrics,
-                hints,
-                project,
-                &rows,
-            )
-            .await;
+            return insert_or_find(&inner.pool, &inner.faults, &inner.metrics, project, &rows)
+                .await;
         }
         let queue = inner.queue.get_or_init(|| {
             let (tx, rx) = mpsc::channel(QUEUE);
@@ -579,7 +522,6 @@ impl GroupCommit {
                     &inner.pool,
                     &inner.faults,
                     &inner.metrics,
-                    inner.hints.as_deref(),
                     project,
                     &job.rows,
                 )
@@ -596,7 +538,6 @@ impl Inner {
             writers: Arc::new(Semaphore::new(self.writers)),
             metrics: self.metrics.clone(),
             faults: self.faults.clone(),
-            hints: self.hints.clone(),
         }
     }
 }
@@ -607,7 +548,6 @@ struct Parts {
     writers: Arc<Semaphore>,
     metrics: IngestMetrics,
     faults: Arc<AnswerFault>,
-    hints: Option<Arc<IngestHints>>,
 }
 
 /// The queue's task: each time a writer is free, takes everything queued (up to
@@ -636,7 +576,6 @@ async fn drain(parts: Parts, mut rx: mpsc::Receiver<Job>) {
             pool: parts.pool.clone(),
             metrics: parts.metrics.clone(),
             faults: parts.faults.clone(),
-            hints: parts.hints.clone(),
         };
         tokio::spawn(async move {
             writer.write_groups(jobs).await;
@@ -650,7 +589,6 @@ struct Writer {
     pool: PgPool,
     metrics: IngestMetrics,
     faults: Arc<AnswerFault>,
-    hints: Option<Arc<IngestHints>>,
 }
 
 impl Writer {
@@ -681,16 +619,8 @@ impl Writer {
                 continue;
             }
             self.metrics.group_events.observe(job.rows.ids.len() as f64);
-            let hints = self.hints.as_deref();
-            let result = insert_or_find(
-                &self.pool,
-                &self.faults,
-                &self.metrics,
-                hints,
-                project,
-                &job.rows,
-            )
-            .await;
+            let result =
+                insert_or_find(&self.pool, &self.faults, &self.metrics, project, &job.rows).await;
             let _ = job.reply.send(result);
         }
     }
@@ -706,17 +636,7 @@ impl Writer {
             all.append(&job.rows);
         }
         self.metrics.group_events.observe(all.ids.len() as f64);
-        let hints = self.hints.as_deref();
-        match insert_or_find(
-            &self.pool,
-            &self.faults,
-            &self.metrics,
-            hints,
-            project,
-            &all,
-        )
-        .await
-        {
+        match insert_or_find(&self.pool, &self.faults, &self.metrics, project, &all).await {
             Ok(inserted) => {
                 for (job, offset) in group.into_iter().zip(offsets) {
                     let candidates = offset..offset + job.rows.plan.filtered.len();
@@ -733,8 +653,6 @@ impl Writer {
                             .filter(|(c, _)| candidates.contains(*c))
                             .map(|(c, id)| (c - offset, id.clone()))
                             .collect(),
-                        // Hinted once for the whole statement, above.
-                        announced: Vec::new(),
                     };
                     let _ = job.reply.send(Ok(mine));
                 }

@@ -8,7 +8,6 @@ pub mod accept;
 pub mod auth;
 pub mod dashboard;
 pub mod endpoint;
-pub mod express;
 pub mod extract;
 pub mod group_commit;
 pub mod incoming;

@@ -121,7 +121,6 @@ impl AppState {
             // than the pool has connections.
             settings.ingest_writers.min(settings.db_max_connections) as usize,
             metrics.clone(),
-            crate::express::IngestHints::new(&pool, settings),
         );
         Ok(Self {
             pool,

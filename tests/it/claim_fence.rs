@@ -323,8 +323,7 @@ async fn an_announcement_of_a_newer_version_is_claimed_not_dropped() {
     // A rolling deploy: a newer relay writes version 2, with fields this worker does not
     // know. The worker must still claim the Delivery it names (before: the message was
     // counted as bad and its offset stored, so the Delivery waited an hour for the sweep).
-    // The ingest's own express hints off: only the hand-made Announcement may name it.
-    let mut p = Pipeline::start_tuned(|f| f.merge(("ingest_express_hints", false)), |_| {}).await;
+    let mut p = Pipeline::start(|_| {}).await;
     let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
     let (endpoint, _) = p.endpoint(&receiver.url, 5_000).await;
     p.stop_relay().await;

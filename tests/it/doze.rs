@@ -79,12 +79,7 @@ async fn a_retry_due_while_the_worker_dozes_is_rung_in_by_the_scheduler() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hint_no_doorbell_announced_is_found_by_the_group_watch() {
-    // The ingest's own hints off: they would deliver the Event before the hand-made hint.
-    let mut p = Pipeline::start_tuned(
-        |f| f.merge(("ingest_express_hints", false)),
-        |s| s.worker_doze_after_ms = 1_000,
-    )
-    .await;
+    let mut p = Pipeline::start(|s| s.worker_doze_after_ms = 1_000).await;
     let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
     let (endpoint, _) = p.endpoint(&receiver.url, 5_000).await;
     // One Delivery first, so the worker holds its partitions before it dozes: on a broker
@@ -256,33 +251,5 @@ async fn with_express_hints_off_the_fetch_alone_delivers() {
         .sum();
     assert_eq!(heard, 0, "the worker took no express hint");
     assert_eq!(receiver.count(), 1);
-    p.stop().await;
-}
-
-/// The ingest's own express hints (ingest/src/express.rs, issue #54): with the relay stopped,
-/// nothing reads the Slot and nothing reaches Kafka, yet a fresh Event is delivered — the
-/// ingest told the worker after its statement committed. Each is delivered once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ingest_hints_the_worker_itself_after_its_commit() {
-    let mut p = Pipeline::start(|_| {}).await;
-    let receiver = Receiver::start(vec![], Behaviour::Status(200)).await;
-    p.endpoint(&receiver.url, 5_000).await;
-    // The first Delivery says the worker is up and listening.
-    let first = p.send(json!({ "n": -1 })).await.1;
-    p.wait_status(&first, "SUCCEEDED", WAIT).await;
-    p.stop_relay().await;
-    let queued = express(&p, "queued");
-    let mut deliveries = Vec::new();
-    for n in 0..5 {
-        deliveries.push(p.send(json!({ "n": n })).await.1);
-    }
-    for d in &deliveries {
-        p.wait_status(d, "SUCCEEDED", WAIT).await;
-    }
-    assert!(
-        express(&p, "queued") >= queued + 5,
-        "the worker claimed from the ingest's hints"
-    );
-    assert_eq!(receiver.count(), 6, "each Event delivered once");
     p.stop().await;
 }

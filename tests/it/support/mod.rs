@@ -84,9 +84,6 @@ fn test_figment(database_url: &str, redis_url: &str) -> Figment {
         // The tests' ladders are a fraction of a second; the overload floor (5 s by default,
         // unit-tested in worker/src/retry_policy.rs) would hold every retry after a timeout.
         .merge(("retry_overload_floor_ms", 0))
-        // The pipeline's topics have 3 partitions (support/pipeline.rs): the ingest's express
-        // hints name the partition by this count, as the relay's producer will choose it.
-        .merge(("kafka_partitions", 3))
 }
 
 pub struct TestApp {

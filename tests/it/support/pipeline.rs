@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::{TestApp, local_setting, settings};
+use super::{TestApp, local_setting, settings, spawn_app};
 
 pub struct Pipeline {
     pub app: TestApp,
@@ -50,15 +50,7 @@ pub fn test_settings(app: &TestApp, tweak: impl FnOnce(&mut Settings)) -> Settin
 
 impl Pipeline {
     pub async fn start(tweak: impl FnOnce(&mut Settings)) -> Self {
-        Self::start_tuned(|f| f, tweak).await
-    }
-
-    /// As [`Pipeline::start`], with the API's own settings adjusted too (`tune`).
-    pub async fn start_tuned(
-        tune: impl FnOnce(figment::Figment) -> figment::Figment,
-        tweak: impl FnOnce(&mut Settings),
-    ) -> Self {
-        let app = crate::support::spawn_app_tuned(&local_setting("REDIS_URL"), tune).await;
+        let app = spawn_app().await;
         let settings = test_settings(&app, tweak);
         railhook_common::db::ensure_publication(&app.pool, &settings.publication)
             .await
