@@ -926,3 +926,112 @@ async fn a_delivery_whose_event_is_gone_is_claimed_and_failed_event_gone() {
     );
     assert_eq!(receiver.count(), 1, "nothing was sent for it");
 }
+
+/// Index entries read so far through `partition`'s partial indexes.
+async fn partial_index_reads(conn: &mut sqlx::PgConnection, partition: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(s.idx_tup_read), 0)::int8
+         FROM pg_stat_user_indexes s JOIN pg_index i ON i.indexrelid = s.indexrelid
+         WHERE s.relid = $1::regclass AND i.indpred IS NOT NULL",
+    )
+    .bind(partition)
+    .fetch_one(conn)
+    .await
+    .expect("index stats")
+}
+
+/// The Claim reads its rows by primary key whatever the statistics say (claim.rs,
+/// `claim_batch`): the statistics are taken with one open Delivery, autovacuum is kept off
+/// the partition, then a backlog of 20,000 PENDING rows arrives. A generic plan made from
+/// those statistics could read every open row through a partial index per Claim (issue #54:
+/// 15 ms for one hint over 50,000); the Claim must read (almost) nothing from them.
+#[tokio::test]
+async fn the_claim_reads_by_primary_key_even_with_stale_statistics() {
+    use sqlx::Connection;
+    let (app, id) = one_pending_delivery().await;
+    let partition: String =
+        sqlx::query_scalar("SELECT tableoid::regclass::text FROM deliveries WHERE id = $1")
+            .bind(&id)
+            .fetch_one(&app.pool)
+            .await
+            .expect("partition");
+    sqlx::raw_sql(&format!(
+        "ALTER TABLE {partition} SET (autovacuum_enabled = off); ANALYZE {partition};"
+    ))
+    .execute(&app.pool)
+    .await
+    .expect("analyze");
+    // The backlog: copies of the Delivery, in the same day partition (the same millisecond
+    // of the id's time), written after the statistics.
+    sqlx::query(
+        "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id)
+         SELECT left($1, 14) || lpad(g::text, 16, '0'), project_id, event_id, endpoint_id,
+                subscription_id
+         FROM deliveries, generate_series(1, 20000) AS g WHERE id = $1",
+    )
+    .bind(&id)
+    .execute(&app.pool)
+    .await
+    .expect("backlog");
+    // A connection planned as the worker's are: one generic plan per statement.
+    let mut conn = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .expect("connect");
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan; SET jit = off")
+        .execute(&mut conn)
+        .await
+        .expect("plans");
+    let mut observer = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .expect("observer");
+    let before = partial_index_reads(&mut observer, &partition).await;
+    let claims = claim::claim_batch(
+        &mut conn,
+        std::slice::from_ref(&id),
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("claim");
+    assert_eq!(claims.won.len(), 1, "the Claim took its row");
+    // Two more calls on the same connection: the plan is the cached generic one by then.
+    for _ in 0..2 {
+        let again = claim::claim_batch(
+            &mut conn,
+            std::slice::from_ref(&id),
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("claim");
+        assert!(again.won.is_empty(), "a repeated hint claims nothing");
+    }
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut conn)
+        .await
+        .expect("flush");
+    // The connection's counters reach the shared statistics when it is next idle.
+    let mut read = 0;
+    for _ in 0..100 {
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut observer)
+            .await
+            .expect("clear");
+        read = partial_index_reads(&mut observer, &partition).await - before;
+        let scans: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(idx_scan), 0)::int8 FROM pg_stat_user_indexes
+             WHERE relid = $1::regclass AND indexrelname LIKE '%pkey'",
+        )
+        .bind(&partition)
+        .fetch_one(&mut observer)
+        .await
+        .expect("pkey");
+        if scans > 0 || read > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("tuples read from the partition's partial indexes by 3 Claims: {read}");
+    assert!(
+        read < 100,
+        "3 Claims read {read} index entries of the backlog through partial indexes"
+    );
+}
