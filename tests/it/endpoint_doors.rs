@@ -265,17 +265,10 @@ async fn the_same_change_through_each_door_leaves_the_same_endpoint() {
     }
 }
 
-/// Scans of the `subscriptions` table in the test's database so far, every backend's
+/// Scans of `table` and of its partitions in the test's database so far, every backend's
 /// counters flushed: each backend of the database but `observer` is ended (a backend flushes
-/// its counters as it exits; the app's pools reconnect on their next use). Only reads of
-/// subscriptions count, so the app's background loops (the Replay runner's polls) add
-/// nothing.
-async fn subscription_scans(observer: &mut sqlx::PgConnection) -> i64 {
-    table_scans(observer, "subscriptions").await
-}
-
-/// The scans of `table` and of its partitions so far, after ending the app's connections
-/// (see `subscription_scans`).
+/// its counters as it exits; the app's pools reconnect on their next use). Only reads of the
+/// table count, so the app's background loops (the Replay runner's polls) add nothing.
 async fn table_scans(observer: &mut sqlx::PgConnection, table: &str) -> i64 {
     let ended: Vec<i32> = sqlx::query_scalar(
         "WITH others AS MATERIALIZED (
@@ -318,6 +311,38 @@ async fn table_scans(observer: &mut sqlx::PgConnection, table: &str) -> i64 {
     .expect("scans")
 }
 
+/// A connection to the test's database with index scans turned off for the database, so one
+/// statement is one scan of each table (or partition) it reads (PostgreSQL 15 counts an index
+/// scan of `= ANY(array)` once per element).
+async fn observer_without_index_scans(app: &TestApp) -> sqlx::PgConnection {
+    use sqlx::Connection;
+    let mut observer = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .expect("observer");
+    sqlx::query(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET enable_indexscan = off', current_database());
+                     EXECUTE format('ALTER DATABASE %I SET enable_bitmapscan = off', current_database()); END $$",
+    )
+    .execute(&mut observer)
+    .await
+    .expect("plans");
+    observer
+}
+
+/// The `data` of a Svix list page. A request may meet a connection `table_scans` ended a
+/// moment ago (a 500 the test itself caused): it is asked again, up to three times.
+async fn svix_page(app: &TestApp, key: &str, path: &str) -> Vec<Value> {
+    for _ in 0..3 {
+        let r = app.call(Method::GET, path, Some(key), None).await;
+        if r.status == StatusCode::INTERNAL_SERVER_ERROR {
+            continue;
+        }
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        return r.body["data"].as_array().cloned().unwrap_or_default();
+    }
+    panic!("{path}: three 500s in a row");
+}
+
 /// Issue #55 item 5: the Svix endpoint list reads its page's subscriptions in one statement,
 /// however many endpoints the page holds. Counted as scans of `subscriptions` with the index
 /// scans turned off for this database (so one statement is one scan; PostgreSQL 15 counts an
@@ -325,7 +350,6 @@ async fn table_scans(observer: &mut sqlx::PgConnection, table: &str) -> i64 {
 /// where one read per endpoint would cost 61.
 #[tokio::test]
 async fn the_svix_endpoint_list_reads_a_page_in_a_fixed_number_of_statements() {
-    use sqlx::Connection;
     let app = spawn_app().await;
     let (_, key) = app.project().await;
     let a = application(&app, &key, "Acme").await;
@@ -341,37 +365,11 @@ async fn the_svix_endpoint_list_reads_a_page_in_a_fixed_number_of_statements() {
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
     }
-    let mut observer = sqlx::PgConnection::connect(&app.database_url)
-        .await
-        .expect("observer");
-    sqlx::query(
-        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET enable_indexscan = off', current_database());
-                     EXECUTE format('ALTER DATABASE %I SET enable_bitmapscan = off', current_database()); END $$",
-    )
-    .execute(&mut observer)
-    .await
-    .expect("plans");
-    let before = subscription_scans(&mut observer).await;
-    let mut listed = 0;
-    // A request may meet a connection ended a moment ago (a 500 the test itself caused): asked again.
-    for _ in 0..3 {
-        let r = app
-            .call(
-                Method::GET,
-                &format!("/api/v1/app/{a}/endpoint?limit=100"),
-                Some(&key),
-                None,
-            )
-            .await;
-        if r.status == StatusCode::INTERNAL_SERVER_ERROR {
-            continue;
-        }
-        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
-        listed = r.body["data"].as_array().map_or(0, Vec::len);
-        break;
-    }
-    assert_eq!(listed, 61);
-    let scans = subscription_scans(&mut observer).await - before;
+    let mut observer = observer_without_index_scans(&app).await;
+    let before = table_scans(&mut observer, "subscriptions").await;
+    let listed = svix_page(&app, &key, &format!("/api/v1/app/{a}/endpoint?limit=100")).await;
+    assert_eq!(listed.len(), 61);
+    let scans = table_scans(&mut observer, "subscriptions").await - before;
     println!("scans of subscriptions for a page of 61 endpoints: {scans}");
     assert!(
         (1..=2).contains(&scans),
@@ -385,7 +383,6 @@ async fn the_svix_endpoint_list_reads_a_page_in_a_fixed_number_of_statements() {
 /// partition count (plus the endpoint's lookup), where one read per attempt would cost 40.
 #[tokio::test]
 async fn the_svix_attempt_list_reads_its_page_of_messages_in_one_statement() {
-    use sqlx::Connection;
     let app = spawn_app().await;
     let (_, key) = app.project().await;
     let a = application(&app, &key, "Acme").await;
@@ -427,35 +424,10 @@ async fn the_svix_attempt_list_reads_its_page_of_messages_in_one_statement() {
             .fetch_one(&app.pool)
             .await
             .expect("partitions");
-    let mut observer = sqlx::PgConnection::connect(&app.database_url)
-        .await
-        .expect("observer");
-    sqlx::query(
-        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET enable_indexscan = off', current_database());
-                     EXECUTE format('ALTER DATABASE %I SET enable_bitmapscan = off', current_database()); END $$",
-    )
-    .execute(&mut observer)
-    .await
-    .expect("plans");
+    let mut observer = observer_without_index_scans(&app).await;
     let before = table_scans(&mut observer, "events").await;
-    let mut listed = Vec::new();
-    // A request may meet a connection ended a moment ago (a 500 the test itself caused): asked again.
-    for _ in 0..3 {
-        let r = app
-            .call(
-                Method::GET,
-                &format!("/api/v1/app/{a}/attempt/endpoint/{ep}?limit=40&with_msg=true"),
-                Some(&key),
-                None,
-            )
-            .await;
-        if r.status == StatusCode::INTERNAL_SERVER_ERROR {
-            continue;
-        }
-        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
-        listed = r.body["data"].as_array().cloned().unwrap_or_default();
-        break;
-    }
+    let path = format!("/api/v1/app/{a}/attempt/endpoint/{ep}?limit=40&with_msg=true");
+    let listed = svix_page(&app, &key, &path).await;
     assert_eq!(listed.len(), 40);
     assert!(
         listed
