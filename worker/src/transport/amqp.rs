@@ -58,10 +58,11 @@ impl Channels {
         if answer.is_err() {
             // A channel that saw an error is closed by the broker, a refusal included: a
             // publish to a missing exchange (404), a denied one (403) or a bad frame (406) is
-            // a channel exception in AMQP 0-9-1. Kept, the closed channel failed the next
-            // Attempt as well, after the cause was fixed (seen: Failed Messages retried after
-            // the exchange was made failed again on the old channel). Open a new one next
-            // time; an unroutable message (which leaves the channel open) costs one reconnect.
+            // a channel exception in AMQP 0-9-1. Kept, the closed channel would fail the next
+            // Attempt too, even after the cause was fixed (the likely cause of a test flake:
+            // Failed Messages retried after the exchange was made, not delivered in 120 s).
+            // Open a new one next time; an unroutable message (which leaves the channel open)
+            // costs one reconnect.
             if let Some(link) = self.pool.take(&key) {
                 tokio::spawn(async move {
                     let _ = link.0.close(200, "railhook: reopening".into()).await;
