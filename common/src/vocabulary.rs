@@ -68,11 +68,12 @@ crate::words! {
 
 crate::words! {
     /// What carries an endpoint's Attempts (`endpoints.transport`, the API's `type`): an
-    /// HTTP request, or a publish to a broker (common/src/transport/).
+    /// HTTP request, a publish to a broker (common/src/transport/), or nothing at all for a
+    /// `poller`, whose receiver reads its Deliveries (docs/POLLING.md).
     #[derive(serde::Serialize, serde::Deserialize)]
     #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
     #[serde(rename_all = "lowercase")]
-    TransportKind { Http, Kafka, Sqs, Rabbitmq, Nats }
+    TransportKind { Http, Kafka, Sqs, Rabbitmq, Nats, Poller }
 }
 
 crate::words! {

@@ -15,7 +15,7 @@ use crate::problem::ApiError;
 use crate::state::AppState;
 use crate::store::subscriptions;
 
-fn bearer(parts: &Parts) -> Option<&str> {
+pub(crate) fn bearer(parts: &Parts) -> Option<&str> {
     let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme

@@ -241,9 +241,13 @@ async fn insert(
     let written = sqlx::query_scalar!(
         r#"WITH d AS (
              INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
-                                     direction, origin, replay_id)
+                                     direction, origin, replay_id, ordered)
+             -- A polling endpoint's Deliveries are ordered (numbered by the worker's gate),
+             -- so a replayed one takes its place in the stream (docs/POLLING.md).
              SELECT x.id, $1, x.event_id, x.endpoint_id, x.subscription_id, x.direction,
-                    $9, $2
+                    $9, $2,
+                    coalesce((SELECT e.transport = 'poller' FROM endpoints e
+                              WHERE e.id = x.endpoint_id), false)
              FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
                   WITH ORDINALITY AS x(id, event_id, endpoint_id, subscription_id, direction,
                                        filter, n)

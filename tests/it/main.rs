@@ -32,6 +32,7 @@ mod observability;
 mod operational;
 mod operator;
 mod ordering;
+mod poller;
 mod portal;
 mod privileges;
 mod quota;

@@ -17,6 +17,12 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// `railhook all` on a fresh database, and a project's API key.
 async fn server() -> (Process, String) {
+    let (all, key, _) = server_with_env().await;
+    (all, key)
+}
+
+/// [`server`], and the environment it runs with (to start it again on the same database).
+pub(crate) async fn server_with_env() -> (Process, String, Vec<(String, String)>) {
     let env = base_env(&[
         ("DATABASE_URL".into(), fresh_database().await),
         ("REDIS_URL".into(), local_setting("REDIS_URL")),
@@ -59,15 +65,27 @@ async fn server() -> (Process, String) {
         .await
         .expect("project body");
     let key = project["api_key"].as_str().expect("key").to_owned();
-    (all, key)
+    (all, key, env)
 }
 
 async fn run_scenario(program: &str, args: &[&str], all: &Process, key: &str) {
+    run_scenario_with(program, args, all, key, &[]).await;
+}
+
+/// Runs a scenario of tests/svix/ against `all` with `key`, and `extra` environment.
+pub(crate) async fn run_scenario_with(
+    program: &str,
+    args: &[&str],
+    all: &Process,
+    key: &str,
+    extra: &[(&str, &str)],
+) {
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .current_dir(format!("{ROOT}/tests/svix"))
         .env("RAILHOOK_URL", &all.api)
         .env("RAILHOOK_KEY", key)
+        .envs(extra.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

@@ -119,6 +119,15 @@ fn yes() -> bool {
     true
 }
 
+/// A polling endpoint (docs/POLLING.md): nothing is sent anywhere. Its receiver reads the
+/// endpoint's Deliveries in Sequence Number order through the poller routes, so its one
+/// "Attempt" is the Delivery taking its place in that order. No settings; the object exists
+/// so the kind travels with the sealed settings like every other kind's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PollerTarget {}
+
 /// An endpoint's settings for a kind other than HTTP, as sealed: `{"kafka": {…}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
@@ -127,6 +136,7 @@ pub enum TransportSettings {
     Sqs(SqsTarget),
     Rabbitmq(RabbitmqTarget),
     Nats(NatsTarget),
+    Poller(PollerTarget),
 }
 
 /// A setting that does not hold, with the field it names (`kafka.brokers`).
@@ -145,6 +155,9 @@ fn invalid(field: &str, detail: impl Into<String>) -> Invalid {
 
 const MASK: &str = "***";
 
+/// The URL-shaped name of every polling endpoint (`endpoints.url`).
+pub const POLLER_URL: &str = "poller:";
+
 impl TransportSettings {
     pub fn kind(&self) -> TransportKind {
         match self {
@@ -152,6 +165,7 @@ impl TransportSettings {
             TransportSettings::Sqs(_) => TransportKind::Sqs,
             TransportSettings::Rabbitmq(_) => TransportKind::Rabbitmq,
             TransportSettings::Nats(_) => TransportKind::Nats,
+            TransportSettings::Poller(_) => TransportKind::Poller,
         }
     }
 
@@ -162,6 +176,7 @@ impl TransportSettings {
             TransportSettings::Sqs(s) => checks::validate_sqs(s),
             TransportSettings::Rabbitmq(r) => checks::validate_rabbitmq(r),
             TransportSettings::Nats(n) => checks::validate_nats(n),
+            TransportSettings::Poller(_) => Ok(()),
         }
     }
 
@@ -203,6 +218,8 @@ impl TransportSettings {
                     new.url = with_password_of(&new.url, &old.url);
                 }
             }
+            // No credentials.
+            TransportSettings::Poller(_) => {}
         }
     }
 
@@ -218,6 +235,7 @@ impl TransportSettings {
             TransportSettings::Sqs(s) => s.secret_access_key = None,
             TransportSettings::Rabbitmq(r) => r.url = masked(&r.url),
             TransportSettings::Nats(n) => n.url = masked(&n.url),
+            TransportSettings::Poller(_) => {}
         }
         let value = serde_json::to_value(&shown).unwrap_or_default();
         // `{"kafka": {…}}` → `{…}`: the kind is the endpoint's `type`.
@@ -255,6 +273,8 @@ impl TransportSettings {
                     n.subject
                 )
             }
+            // Nowhere: the receiver comes to read (the poller routes name the endpoint).
+            TransportSettings::Poller(_) => POLLER_URL.to_owned(),
         }
     }
 
@@ -269,6 +289,8 @@ impl TransportSettings {
             }
             TransportSettings::Rabbitmq(r) => url_host(&r.url).into_iter().collect(),
             TransportSettings::Nats(n) => url_host(&n.url).into_iter().collect(),
+            // Opens no socket.
+            TransportSettings::Poller(_) => Vec::new(),
         }
     }
 }

@@ -226,6 +226,9 @@ async fn check_new(
 ) -> ApiResult<CheckedNew> {
     let transport = target::transport_of(body)?;
     target::check_credentials(state, body, transport.is_none())?;
+    if matches!(transport, Some(TransportSettings::Poller(_))) {
+        target::check_poller(body.application.is_some(), body.transformation.is_some())?;
+    }
     let url = match &transport {
         None => validate_url(&body.url)?,
         Some(settings) => settings.display_url(),
@@ -384,6 +387,9 @@ pub(crate) async fn update(
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
     let target = target::changed_target(state, &current, &fields)?;
+    if current.transport == TransportKind::Poller.as_str() {
+        target::check_poller(true, matches!(fields.transformation, Some(Some(_))))?;
+    }
     let credentials = (
         target::changed_authentication(state, &current, &fields)?,
         target::changed_client_certificate(state, &current, &fields)?,

@@ -140,6 +140,7 @@ fn kind_label(kind: TransportKind) -> &'static str {
         TransportKind::Sqs => "an Amazon SQS queue",
         TransportKind::Rabbitmq => "a RabbitMQ exchange",
         TransportKind::Nats => "a NATS JetStream subject",
+        TransportKind::Poller => "a polling endpoint (your service reads its messages)",
     }
 }
 
@@ -177,6 +178,8 @@ fn broker_fields(kind: TransportKind) -> Markup {
                 "text",
             ),
         ],
+        // Nothing to set: the endpoint's page shows where to poll and issues the token.
+        TransportKind::Poller => &[],
     };
     html! {
         fieldset id={ "settings-" (kind) } {
@@ -216,6 +219,7 @@ pub(super) fn broker_settings(f: &Fields, kind: TransportKind) -> serde_json::Va
             "subject": get("subject").unwrap_or_default(),
             "jetstream": true,
         }),
+        TransportKind::Poller => serde_json::json!({}),
     }
 }
 

@@ -130,6 +130,7 @@ pub async fn create(
         return create_broker(&state, &session, &f, kind, s).await;
     }
     let input = EndpointIn {
+        transport: None,
         url: s.url,
         description: Some(s.description),
         throttle_rate: s.rate,
@@ -195,7 +196,8 @@ async fn create_broker(
         TransportKind::Nats => {
             create.nats = Some(serde_json::from_value(settings).map_err(|_| parsed("nats"))?)
         }
-        TransportKind::Http => {}
+        // A poller has no settings: its type is the whole of it.
+        TransportKind::Http | TransportKind::Poller => {}
     }
     let created = svix::create_in_application(
         state,

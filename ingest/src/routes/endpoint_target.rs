@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use railhook_common::endpoint_auth::{self, Authentication, ClientCertificate};
-use railhook_common::transport::{TransportKind, TransportSettings, sealing_id};
+use railhook_common::transport::{PollerTarget, TransportKind, TransportSettings, sealing_id};
 
 use super::endpoints::{CreateEndpoint, EndpointRow, UpdateEndpoint};
 use super::validate_url;
@@ -170,6 +170,8 @@ pub(crate) fn transport_of(body: &CreateEndpoint) -> ApiResult<Option<TransportS
         TransportKind::Sqs => body.sqs.clone().map(TransportSettings::Sqs),
         TransportKind::Rabbitmq => body.rabbitmq.clone().map(TransportSettings::Rabbitmq),
         TransportKind::Nats => body.nats.clone().map(TransportSettings::Nats),
+        // Nothing to set: the receiver comes to read (docs/POLLING.md).
+        TransportKind::Poller => Some(TransportSettings::Poller(PollerTarget::default())),
     };
     let Some(settings) = settings else {
         return Err(ApiError::validation(
@@ -193,6 +195,26 @@ pub(crate) fn transport_of(body: &CreateEndpoint) -> ApiResult<Option<TransportS
         .validate()
         .map_err(|e| ApiError::validation(e.field, e.detail))?;
     Ok(Some(settings))
+}
+
+/// A polling endpoint belongs to an application (its routes are the application's:
+/// `/api/v1/app/{app}/poller/{endpoint}`), and takes no transformation: its receiver reads
+/// the Event's payload as it was sent, and a program that ran on every read would be a
+/// tenant's code in the read path (docs/POLLING.md).
+pub(crate) fn check_poller(has_application: bool, transformation: bool) -> ApiResult<()> {
+    if !has_application {
+        return Err(ApiError::validation(
+            "application",
+            "a poller endpoint belongs to an application: its consumers poll the application's stream",
+        ));
+    }
+    if transformation {
+        return Err(ApiError::validation(
+            "transformation",
+            "a poller endpoint takes no transformation: its consumers read the payload as sent",
+        ));
+    }
+    Ok(())
 }
 
 /// What a PATCH changes of an endpoint's target: its URL, and a broker endpoint's settings.

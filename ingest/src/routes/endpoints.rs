@@ -204,6 +204,7 @@ pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(create, list))
         .routes(routes!(get, update, delete))
         .merge(crate::routes::endpoint_secret::router())
+        .merge(crate::routes::poller::router())
         .merge(crate::routes::transformations::router())
         .merge(crate::routes::endpoint_state::router());
     crate::routes::clears_senders(routes, state)

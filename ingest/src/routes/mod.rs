@@ -21,6 +21,7 @@ pub(crate) mod filter_cost;
 pub mod filters;
 pub mod health;
 pub mod operational_endpoints;
+pub mod poller;
 pub mod portal;
 pub mod replays;
 pub mod subscriptions;

@@ -57,7 +57,7 @@ pub struct EndpointRow {
     /// A JSON object of strings, the sender's.
     pub metadata: serde_json::Value,
     /// What carries its Attempts (common/src/transport/): `http`, `kafka`, `sqs`,
-    /// `rabbitmq` or `nats`.
+    /// `rabbitmq`, `nats` or `poller`.
     pub transport: String,
     /// The transport's settings without credentials (shown); `None` for `http`.
     pub transport_settings: Option<serde_json::Value>,
@@ -79,6 +79,8 @@ pub struct EndpointRow {
     pub transformation_enabled: bool,
     pub transformation_updated_at: Option<DateTime<Utc>>,
     pub transformation_last: Option<serde_json::Value>,
+    /// A polling endpoint's poll token, hashed (SHA-256); never shown.
+    pub poll_token_hash: Option<Vec<u8>>,
 }
 
 use railhook_common::Word;

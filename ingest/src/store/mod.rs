@@ -8,6 +8,7 @@ pub mod event_types;
 pub mod events;
 pub mod failed;
 pub mod operational_endpoints;
+pub mod poller;
 pub mod portal;
 pub mod replays;
 pub mod sessions;

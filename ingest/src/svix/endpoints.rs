@@ -25,6 +25,8 @@ use crate::routes::subscriptions::parse_patterns;
 use crate::state::AppState;
 use crate::store::endpoints::{self as store, EndpointRow, Kind};
 use crate::store::subscriptions as subs;
+use railhook_common::transport::TransportKind;
+use railhook_common::vocabulary::Word;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -119,6 +121,11 @@ pub(crate) async fn find(
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointIn {
+    /// Railhook's extension: `poller` makes a polling endpoint (docs/POLLING.md), which
+    /// takes no `url`; absent: an HTTP endpoint, as in Svix.
+    #[serde(rename = "type")]
+    pub transport: Option<TransportKind>,
+    #[serde(default)]
     pub url: String,
     pub description: Option<String>,
     pub throttle_rate: Option<i32>,
@@ -152,6 +159,7 @@ impl EndpointIn {
     /// until it is placed.
     pub(crate) fn into_new(self) -> SvixResult<(CreateEndpoint, Vec<String>)> {
         let EndpointIn {
+            transport,
             url,
             description,
             throttle_rate,
@@ -165,7 +173,7 @@ impl EndpointIn {
             filter,
         } = self;
         let fields = CreateEndpoint {
-            transport: None,
+            transport,
             url,
             kafka: None,
             sqs: None,
@@ -406,8 +414,10 @@ pub async fn upsert(
 ) -> SvixResult<(StatusCode, Json<EndpointOut>)> {
     match find(&state, &project, &app_id, &endpoint_id).await {
         Ok(row) => {
+            // A poller has no URL to send back (its `url` is its URL-shaped name).
+            let poller = row.transport == TransportKind::Poller.as_str();
             let p = EndpointPatch {
-                url: Some(body.url),
+                url: (!(poller && body.url.is_empty())).then_some(body.url),
                 description: Some(body.description.unwrap_or_default()),
                 throttle_rate: Some(body.throttle_rate),
                 uid: Some(body.uid),

@@ -15,7 +15,7 @@
 //! - the token is a Railhook project API key (`auth::Project`).
 //!
 //! Routes that only Svix's hosted service has (streaming, connectors, ingest sources,
-//! transformations, background tasks, environments) answer 501 `not_supported_by_this_server`
+//! transformation templates, background tasks, environments) answer 501 `not_supported_by_this_server`
 //! ([`unsupported`]).
 
 mod applications;
@@ -28,6 +28,7 @@ pub(crate) mod endpoints;
 mod event_types;
 pub(crate) mod messages;
 mod other;
+pub(crate) mod poller;
 
 use axum::Json;
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -283,6 +284,7 @@ pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
     crate::routes::clears_senders(writes, state)
         .merge(messages::router())
         .merge(attempts::router())
+        .merge(poller::router())
         .merge(other::router())
         .layer(axum::middleware::from_fn(svix_errors))
 }

@@ -247,7 +247,6 @@ const HOSTED_ONLY_TREES: &[&str] = &[
     "/api/v1/app/{app_id}/integration",
     "/api/v1/app/{app_id}/destination",
     "/api/v1/app/{app_id}/autoconfig",
-    "/api/v1/app/{app_id}/poller",
     "/api/v1/app/{app_id}/endpoint/{endpoint_id}/transformation",
 ];
 

@@ -70,6 +70,14 @@ impl Transports {
             Some(TransportSettings::Sqs(s)) => self.sqs.send(a, s).await,
             Some(TransportSettings::Rabbitmq(r)) => self.amqp.send(a, r).await,
             Some(TransportSettings::Nats(n)) => self.nats.send(a, n).await,
+            // A polling endpoint's receiver reads the Delivery by its Sequence Number, which
+            // the ingest (or the ordering gate, before this turn) gave it: taking its place
+            // in that order is the whole Attempt (docs/POLLING.md).
+            Some(TransportSettings::Poller(_)) => Stopwatch::start().report(Ok(format!(
+                "available to pollers at sequence {}",
+                a.sequence_number
+                    .map_or_else(|| "?".to_owned(), |n| n.to_string())
+            ))),
         }
     }
 }
