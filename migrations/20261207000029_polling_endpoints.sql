@@ -1,6 +1,6 @@
 -- Polling endpoints (issue #56, docs/POLLING.md): an endpoint of type `poller` is not pushed
 -- to; its receiver reads its Deliveries in Sequence Number order. Expand only: a new kind in
--- the transport check, a token column, one table, and the live-subscriptions function
+-- the transport check, two tables, and the live-subscriptions function
 -- numbering a poller's Deliveries like an ordered endpoint's.
 
 ALTER TABLE endpoints DROP CONSTRAINT endpoints_transport_kind;
@@ -9,12 +9,15 @@ ALTER TABLE endpoints
         CHECK (transport IN ('http', 'kafka', 'sqs', 'rabbitmq', 'nats', 'poller')) NOT VALID;
 ALTER TABLE endpoints VALIDATE CONSTRAINT endpoints_transport_kind;
 
--- The SHA-256 of the endpoint's poll token (`rhpoll_…`), the bearer a customer polls with
--- instead of the project's API key: it opens this endpoint's poller routes and nothing else.
--- Looked up by equality on a unique index, like API keys.
-ALTER TABLE endpoints ADD COLUMN poll_token_hash bytea;
-CREATE UNIQUE INDEX endpoints_poll_token_idx ON endpoints (poll_token_hash)
-    WHERE poll_token_hash IS NOT NULL;
+-- A polling endpoint's poll token (`rhpoll_…`), by its SHA-256: the bearer a customer polls
+-- with instead of the project's API key; it opens this endpoint's poller routes and nothing
+-- else. One per endpoint (a new one replaces it); looked up by equality on the unique
+-- index, like API keys. A table of its own, so no index is built on `endpoints`.
+CREATE TABLE poll_tokens (
+    endpoint_id  text        PRIMARY KEY REFERENCES endpoints (id),
+    token_hash   bytea       NOT NULL UNIQUE CHECK (octet_length(token_hash) = 32),
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
 
 -- A consumer's committed position in a polling endpoint's stream: the Sequence Number of the
 -- last Delivery it has been given. Moved forward by its polls (never back), anywhere by a

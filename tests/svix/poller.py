@@ -176,6 +176,19 @@ def finish():
     check(len(more) == 10 and not set(more) & set(ids), "10 new messages", more)
     step("10 sent after the restart reach the consumer")
 
+    # A resend is a new Delivery: it joins the stream at its end.
+    svix.message_attempt.resend(app, ids[0], sink)
+    resent = []
+    end = time.monotonic() + DEADLINE
+    while not resent:
+        check(time.monotonic() < end, "the resent message readable in time")
+        read_all(svix, app, sink, "consumer-a", resent, pages=1)
+        if not resent:
+            time.sleep(0.2)
+    check(resent == [ids[0]], "the resent message at the end", resent)
+    more += resent
+    step("a resent message joins the stream at its end")
+
     # Back to message 150's time: everything from it on is read again (a few earlier ones
     # may come too: numbers follow creation closely, not exactly), in order.
     after = datetime.fromisoformat(state["stamps"][150])

@@ -79,8 +79,6 @@ pub struct EndpointRow {
     pub transformation_enabled: bool,
     pub transformation_updated_at: Option<DateTime<Utc>>,
     pub transformation_last: Option<serde_json::Value>,
-    /// A polling endpoint's poll token, hashed (SHA-256); never shown.
-    pub poll_token_hash: Option<Vec<u8>>,
 }
 
 use railhook_common::Word;

@@ -210,8 +210,8 @@ pub async fn forget(pool: &PgPool, endpoint_id: &str, consumer_id: &str) -> sqlx
 /// The live polling endpoint whose poll token hashes to `hash`, and its project.
 pub async fn by_token(pool: &PgPool, hash: &[u8]) -> sqlx::Result<Option<(String, String)>> {
     Ok(sqlx::query!(
-        r#"SELECT id, project_id FROM endpoints
-           WHERE poll_token_hash = $1 AND deleted_at IS NULL AND transport = 'poller'"#,
+        r#"SELECT e.id, e.project_id FROM poll_tokens t JOIN endpoints e ON e.id = t.endpoint_id
+           WHERE t.token_hash = $1 AND e.deleted_at IS NULL AND e.transport = 'poller'"#,
         hash
     )
     .fetch_optional(pool)
@@ -228,8 +228,12 @@ pub async fn set_token(
     hash: &[u8],
 ) -> sqlx::Result<bool> {
     Ok(sqlx::query!(
-        r#"UPDATE endpoints SET poll_token_hash = $3, updated_at = now()
-           WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL AND transport = 'poller'"#,
+        r#"INSERT INTO poll_tokens (endpoint_id, token_hash)
+           SELECT e.id, $3 FROM endpoints e
+           WHERE e.id = $1 AND e.project_id = $2 AND e.deleted_at IS NULL
+             AND e.transport = 'poller'
+           ON CONFLICT (endpoint_id) DO UPDATE
+               SET token_hash = EXCLUDED.token_hash, created_at = now()"#,
         id,
         project_id,
         hash
