@@ -1,12 +1,14 @@
--- Polling endpoints (issue #56, docs/POLLING.md): an endpoint of type `poller` is not pushed
--- to; its receiver reads its Deliveries in Sequence Number order. Expand only: a new kind in
--- the transport check, two tables, and the live-subscriptions function
+-- Receivers without a public URL (issue #56): an endpoint of type `poller` is not pushed to;
+-- its receiver reads its Deliveries in Sequence Number order (docs/POLLING.md). An endpoint
+-- of type `listen` is a `railhook listen` session's (docs/RECEIVERS.md). Expand only: two new
+-- kinds in the transport check, two tables, and the live-subscriptions function
 -- numbering a poller's Deliveries like an ordered endpoint's.
 
 ALTER TABLE endpoints DROP CONSTRAINT endpoints_transport_kind;
 ALTER TABLE endpoints
     ADD CONSTRAINT endpoints_transport_kind
-        CHECK (transport IN ('http', 'kafka', 'sqs', 'rabbitmq', 'nats', 'poller')) NOT VALID;
+        CHECK (transport IN ('http', 'kafka', 'sqs', 'rabbitmq', 'nats', 'poller', 'listen'))
+        NOT VALID;
 ALTER TABLE endpoints VALIDATE CONSTRAINT endpoints_transport_kind;
 
 -- A polling endpoint's poll token (`rhpoll_…`), by its SHA-256: the bearer a customer polls

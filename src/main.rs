@@ -2,6 +2,7 @@
 //! (probes, metrics, drain) is `roles.rs`; the roles themselves live in the `ingest`,
 //! `relay` and `worker` crates.
 
+mod listen_cli;
 mod replay_cli;
 mod retention_cli;
 mod roles;
@@ -41,6 +42,9 @@ enum Role {
     },
     /// Replay stored Events through the REST API (by id, or by time range) and follow it.
     Replay(replay_cli::ReplayArgs),
+    /// Receive webhooks on this machine: forward a session's Events to a local URL over one
+    /// outbound connection (docs/RECEIVERS.md).
+    Listen(listen_cli::ListenArgs),
     /// List the day partitions with sizes and what retention does with each; then run a
     /// retention pass (unless --dry-run).
     Retention(retention_cli::RetentionArgs),
@@ -54,9 +58,11 @@ enum Role {
 fn main() -> std::process::ExitCode {
     railhook_common::install_crypto_provider();
     let cli = Cli::parse();
-    if let Role::Replay(args) = cli.role {
-        // An API client: no database, broker or telemetry settings needed.
-        return client_main(replay_cli::run(args));
+    // API clients: no database, broker or telemetry settings needed.
+    match cli.role {
+        Role::Replay(args) => return client_main(replay_cli::run(args)),
+        Role::Listen(args) => return client_main(listen_cli::run(args)),
+        _ => {}
     }
     let settings = match Settings::load() {
         Ok(s) => s,
@@ -118,6 +124,7 @@ impl Role {
             Role::Migrate => "migrate",
             Role::Slot { .. } => "slot",
             Role::Replay(_) => "replay",
+            Role::Listen(_) => "listen",
             Role::Retention(_) => "retention",
             Role::Secrets { .. } => "secrets",
         }
@@ -142,6 +149,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Role::All => roles::all(&settings).await,
         Role::Slot { action } => schema_cli::slot(&settings, action).await,
         Role::Replay(args) => replay_cli::run(args).await,
+        Role::Listen(args) => listen_cli::run(args).await,
         Role::Retention(args) => retention_cli::run(&settings, args).await,
         Role::Secrets { action } => secrets_cli::run(&settings, action).await,
     }

@@ -299,6 +299,11 @@ async fn ingest_with(
     let mut state = railhook_ingest::AppState::new(pool, settings)?;
     state.other_registries = other_registries;
     state.deps = deps;
+    // `railhook listen` endpoints left without their session are removed (ingest/src/listen.rs).
+    tokio::spawn(railhook_ingest::listen::sweeper(
+        state.clone(),
+        Duration::from_secs(settings.listen_idle_seconds),
+    ));
     let addr: SocketAddr = settings.http_addr;
     let listener = TcpListener::bind(addr)
         .await

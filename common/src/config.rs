@@ -279,6 +279,15 @@ pub struct Settings {
     /// dashboard's cookies are not `Secure` (a plain-HTTP local demo).
     #[serde(default, deserialize_with = "connections::opt_text")]
     pub public_url: Option<String>,
+    /// Where workers reach this API instance to pass a `railhook listen` session's Attempts
+    /// down its connection (`http://10.0.3.7:8080`): the instance's own address, not a
+    /// load balancer's. Absent: `http://` and `RAILHOOK_HTTP_ADDR` (an unspecified address
+    /// read as loopback), right when the workers share the host (`railhook all`).
+    #[serde(default, deserialize_with = "connections::opt_text")]
+    pub listen_relay_url: Option<String>,
+    /// A `railhook listen` session's endpoint left without its connection this long is
+    /// deleted (its undelivered Deliveries with it, as for any deleted endpoint).
+    pub listen_idle_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

@@ -69,11 +69,12 @@ crate::words! {
 crate::words! {
     /// What carries an endpoint's Attempts (`endpoints.transport`, the API's `type`): an
     /// HTTP request, a publish to a broker (common/src/transport/), or nothing at all for a
-    /// `poller`, whose receiver reads its Deliveries (docs/POLLING.md).
+    /// `poller`, whose receiver reads its Deliveries (docs/POLLING.md), or a `listen` session's
+    /// connection to a developer's laptop (docs/RECEIVERS.md, "railhook listen").
     #[derive(serde::Serialize, serde::Deserialize)]
     #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
     #[serde(rename_all = "lowercase")]
-    TransportKind { Http, Kafka, Sqs, Rabbitmq, Nats, Poller }
+    TransportKind { Http, Kafka, Sqs, Rabbitmq, Nats, Poller, Listen }
 }
 
 crate::words! {

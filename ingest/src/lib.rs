@@ -11,6 +11,7 @@ pub mod endpoint;
 pub mod extract;
 pub mod group_commit;
 pub mod incoming;
+pub mod listen;
 pub mod metrics;
 pub mod openapi;
 pub mod operational;
@@ -77,6 +78,7 @@ pub fn router(state: AppState) -> Router {
         .merge(portal_api::router())
         .merge(sources::router())
         .merge(svix::router(&state))
+        .merge(listen::router())
         .layer(DefaultBodyLimit::max(ENVELOPE_BYTES))
         // A provider's body is taken as it came (no JSON envelope), up to the payload limit.
         .merge(

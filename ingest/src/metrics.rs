@@ -47,6 +47,8 @@ pub struct IngestMetrics {
     pub group_events: Histogram,
     /// Single-Event requests waiting for a free writer.
     pub group_waiting: IntGauge,
+    /// `railhook listen` sessions connected to this instance (crate::listen).
+    pub listen_sessions: IntGauge,
     /// Group statements that failed and were written again one request at a time.
     pub group_retried: IntCounter,
     /// Queued requests left out of their statement because their caller had gone (timed out
@@ -140,6 +142,17 @@ impl IngestMetrics {
                 let g = IntGauge::new(
                     GROUP_COMMIT_WAITING,
                     "Single-Event ingest requests waiting for a free writer (group commit).",
+                )
+                .expect("valid metric");
+                registry
+                    .register(Box::new(g.clone()))
+                    .expect("unique metric");
+                g
+            },
+            listen_sessions: {
+                let g = IntGauge::new(
+                    "railhook_listen_sessions",
+                    "railhook listen sessions connected to this instance.",
                 )
                 .expect("valid metric");
                 registry

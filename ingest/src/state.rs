@@ -45,6 +45,10 @@ pub struct AppState {
     /// When `/readyz` last asked Postgres itself (routes/health.rs): at most once a second,
     /// however many requests come.
     pub readiness_probed: Arc<tokio::sync::Mutex<Option<std::time::Instant>>>,
+    /// The `railhook listen` sessions this instance holds (crate::listen).
+    pub listen: crate::listen::Hub,
+    /// Where workers reach this instance's listen relay (`RAILHOOK_LISTEN_RELAY_URL`).
+    pub listen_relay_base: String,
 }
 
 /// The windows that turn an endpoint's failure streak into `warning` and then `disabled`
@@ -166,6 +170,8 @@ impl AppState {
             api_metrics: settings.api_metrics(),
             metrics_access: railhook_common::metrics_http::MetricsAccess::from_settings(settings),
             readiness_probed: Arc::default(),
+            listen: crate::listen::Hub::default(),
+            listen_relay_base: crate::listen::relay_base(settings),
         })
     }
 }

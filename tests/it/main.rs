@@ -27,6 +27,7 @@ mod group_commit;
 mod hostile;
 mod incoming;
 mod ingest;
+mod listen;
 mod migrations;
 mod observability;
 mod operational;

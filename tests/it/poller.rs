@@ -6,11 +6,13 @@
 //! scenario with the JavaScript SDK.
 
 use crate::support::process::Process;
-use crate::svix_sdk::{run_scenario_with, server_with_env};
+use crate::svix_sdk::{run_scenario_with, server_with};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_reads_a_poller_across_a_kill_and_restart() {
-    let (mut all, key, env) = server_with_env().await;
+    let crate::svix_sdk::Server {
+        mut all, key, env, ..
+    } = server_with(&[]).await;
     let state = std::env::temp_dir().join(format!(
         "rh-poller-{}.json",
         crate::support::process::unique()
@@ -28,6 +30,7 @@ async fn the_python_sdk_reads_a_poller_across_a_kill_and_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_javascript_sdk_reads_a_poller_with_a_consumer() {
-    let (all, key, _) = server_with_env().await;
+    let server = server_with(&[]).await;
+    let (all, key) = (server.all, server.key);
     run_scenario_with("node", &["poller.mjs"], &all, &key, &[]).await;
 }

@@ -17,13 +17,22 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// `railhook all` on a fresh database, and a project's API key.
 async fn server() -> (Process, String) {
-    let (all, key, _) = server_with_env().await;
-    (all, key)
+    let s = server_with(&[]).await;
+    (s.all, s.key)
 }
 
-/// [`server`], and the environment it runs with (to start it again on the same database).
-pub(crate) async fn server_with_env() -> (Process, String, Vec<(String, String)>) {
-    let env = base_env(&[
+/// A started server, its project, and the environment it runs with (to start it again on
+/// the same database).
+pub(crate) struct Server {
+    pub all: Process,
+    pub key: String,
+    pub project_id: String,
+    pub env: Vec<(String, String)>,
+}
+
+/// [`server`] with `extra` settings (they win over the defaults here).
+pub(crate) async fn server_with(extra: &[(&str, &str)]) -> Server {
+    let mut env = base_env(&[
         ("DATABASE_URL".into(), fresh_database().await),
         ("REDIS_URL".into(), local_setting("REDIS_URL")),
         ("KAFKA_BROKERS".into(), local_setting("KAFKA_BROKERS")),
@@ -37,6 +46,10 @@ pub(crate) async fn server_with_env() -> (Process, String, Vec<(String, String)>
         ),
         ("RAILHOOK_BREAKER_MIN_REQUESTS".into(), "1000".into()),
     ]);
+    for (k, v) in extra {
+        env.retain(|(name, _)| name != k);
+        env.push(((*k).to_owned(), (*v).to_owned()));
+    }
     let (ok, out) = run_once(&["migrate"], &env);
     assert!(ok, "migrate: {out}");
     let (ok, out) = run_once(&["slot", "create"], &env);
@@ -65,7 +78,13 @@ pub(crate) async fn server_with_env() -> (Process, String, Vec<(String, String)>
         .await
         .expect("project body");
     let key = project["api_key"].as_str().expect("key").to_owned();
-    (all, key, env)
+    let project_id = project["id"].as_str().expect("project id").to_owned();
+    Server {
+        all,
+        key,
+        project_id,
+        env,
+    }
 }
 
 async fn run_scenario(program: &str, args: &[&str], all: &Process, key: &str) {

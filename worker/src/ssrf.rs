@@ -51,6 +51,16 @@ impl Allowlist {
         Ok(Self(Arc::new(nets)))
     }
 
+    /// Every address: for the one target that is never a tenant's (a `railhook listen`
+    /// session's relay on Railhook's own API, transport/mod.rs). Nothing else uses it.
+    pub fn everything() -> Self {
+        let nets = ["0.0.0.0/0", "::/0"]
+            .iter()
+            .filter_map(|n| n.parse::<IpNet>().ok())
+            .collect();
+        Self(Arc::new(nets))
+    }
+
     pub fn permits(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         is_global(ip) || self.0.iter().any(|n| n.contains(&ip))

@@ -71,6 +71,7 @@ pub(super) struct Defaults {
     endpoint_warn_after_seconds: u64,
     dashboard_cookie_secure: bool,
     dashboard_session_seconds: u64,
+    listen_idle_seconds: u64,
 }
 
 pub(super) const DEFAULTS: Defaults = Defaults {
@@ -138,4 +139,5 @@ pub(super) const DEFAULTS: Defaults = Defaults {
     endpoint_warn_after_seconds: 24 * 3600,
     dashboard_cookie_secure: true,
     dashboard_session_seconds: 12 * 3600,
+    listen_idle_seconds: 3600,
 };

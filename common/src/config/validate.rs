@@ -222,8 +222,26 @@ impl Settings {
         Ok(())
     }
 
-    /// The URL links and the portal are built from.
+    /// The URL links and the portal are built from, and where workers reach this instance
+    /// for `railhook listen` relays.
     fn validate_public_url(&self) -> Result<(), ConfigError> {
+        if let Some(raw) = &self.listen_relay_url {
+            let ok = url::Url::parse(raw).is_ok_and(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.host_str().is_some()
+                    && u.query().is_none()
+                    && u.username().is_empty()
+            });
+            if !ok {
+                return Err(invalid(
+                    "listen_relay_url",
+                    "must be an absolute http(s) URL without a query, like http://10.0.3.7:8080",
+                ));
+            }
+        }
+        if self.listen_idle_seconds == 0 {
+            return Err(invalid("listen_idle_seconds", "must be at least 1"));
+        }
         if let Some(raw) = &self.public_url {
             let ok = url::Url::parse(raw).is_ok_and(|u| {
                 matches!(u.scheme(), "http" | "https")

@@ -128,6 +128,20 @@ fn yes() -> bool {
 #[serde(deny_unknown_fields)]
 pub struct PollerTarget {}
 
+/// A `railhook listen` session's endpoint (docs/RECEIVERS.md): each Attempt is POSTed to the
+/// API instance holding the session's connection, which passes it down to the developer's
+/// machine and answers with the local receiver's answer. Made by the API when a session
+/// opens, never from a tenant's input (the API refuses `type: listen`), so the worker sends
+/// to it without the egress rule: the URL is Railhook's own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ListenTarget {
+    /// `<the instance's relay base URL>/v1/listen/relay/<session token>`: the token is the
+    /// relay's credential, so it is sealed with the rest and never shown.
+    pub relay_url: String,
+}
+
 /// An endpoint's settings for a kind other than HTTP, as sealed: `{"kafka": {…}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
@@ -137,6 +151,7 @@ pub enum TransportSettings {
     Rabbitmq(RabbitmqTarget),
     Nats(NatsTarget),
     Poller(PollerTarget),
+    Listen(ListenTarget),
 }
 
 /// A setting that does not hold, with the field it names (`kafka.brokers`).
@@ -158,6 +173,9 @@ const MASK: &str = "***";
 /// The URL-shaped name of every polling endpoint (`endpoints.url`).
 pub const POLLER_URL: &str = "poller:";
 
+/// The URL-shaped name of every `railhook listen` session's endpoint.
+pub const LISTEN_URL: &str = "listen:";
+
 impl TransportSettings {
     pub fn kind(&self) -> TransportKind {
         match self {
@@ -166,6 +184,7 @@ impl TransportSettings {
             TransportSettings::Rabbitmq(_) => TransportKind::Rabbitmq,
             TransportSettings::Nats(_) => TransportKind::Nats,
             TransportSettings::Poller(_) => TransportKind::Poller,
+            TransportSettings::Listen(_) => TransportKind::Listen,
         }
     }
 
@@ -177,6 +196,8 @@ impl TransportSettings {
             TransportSettings::Rabbitmq(r) => checks::validate_rabbitmq(r),
             TransportSettings::Nats(n) => checks::validate_nats(n),
             TransportSettings::Poller(_) => Ok(()),
+            // Written by the API itself, never from input.
+            TransportSettings::Listen(_) => Ok(()),
         }
     }
 
@@ -220,6 +241,8 @@ impl TransportSettings {
             }
             // No credentials.
             TransportSettings::Poller(_) => {}
+            // Never patched: a session rewrites its own.
+            TransportSettings::Listen(_) => {}
         }
     }
 
@@ -236,6 +259,8 @@ impl TransportSettings {
             TransportSettings::Rabbitmq(r) => r.url = masked(&r.url),
             TransportSettings::Nats(n) => n.url = masked(&n.url),
             TransportSettings::Poller(_) => {}
+            // The relay URL carries the session's token.
+            TransportSettings::Listen(l) => l.relay_url = MASK.to_owned(),
         }
         let value = serde_json::to_value(&shown).unwrap_or_default();
         // `{"kafka": {…}}` → `{…}`: the kind is the endpoint's `type`.
@@ -275,6 +300,8 @@ impl TransportSettings {
             }
             // Nowhere: the receiver comes to read (the poller routes name the endpoint).
             TransportSettings::Poller(_) => POLLER_URL.to_owned(),
+            // Where it ends: a developer's machine, through its session.
+            TransportSettings::Listen(_) => LISTEN_URL.to_owned(),
         }
     }
 
@@ -291,6 +318,8 @@ impl TransportSettings {
             TransportSettings::Nats(n) => url_host(&n.url).into_iter().collect(),
             // Opens no socket.
             TransportSettings::Poller(_) => Vec::new(),
+            // Railhook's own API instance: not a tenant's target (see `ListenTarget`).
+            TransportSettings::Listen(_) => Vec::new(),
         }
     }
 }

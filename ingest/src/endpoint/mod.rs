@@ -68,6 +68,9 @@ pub(crate) struct New<'a> {
     pub subscription: Option<Vec<String>>,
     /// A Destination of this Source (`/v1/sources/{id}/destinations`).
     pub source_id: Option<&'a str>,
+    /// A target Railhook itself sets, never one read from input: a `railhook listen`
+    /// session's relay (`crate::listen`). `None`: the target is the fields' own.
+    pub own_target: Option<TransportSettings>,
 }
 
 impl New<'_> {
@@ -77,6 +80,7 @@ impl New<'_> {
             fields,
             subscription: None,
             source_id: None,
+            own_target: None,
         }
     }
 }
@@ -173,9 +177,10 @@ pub(crate) async fn create(
         fields,
         subscription,
         source_id,
+        own_target,
     } = new;
     let id = EndpointId::generate();
-    let checked = check_new(state, project, &id, &fields, source_id).await?;
+    let checked = check_new(state, project, &id, &fields, source_id, own_target).await?;
     let sealed_secret = state.keyring.seal(id.as_str(), &checked.secret);
     let mut tx = state.pool.begin().await?;
     let stored = checked.stored(project, &id, &fields, &sealed_secret, source_id);
@@ -223,8 +228,12 @@ async fn check_new(
     id: &EndpointId,
     body: &CreateEndpoint,
     source_id: Option<&str>,
+    own_target: Option<TransportSettings>,
 ) -> ApiResult<CheckedNew> {
-    let transport = target::transport_of(body)?;
+    let transport = match own_target {
+        Some(own) => Some(own),
+        None => target::transport_of(body)?,
+    };
     target::check_credentials(state, body, transport.is_none())?;
     if matches!(transport, Some(TransportSettings::Poller(_))) {
         target::check_poller(body.application.is_some(), body.transformation.is_some())?;

@@ -177,6 +177,7 @@ pub async fn create_destination(
         fields: body,
         subscription: None,
         source_id: Some(&source.id),
+        own_target: None,
     };
     let created = crate::endpoint::create(&state, &project, new).await?;
     Ok((StatusCode::CREATED, Json(created)))

@@ -141,6 +141,7 @@ fn kind_label(kind: TransportKind) -> &'static str {
         TransportKind::Rabbitmq => "a RabbitMQ exchange",
         TransportKind::Nats => "a NATS JetStream subject",
         TransportKind::Poller => "a polling endpoint (your service reads its messages)",
+        TransportKind::Listen => "a railhook listen session",
     }
 }
 
@@ -180,6 +181,8 @@ fn broker_fields(kind: TransportKind) -> Markup {
         ],
         // Nothing to set: the endpoint's page shows where to poll and issues the token.
         TransportKind::Poller => &[],
+        // Never offered (the portal settings refuse it); made by sessions only.
+        TransportKind::Listen => &[],
     };
     html! {
         fieldset id={ "settings-" (kind) } {
@@ -219,7 +222,7 @@ pub(super) fn broker_settings(f: &Fields, kind: TransportKind) -> serde_json::Va
             "subject": get("subject").unwrap_or_default(),
             "jetstream": true,
         }),
-        TransportKind::Poller => serde_json::json!({}),
+        TransportKind::Poller | TransportKind::Listen => serde_json::json!({}),
     }
 }
 

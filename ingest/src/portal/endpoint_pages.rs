@@ -196,8 +196,9 @@ async fn create_broker(
         TransportKind::Nats => {
             create.nats = Some(serde_json::from_value(settings).map_err(|_| parsed("nats"))?)
         }
-        // A poller has no settings: its type is the whole of it.
-        TransportKind::Http | TransportKind::Poller => {}
+        // A poller has no settings: its type is the whole of it. A listen endpoint is
+        // refused by `transport_of` (never offered either).
+        TransportKind::Http | TransportKind::Poller | TransportKind::Listen => {}
     }
     let created = svix::create_in_application(
         state,

@@ -172,6 +172,12 @@ pub(crate) fn transport_of(body: &CreateEndpoint) -> ApiResult<Option<TransportS
         TransportKind::Nats => body.nats.clone().map(TransportSettings::Nats),
         // Nothing to set: the receiver comes to read (docs/POLLING.md).
         TransportKind::Poller => Some(TransportSettings::Poller(PollerTarget::default())),
+        TransportKind::Listen => {
+            return Err(ApiError::validation(
+                "type",
+                "listen endpoints are made by `railhook listen` sessions (docs/RECEIVERS.md)",
+            ));
+        }
     };
     let Some(settings) = settings else {
         return Err(ApiError::validation(

@@ -193,8 +193,8 @@ pub struct PortalSettings {
     pub allowed_origins: Vec<String>,
     #[serde(default)]
     pub theme: Theme,
-    /// The broker kinds (`kafka`, `sqs`, `rabbitmq`, `nats`) a customer may add in the
-    /// portal beside HTTP endpoints; none by default (docs/DESTINATIONS.md).
+    /// The kinds (`kafka`, `sqs`, `rabbitmq`, `nats`, `poller`) a customer may add in the
+    /// portal beside HTTP endpoints; none by default (docs/DESTINATIONS.md, POLLING.md).
     #[serde(default)]
     pub endpoint_types: Vec<TransportKind>,
     #[serde(default, skip_deserializing)]
@@ -288,6 +288,12 @@ fn check_settings(given: &PortalSettings) -> ApiResult<Settings> {
             ApiError::validation("theme.logo_url", "logo_url must be an absolute http(s) URL")
         })?),
     };
+    if given.endpoint_types.contains(&TransportKind::Listen) {
+        return Err(ApiError::validation(
+            "endpoint_types",
+            "listen endpoints are made by `railhook listen` sessions, not offered in the portal",
+        ));
+    }
     let color_scheme = match t.color_scheme.as_deref() {
         None => ColorScheme::Auto,
         Some(raw) => ColorScheme::parse(raw).ok_or_else(|| {

@@ -234,6 +234,7 @@ pub(crate) async fn create_in_application(
         fields: create,
         subscription: Some(patterns),
         source_id: None,
+        own_target: None,
     };
     let created = crate::endpoint::create(state, project, new).await?;
     let row = store::find(

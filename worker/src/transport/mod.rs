@@ -47,6 +47,9 @@ pub struct Transports {
     sqs: sqs::Queues,
     amqp: amqp::Channels,
     nats: nats::Streams,
+    /// Sends `railhook listen` Attempts to the API instance holding the session: any
+    /// address, no proxy (the URL is Railhook's own, see `ListenTarget`).
+    listen: http::Runner,
 }
 
 impl Transports {
@@ -57,6 +60,7 @@ impl Transports {
             kafka: kafka::Producers::new(allow.clone()),
             amqp: amqp::Channels::new(allow.clone()),
             nats: nats::Streams::new(allow),
+            listen: http::Runner::new(Allowlist::everything())?,
             http,
         })
     }
@@ -73,6 +77,18 @@ impl Transports {
             // A polling endpoint's receiver reads the Delivery by its Sequence Number, which
             // the ingest (or the ordering gate, before this turn) gave it: taking its place
             // in that order is the whole Attempt (docs/POLLING.md).
+            // Railhook's own API instance, which answers with the developer's receiver's
+            // answer: an HTTP Attempt to a URL the API wrote, not a tenant (no egress rule).
+            Some(TransportSettings::Listen(l)) => match url::Url::parse(&l.relay_url) {
+                Ok(url) => {
+                    let mut relayed = a.clone();
+                    relayed.url = url;
+                    self.listen.run(&relayed).await
+                }
+                Err(_) => Stopwatch::start().report(Err(BrokerError::refused(
+                    "the listen session's relay URL does not parse",
+                ))),
+            },
             Some(TransportSettings::Poller(_)) => Stopwatch::start().report(Ok(format!(
                 "available to pollers at sequence {}",
                 a.sequence_number
