@@ -16,6 +16,7 @@ mod memory;
 mod ordered;
 mod peers;
 mod pgbench;
+mod pull;
 mod relay;
 mod retention;
 mod roles;
@@ -66,6 +67,12 @@ enum Bench {
     /// Railhook and a peer (Svix, built from source) under the same open-loop client, the
     /// same receiver process and the same Postgres and Redis, one row each (issue #54).
     Peers(peers::Args),
+    /// Receivers that pull: poll throughput and latency against the raw statement, POST →
+    /// local receiver through `railhook listen` against plain HTTP, idle sessions' CPU.
+    Pull(pull::Args),
+    /// `pull`'s idle listen sessions, in a process of their own.
+    #[command(hide = true)]
+    ListenClients(pull::ClientsArgs),
     /// The peers benchmark's receiver, in a process of its own (started by `peers`).
     #[command(hide = true)]
     Receiver(peers::ReceiverArgs),
@@ -78,6 +85,8 @@ async fn main() -> anyhow::Result<()> {
         Bench::Ordered(args) => ordered::run(args).await,
         Bench::Peers(args) => peers::run(args).await,
         Bench::Receiver(args) => peers::receiver(args).await,
+        Bench::Pull(args) => pull::run(args).await,
+        Bench::ListenClients(args) => pull::clients(args).await,
         Bench::Relay(args) => relay::run(args).await,
         Bench::RelayMemory(args) => memory::run(args).await,
         Bench::E2e(args) => e2e::run(args).await,
