@@ -128,9 +128,11 @@ pub(crate) async fn stack_with(endpoints: &[Value]) -> anyhow::Result<Stack> {
             let _ = stopped.await;
         },
     ));
-    let state = AppState::new(pool.clone(), &s)?;
+    let mut state = AppState::new(pool.clone(), &s)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let api = format!("http://{}", listener.local_addr()?);
+    // `railhook listen` sessions are relayed to this listener, not RAILHOOK_HTTP_ADDR's.
+    state.listen_relay_base.clone_from(&api);
     let (stop, stopped) = oneshot::channel::<()>();
     stops.push(stop);
     tokio::spawn(railhook_ingest::serve(listener, state, async move {
