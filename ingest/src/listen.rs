@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -182,14 +183,24 @@ fn check_name(raw: &str) -> ApiResult<()> {
 
 /// Opens a `railhook listen` session: a WebSocket (see the module's doc).
 #[utoipa::path(get, path = "/v1/listen", tag = "listen", params(ListenQuery),
-    responses((status = 101, description = "the session's WebSocket"), (status = 401), (status = 422)),
+    responses((status = 101, description = "the session's WebSocket"),
+              (status = 401, body = crate::problem::Problem),
+              (status = 422, body = crate::problem::Problem,
+               description = "a bad name or pattern, or not a WebSocket request")),
     security(("api_key" = [])))]
 pub async fn open(
     project: Project,
     State(state): State<AppState>,
     Query(q): Query<ListenQuery>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
+    // A plain GET gets the API's problem, not the upgrade's own plain-text refusal.
+    let ws = ws.map_err(|_| {
+        ApiError::validation(
+            "connection",
+            "this route opens a WebSocket (railhook listen): send an Upgrade request",
+        )
+    })?;
     let name = q.name.unwrap_or_else(|| "default".to_owned());
     check_name(&name)?;
     let raw: Vec<String> = q
@@ -426,13 +437,11 @@ fn passed_on(name: &str) -> bool {
 }
 
 /// One Attempt for a session's endpoint (the worker's request; the token is its
-/// credential): down the session's connection, and the local receiver's answer back.
-#[utoipa::path(post, path = "/v1/listen/relay/{token}", tag = "listen",
-    params(("token" = String, Path)),
-    request_body(content = String, content_type = "application/octet-stream",
-                 description = "the Attempt's body, exactly as signed"),
-    responses((status = 200, description = "the local receiver's answer, whatever its status"),
-              (status = 503, description = "the session is not connected")))]
+/// credential): down the session's connection, and the local receiver's answer back, with
+/// the local status (any), `502` when the receiver did not answer, `504` after
+/// [`ANSWER_WITHIN`], `503` when the session is not connected (so the Attempt fails and is
+/// retried: a 4xx would end the Delivery). Workers' route, not the API's: it is left out of
+/// the OpenAPI document.
 pub async fn relay(
     State(state): State<AppState>,
     Path(token): Path<String>,
@@ -569,7 +578,7 @@ pub fn router() -> utoipa_axum::router::OpenApiRouter<AppState> {
     use utoipa_axum::routes;
     utoipa_axum::router::OpenApiRouter::new()
         .routes(routes!(open))
-        .routes(routes!(relay))
+        .route("/v1/listen/relay/{token}", axum::routing::post(relay))
 }
 
 #[cfg(test)]

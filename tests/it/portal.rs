@@ -952,6 +952,58 @@ async fn the_portal_adds_the_broker_kinds_its_project_offers() {
     assert_eq!(listed(&app, &key, &a).await.len(), 1);
 }
 
+/// A poller offered by the project (docs/POLLING.md) is added from the portal's form like a
+/// broker kind, with no settings; a listen session's kind cannot be offered at all.
+#[tokio::test]
+async fn the_portal_adds_a_poller_when_offered_and_never_offers_listen() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let a = application(&app, &key, "Acme").await;
+    let r = app
+        .call(
+            Method::PUT,
+            "/v1/portal/settings",
+            Some(&key),
+            Some(json!({"endpoint_types": ["listen"]})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+    assert_eq!(r.body["field"], "endpoint_types", "{:?}", r.body);
+    let r = app
+        .call(
+            Method::PUT,
+            "/v1/portal/settings",
+            Some(&key),
+            Some(json!({"endpoint_types": ["poller"]})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["endpoint_types"], json!(["poller"]));
+    let (path, _) = link(&app, &key, &a, json!({})).await;
+    let base = open(&app, &path).await;
+    let (_, page, _) = get(&app, &format!("{base}/endpoints/new")).await;
+    assert!(page.contains("value=\"poller\""), "{page}");
+    let csrf = csrf_of(&page);
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("type", "poller"),
+        ("description", "nightly export"),
+    ];
+    let (status, to) = post(&app, &format!("{base}/endpoints"), &form).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{to}");
+    let endpoints = listed(&app, &key, &a).await;
+    assert_eq!(endpoints.len(), 1, "{endpoints:?}");
+    assert_eq!(endpoints[0]["type"], "poller");
+    assert_eq!(endpoints[0]["url"], "poller:");
+    // A forged form for a listen endpoint: refused, nothing made.
+    let (_, page, _) = get(&app, &format!("{base}/endpoints/new")).await;
+    let csrf = csrf_of(&page);
+    let form = [("csrf", csrf.as_str()), ("type", "listen")];
+    let (status, _) = post(&app, &format!("{base}/endpoints"), &form).await;
+    assert!(status.is_client_error(), "{status}");
+    assert_eq!(listed(&app, &key, &a).await.len(), 1);
+}
+
 /// An application's endpoints, as the API lists them.
 async fn listed(app: &TestApp, key: &str, application: &str) -> Vec<Value> {
     app.call(
