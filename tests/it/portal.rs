@@ -995,6 +995,36 @@ async fn the_portal_adds_a_poller_when_offered_and_never_offers_listen() {
     assert_eq!(endpoints.len(), 1, "{endpoints:?}");
     assert_eq!(endpoints[0]["type"], "poller");
     assert_eq!(endpoints[0]["url"], "poller:");
+    // Its page says where to poll and issues the customer's poll token, shown once.
+    let id = endpoints[0]["id"].as_str().expect("id").to_owned();
+    let (_, shown, _) = get(&app, to.split('?').next().expect("path")).await;
+    assert!(
+        shown.contains(&format!("/api/v1/app/{a}/poller/{id}")),
+        "{shown}"
+    );
+    let csrf = csrf_of(&shown);
+    let (status, issued) = post(
+        &app,
+        &format!("{base}/endpoints/{id}/poll-token"),
+        &[("csrf", csrf.as_str())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{issued}");
+    let token = issued
+        .split("rhpoll_")
+        .nth(1)
+        .map(|rest| format!("rhpoll_{}", &rest[..32]))
+        .expect("a token on the page");
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/app/{a}/poller/{id}"),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.body["data"], json!([]));
     // A forged form for a listen endpoint: refused, nothing made.
     let (_, page, _) = get(&app, &format!("{base}/endpoints/new")).await;
     let csrf = csrf_of(&page);

@@ -302,6 +302,7 @@ pub async fn show(
             tr { th { "Endpoint id" } td { code { (e.id) } } }
         } }
         @if !session.read_only { (buttons(&session, &base, e.enabled)) }
+        @if e.transport == "poller" { (polling_section(&session, &base, &e)) }
         (secret_section(&session, &base, &view, secret.as_ref(), overlap))
         @if !session.read_only { (tools(&session, &base, &types)) }
         (super::transformation_card::card(&session, &base, &e, &types, None))
@@ -357,6 +358,43 @@ fn buttons(session: &PortalSession, base: &str, enabled: bool) -> Markup {
         }
     }
     }
+}
+
+/// A poller's stream (docs/POLLING.md): where to poll, and a button that issues the token a
+/// customer's service polls with (shown once, on the page the button opens).
+fn polling_section(session: &PortalSession, base: &str, e: &EndpointRow) -> Markup {
+    let path = format!(
+        "/api/v1/app/{}/poller/{}",
+        e.application_id.as_deref().unwrap_or_default(),
+        e.id
+    );
+    html! {
+        h2 { "Polling" }
+        section.card #polling {
+            p { "Your service reads this endpoint's messages, in order, at " code #poll-path { (path) }
+                " (the Svix SDKs' " code { "message.poller" } "), with a poll token as its bearer." }
+            @if !session.read_only {
+                form.inline method="post" action={ (base) "/poll-token" } {
+                    input type="hidden" name="csrf" value=(session.csrf());
+                    button.secondary #poll-token type="submit" { "Issue a poll token" }
+                    span.muted { " A new token ends the previous one." }
+                }
+            }
+        }
+    }
+}
+
+/// The poller's "Issue a poll token": a new token, shown once on the page it answers with.
+async fn poll_token(state: &AppState, session: &PortalSession, e: &EndpointRow) -> PortalResult {
+    let issued = crate::routes::poller::issue(state, &session.project, &e.id).await?;
+    session.log("endpoint.poll_token", &e.id);
+    let body = html! {
+        p.notice #notice { "Poll token issued. It is shown once: copy it now." }
+        p { code.secret #poll-token-value { (issued.token) } }
+        p { "Poll at " code { (issued.poll_path) } " with it as the bearer." }
+        p { a href=(session.href(&format!("endpoints/{}", e.id))) { "Back to the endpoint" } }
+    };
+    Ok(page(session, "endpoints", "Poll token", None, body))
 }
 
 /// The signing secret: its scheme, the Ed25519 public key, reveal and rotate.
@@ -501,6 +539,7 @@ pub async fn action(
             )
             .into_response());
         }
+        "poll-token" => return poll_token(&state, &session, &e).await,
         "transformation" => {
             super::transformation_card::save(&state, &session, &e, &f).await?;
             back("transformation-saved")

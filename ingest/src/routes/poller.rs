@@ -39,21 +39,27 @@ pub async fn issue_token(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, Json<PollToken>)> {
-    let app = poller_application(&state, &project, &id).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(issue(&state, &project, &id).await?),
+    ))
+}
+
+/// Issues the project's polling endpoint `id` a new poll token (the API's route and the
+/// portal's button).
+pub(crate) async fn issue(state: &AppState, project: &Project, id: &str) -> ApiResult<PollToken> {
+    let app = poller_application(state, project, id).await?;
     let token = format!(
         "{POLL_TOKEN_PREFIX}{}",
         Alphanumeric.sample_string(&mut rand::rng(), 32)
     );
-    if !store::set_token(&state.pool, project.id.as_str(), &id, &hash_api_key(&token)).await? {
+    if !store::set_token(&state.pool, project.id.as_str(), id, &hash_api_key(&token)).await? {
         return Err(ApiError::NotFound("endpoint"));
     }
-    Ok((
-        StatusCode::CREATED,
-        Json(PollToken {
-            token,
-            poll_path: format!("/api/v1/app/{app}/poller/{id}"),
-        }),
-    ))
+    Ok(PollToken {
+        token,
+        poll_path: format!("/api/v1/app/{app}/poller/{id}"),
+    })
 }
 
 /// The application of the project's polling endpoint `id`; 404 if there is no such
