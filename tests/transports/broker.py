@@ -40,6 +40,20 @@ def kafka_setup(t):
         except Exception as e:  # already there is fine
             if "TOPIC_ALREADY_EXISTS" not in str(e):
                 raise
+    # Created is not yet readable: wait until the cluster's metadata names the topic with a
+    # leader for every partition, as a producer's metadata request will see it (on a loaded
+    # machine the broker answered CreateTopics well before; an Attempt made in between is
+    # refused, and a short test ladder can spend all its Attempts in that gap).
+    deadline = time.monotonic() + 30
+    while True:
+        topic = admin.list_topics(topic=t["topic"], timeout=5).topics.get(t["topic"])
+        if topic is not None and topic.error is None and topic.partitions and all(
+            p.leader >= 0 for p in topic.partitions.values()
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {t['topic']} not in the metadata after 30 s")
+        time.sleep(0.1)
 
 
 def kafka_read(t, n):
