@@ -17,16 +17,8 @@ use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest, h
 
 #[derive(clap::Args)]
 pub struct ListenArgs {
-    /// The API's base URL.
-    #[arg(
-        long,
-        env = "RAILHOOK_API_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
-    api_url: String,
-    /// A project API key (the session's endpoint belongs to its project).
-    #[arg(long, env = "RAILHOOK_API_KEY", hide_env_values = true)]
-    api_key: String,
+    #[command(flatten)]
+    api: crate::ApiArgs,
     /// Where to forward each webhook: your receiver (`http://localhost:3000/webhooks`).
     #[arg(long)]
     forward_to: String,
@@ -69,7 +61,7 @@ pub async fn run(args: ListenArgs) -> anyhow::Result<()> {
 }
 
 fn listen_url(args: &ListenArgs) -> anyhow::Result<url::Url> {
-    let mut url = url::Url::parse(&args.api_url).context("--api-url is not a URL")?;
+    let mut url = url::Url::parse(&args.api.api_url).context("--api-url is not a URL")?;
     let scheme = match url.scheme() {
         "http" => "ws",
         "https" => "wss",
@@ -102,7 +94,7 @@ async fn session(
         .as_str()
         .into_client_request()
         .map_err(|e| Err(e.into()))?;
-    let bearer = http::HeaderValue::from_str(&format!("Bearer {}", args.api_key))
+    let bearer = http::HeaderValue::from_str(&format!("Bearer {}", args.api.api_key))
         .map_err(|_| Ok(Refused("the API key is not a valid header value".into())))?;
     request
         .headers_mut()

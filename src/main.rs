@@ -23,6 +23,22 @@ struct Cli {
     role: Role,
 }
 
+/// Where the REST API is and the project key to call it with: the API clients' (`replay`,
+/// `listen`) shared flags.
+#[derive(clap::Args)]
+pub(crate) struct ApiArgs {
+    /// The API's base URL.
+    #[arg(
+        long,
+        env = "RAILHOOK_API_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub(crate) api_url: String,
+    /// A project API key (what the command makes belongs to its project).
+    #[arg(long, env = "RAILHOOK_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: String,
+}
+
 #[derive(Subcommand)]
 enum Role {
     /// Serve the REST API.

@@ -11,16 +11,8 @@ use serde_json::{Value, json};
 
 #[derive(clap::Args)]
 pub struct ReplayArgs {
-    /// The API's base URL.
-    #[arg(
-        long,
-        env = "RAILHOOK_API_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
-    api_url: String,
-    /// A project API key (the Replay belongs to its project).
-    #[arg(long, env = "RAILHOOK_API_KEY", hide_env_values = true)]
-    api_key: String,
+    #[command(flatten)]
+    api: crate::ApiArgs,
     /// Replay these Events (repeat the flag); or give --from and --to.
     #[arg(long = "event-id", conflicts_with_all = ["from", "to"])]
     event_ids: Vec<String>,
@@ -84,11 +76,11 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()?;
-    let base = args.api_url.trim_end_matches('/');
+    let base = args.api.api_url.trim_end_matches('/');
     let created = call(
         client
             .post(format!("{base}/v1/replays"))
-            .bearer_auth(&args.api_key)
+            .bearer_auth(&args.api.api_key)
             .json(&args.body()),
     )
     .await?;
@@ -113,7 +105,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
         let r = call(
             client
                 .get(format!("{base}/v1/replays/{id}"))
-                .bearer_auth(&args.api_key),
+                .bearer_auth(&args.api.api_key),
         )
         .await?;
         bar.set_position(r["events_done"].as_u64().unwrap_or(0));

@@ -34,6 +34,7 @@ pub mod signing;
 pub mod slot_status;
 pub mod status;
 pub mod telemetry;
+pub mod text;
 pub mod trace_context;
 #[cfg(feature = "transformation")]
 pub mod transformation;

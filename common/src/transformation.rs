@@ -319,12 +319,7 @@ fn classify(text: String, limits: &Limits, budget: Budget) -> Failure {
 }
 
 fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+    if crate::text::truncate_at_char(&mut text, max) {
         text.push('…');
     }
     text

@@ -167,11 +167,7 @@ pub struct ListenQuery {
 }
 
 fn check_name(raw: &str) -> ApiResult<()> {
-    let ok = (1..=64).contains(&raw.len())
-        && raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if railhook_common::names::is_plain_name(raw, 64) {
         Ok(())
     } else {
         Err(ApiError::validation(
@@ -480,7 +476,7 @@ pub async fn relay(
             mut body,
             ..
         })) => {
-            truncate(&mut body, ANSWER_BYTES);
+            railhook_common::text::truncate_at_char(&mut body, ANSWER_BYTES);
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             (status, body).into_response()
         }
@@ -495,16 +491,6 @@ pub async fn relay(
             "the local receiver did not answer in time",
         )
             .into_response(),
-    }
-}
-
-fn truncate(text: &mut String, max: usize) {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
     }
 }
 

@@ -195,6 +195,9 @@ impl Settings {
                 "dashboard_session_seconds and operational_failing_after must be at least 1",
             ));
         }
+        if self.listen_idle_seconds == 0 {
+            return Err(invalid("listen_idle_seconds", "must be at least 1"));
+        }
         Ok(())
     }
 
@@ -225,37 +228,35 @@ impl Settings {
     /// The URL links and the portal are built from, and where workers reach this instance
     /// for `railhook listen` relays.
     fn validate_public_url(&self) -> Result<(), ConfigError> {
-        if let Some(raw) = &self.listen_relay_url {
-            let ok = url::Url::parse(raw).is_ok_and(|u| {
-                matches!(u.scheme(), "http" | "https")
-                    && u.host_str().is_some()
-                    && u.query().is_none()
-                    && u.username().is_empty()
-            });
-            if !ok {
-                return Err(invalid(
-                    "listen_relay_url",
-                    "must be an absolute http(s) URL without a query, like http://10.0.3.7:8080",
-                ));
-            }
-        }
-        if self.listen_idle_seconds == 0 {
-            return Err(invalid("listen_idle_seconds", "must be at least 1"));
-        }
-        if let Some(raw) = &self.public_url {
-            let ok = url::Url::parse(raw).is_ok_and(|u| {
-                matches!(u.scheme(), "http" | "https")
-                    && u.host_str().is_some()
-                    && u.query().is_none()
-                    && u.username().is_empty()
-            });
-            if !ok {
-                return Err(invalid(
-                    "public_url",
-                    "must be an absolute http(s) URL without a query, like https://hooks.example.com",
-                ));
-            }
-        }
+        base_url(
+            "listen_relay_url",
+            self.listen_relay_url.as_deref(),
+            "http://10.0.3.7:8080",
+        )?;
+        base_url(
+            "public_url",
+            self.public_url.as_deref(),
+            "https://hooks.example.com",
+        )
+    }
+}
+
+/// A base URL setting, if set: absolute http(s), with a host, no query, no credentials.
+fn base_url(field: &'static str, raw: Option<&str>, example: &str) -> Result<(), ConfigError> {
+    let ok = raw.is_none_or(|raw| {
+        url::Url::parse(raw).is_ok_and(|u| {
+            matches!(u.scheme(), "http" | "https")
+                && u.host_str().is_some()
+                && u.query().is_none()
+                && u.username().is_empty()
+        })
+    });
+    if ok {
         Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("must be an absolute http(s) URL without a query, like {example}"),
+        ))
     }
 }

@@ -100,11 +100,7 @@ async fn sink(
 
 /// A consumer id: 1–128 letters, digits, `.`, `_`, `-` (it is a key the caller chooses).
 fn check_consumer(raw: &str) -> SvixResult<()> {
-    let ok = (1..=128).contains(&raw.len())
-        && raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if railhook_common::names::is_plain_name(raw, 128) {
         Ok(())
     } else {
         Err(ApiError::validation(
@@ -173,8 +169,14 @@ pub struct PollingEndpointOut {
 }
 
 /// A page read from `position`: the wanted messages (at most `limit`), the position after
-/// them, and whether the stream was read to its end.
-fn page(rows: Vec<Polled>, position: i64, limit: i64, scan: i64) -> SvixResult<PollingEndpointOut> {
+/// them (also returned as a number, for a consumer's commit), and whether the stream was read
+/// to its end.
+fn page(
+    rows: Vec<Polled>,
+    position: i64,
+    limit: i64,
+    scan: i64,
+) -> SvixResult<(PollingEndpointOut, i64)> {
     let scanned = rows.len() as i64;
     let mut last = position;
     let mut data = Vec::new();
@@ -189,11 +191,12 @@ fn page(rows: Vec<Polled>, position: i64, limit: i64, scan: i64) -> SvixResult<P
     }
     // A full page stops at its last message; otherwise everything scanned was passed.
     let done = (data.len() as i64) < limit && scanned < scan;
-    Ok(PollingEndpointOut {
+    let out = PollingEndpointOut {
         data,
         iterator: iterator_of(last),
         done,
-    })
+    };
+    Ok((out, last))
 }
 
 fn message_of(row: Polled) -> SvixResult<Option<PollingEndpointMessageOut>> {
@@ -260,7 +263,7 @@ pub async fn poll(
         FILTERED_SCAN.max(limit)
     };
     let rows = store::read(&state.pool, &endpoint, position, scan, &narrowing).await?;
-    Ok(Json(page(rows, position, limit, scan)?))
+    Ok(Json(page(rows, position, limit, scan)?.0))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -301,8 +304,7 @@ pub async fn consumer_poll(
         &Narrowing::default(),
     )
     .await?;
-    let out = page(rows, position, limit, limit)?;
-    let reached = parse_iterator(Some(&out.iterator))?.unwrap_or(position);
+    let (out, reached) = page(rows, position, limit, limit)?;
     // Only a move forward writes: an idle consumer's polls read and nothing else.
     if reached > position {
         store::advance(&state.pool, &endpoint, &consumer_id, reached).await?;

@@ -155,7 +155,7 @@ impl Stopwatch {
         };
         let mut excerpt = excerpt;
         if let Some(text) = &mut excerpt {
-            truncate(text, crate::attempt::EXCERPT_BYTES);
+            railhook_common::text::truncate_at_char(text, crate::attempt::EXCERPT_BYTES);
         }
         Report {
             started_at: self.started_at,
@@ -167,16 +167,6 @@ impl Stopwatch {
             sent: error != Some(ErrorClass::TargetRefused),
             request: None,
         }
-    }
-}
-
-fn truncate(text: &mut String, max: usize) {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
     }
 }
 
