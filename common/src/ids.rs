@@ -115,6 +115,9 @@ prefixed_id!(
     /// across every retry of that Delivery, which is what receivers deduplicate on.
     DeliveryId, "dlv_", "delivery");
 prefixed_id!(
+    /// One row of the audit log: one change, who made it and when.
+    AuditEntryId, "aud_", "audit entry");
+prefixed_id!(
     /// A Replay (the Time Machine): one request to rebuild Deliveries from stored Events.
     ReplayId, "rpl_", "replay");
 

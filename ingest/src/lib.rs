@@ -5,6 +5,8 @@
 //! [`serve`] runs it on a listener until `shutdown` resolves.
 
 pub mod accept;
+pub mod access;
+pub mod audit;
 pub mod auth;
 pub mod dashboard;
 pub mod endpoint;
@@ -65,7 +67,8 @@ pub fn router(state: AppState) -> Router {
     let single_limit = state.limits.max_payload_bytes + ENVELOPE_BYTES;
     let batch_limit = state.limits.max_batch_body_bytes();
     let (api, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .merge(admin::router(&state))
+        .merge(admin::router())
+        .merge(routes::access::router(&state))
         .merge(applications::router(&state))
         .merge(endpoints::router(&state))
         .merge(subscriptions::router(&state))

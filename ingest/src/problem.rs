@@ -13,6 +13,9 @@ use serde::Serialize;
 pub enum ApiError {
     #[error("missing or invalid credentials")]
     Unauthorized,
+    /// The caller is known and its role or scope does not allow this (`crate::access`).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("the webhook signature is {0}")]
     InvalidSignature(&'static str),
     #[error("{0} not found")]
@@ -96,6 +99,7 @@ impl ApiError {
     pub fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::InvalidSignature(_) => (StatusCode::UNAUTHORIZED, "invalid_signature"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Validation { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),

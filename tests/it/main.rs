@@ -7,6 +7,7 @@
 
 mod support;
 
+mod access;
 mod api;
 mod applications;
 mod auth_isolation;

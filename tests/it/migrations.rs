@@ -339,6 +339,19 @@ async fn every_word_set_the_database_checks_is_a_type_of_the_code() {
             ("portal_settings", "color_scheme"),
             sorted(ColorScheme::ALL.iter().map(|c| c.as_str()).collect()),
         ),
+        (
+            ("api_keys", "role"),
+            sorted(
+                railhook_ingest::access::Role::ALL
+                    .iter()
+                    .map(|r| r.as_str())
+                    .collect(),
+            ),
+        ),
+        (
+            ("audit_log", "actor_kind"),
+            sorted(railhook_ingest::audit::ACTOR_KINDS.to_vec()),
+        ),
     ]);
     let mut seen = Vec::new();
     for c in &checks {

@@ -239,13 +239,13 @@ pub async fn database_now(pool: &PgPool) -> Result<DateTime<Utc>, sqlx::Error> {
 }
 
 /// Whether the connection's role may run a pass: it is (or is a member of) the owner of
-/// the three partitioned tables, which creating, detaching and dropping partitions needs.
+/// the four partitioned tables, which creating, detaching and dropping partitions needs.
 pub async fn owns_tables(pool: &PgPool) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar!(
         r#"SELECT coalesce(bool_and(pg_has_role(current_user, c.relowner, 'USAGE')), false) AS "owns!"
            FROM pg_class c
            WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'p'
-             AND c.relname IN ('events', 'deliveries', 'attempts')"#
+             AND c.relname IN ('events', 'deliveries', 'attempts', 'audit_log')"#
     )
     .fetch_one(pool)
     .await

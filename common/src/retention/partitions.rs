@@ -1,4 +1,4 @@
-//! The catalogue side of retention: the three partitioned tables, their day partitions,
+//! The catalogue side of retention: the four partitioned tables, their day partitions,
 //! what a pass would do with each ([`plan`]), and the questions it asks before it drops
 //! one (does an open Delivery need this day?).
 
@@ -13,16 +13,24 @@ pub enum Table {
     Attempts,
     Deliveries,
     Events,
+    /// The audit log (ingest/src/audit.rs): nothing else needs an old day of it.
+    AuditLog,
 }
 
 impl Table {
-    pub const ALL: [Table; 3] = [Table::Attempts, Table::Deliveries, Table::Events];
+    pub const ALL: [Table; 4] = [
+        Table::Attempts,
+        Table::Deliveries,
+        Table::Events,
+        Table::AuditLog,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Table::Attempts => "attempts",
             Table::Deliveries => "deliveries",
             Table::Events => "events",
+            Table::AuditLog => "audit_log",
         }
     }
 
@@ -31,6 +39,7 @@ impl Table {
         match self {
             Table::Events => "evt_",
             Table::Deliveries | Table::Attempts => "dlv_",
+            Table::AuditLog => "aud_",
         }
     }
 
@@ -85,7 +94,7 @@ pub fn expired(day: NaiveDate, now: DateTime<Utc>, retention_days: u32) -> bool 
     end_of(day) + chrono::Duration::days(i64::from(retention_days)) <= now
 }
 
-/// Every day partition of the three tables, oldest first, with what a pass at `now` would
+/// Every day partition of the four tables, oldest first, with what a pass at `now` would
 /// do with it. Reads only; `railhook retention --dry-run` prints this.
 pub async fn plan(
     conn: &mut sqlx::PgConnection,
@@ -98,7 +107,7 @@ pub async fn plan(
            FROM pg_inherits i
            JOIN pg_class c ON c.oid = i.inhrelid
            JOIN pg_class p ON p.oid = i.inhparent
-           WHERE p.relname IN ('events', 'deliveries', 'attempts') AND c.relkind = 'r'
+           WHERE p.relname IN ('events', 'deliveries', 'attempts', 'audit_log') AND c.relkind = 'r'
              AND p.relnamespace = 'public'::regnamespace
            ORDER BY c.relname"#,
     )
@@ -142,6 +151,7 @@ pub async fn plan(
             let open = match p.table {
                 Table::Events => events_open,
                 Table::Deliveries | Table::Attempts => deliveries_open,
+                Table::AuditLog => 0,
             };
             p.verdict = if open > 0 {
                 Verdict::HeldBack { open }

@@ -43,6 +43,11 @@ pub(super) async fn retire_day(
             drop_table(&mut *conn, &events, report).await?;
         }
     }
+    if verdict(Table::AuditLog) == Some(Verdict::Drop) {
+        let audit = Table::AuditLog.partition(day);
+        detach(&mut *conn, Table::AuditLog, &audit).await?;
+        drop_table(&mut *conn, &audit, report).await?;
+    }
     Ok(())
 }
 
@@ -76,7 +81,7 @@ pub(super) async fn finish_interrupted(
     let loose: Vec<String> = sqlx::query_scalar!(
         r#"SELECT relname::text AS "name!" FROM pg_class
            WHERE relnamespace = 'public'::regnamespace AND relkind = 'r' AND NOT relispartition
-             AND relname ~ '^(events|deliveries|attempts)_p[0-9]{8}$'
+             AND relname ~ '^(events|deliveries|attempts|audit_log)_p[0-9]{8}$'
            ORDER BY relname"#,
     )
     .fetch_all(&mut *conn)
@@ -92,6 +97,7 @@ pub(super) async fn finish_interrupted(
             Table::Attempts => {
                 i64::from(is_attached(&mut *conn, &Table::Deliveries.partition(day)).await?)
             }
+            Table::AuditLog => 0,
         };
         if open > 0 {
             tracing::info!(partition = %name, "retention: putting back a partition still needed");

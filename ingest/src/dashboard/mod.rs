@@ -11,6 +11,7 @@
 //! carries a strict Content-Security-Policy (no scripts at all) and `Cache-Control: no-store`.
 
 mod applications_page;
+mod audit_page;
 mod catalogue_page;
 mod endpoint_pages;
 pub(crate) mod pages;
@@ -32,6 +33,8 @@ use railhook_common::keygen::hash_api_key;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
+use crate::access::Role;
+use crate::audit::Actor;
 use crate::auth::Project;
 use crate::problem::ApiError;
 use crate::state::AppState;
@@ -89,6 +92,7 @@ pub fn router() -> Router<AppState> {
         )
         .route("/dashboard/relay", get(relay_page::relay))
         .route("/dashboard/event-types", get(catalogue_page::event_types))
+        .route("/dashboard/audit-log", get(audit_page::audit_log))
         .layer(middleware::from_fn(harden))
 }
 
@@ -185,12 +189,24 @@ impl FromRequestParts<AppState> for Session {
             .await
             .map_err(|e| PageError(e.into()).into_response())?
             .ok_or_else(to_login)?;
-        Ok(Session {
-            project: Project {
-                id: ProjectId::from_trusted(row.project_id),
-                organization_id: OrganizationId::from_trusted(row.organization_id),
-                monthly_quota: row.monthly_quota,
+        let project = Project {
+            id: ProjectId::from_trusted(row.project_id),
+            organization_id: OrganizationId::from_trusted(row.organization_id),
+            monthly_quota: row.monthly_quota,
+            role: Role::parse(&row.role).ok_or_else(to_login)?,
+            application: row.application_id,
+            actor: Actor::DashboardKey {
+                id: row.key_id,
+                prefix: row.prefix,
             },
+        };
+        // The same gate as the API's (crate::access): a viewer sees the pages and cannot
+        // post their forms.
+        crate::auth::authorize(parts, state, &project)
+            .await
+            .map_err(|e| PageError(e).into_response())?;
+        Ok(Session {
+            project,
             csrf: row.csrf_token,
         })
     }
@@ -292,6 +308,7 @@ pub fn layout_with(
         ("applications", "/dashboard/applications", "Applications"),
         ("event-types", "/dashboard/event-types", "Event types"),
         ("relay", "/dashboard/relay", "Relay"),
+        ("audit-log", "/dashboard/audit-log", "Audit log"),
     ];
     let page = html! {
         (DOCTYPE)
@@ -307,11 +324,13 @@ pub fn layout_with(
                 header {
                     span.brand { "Railhook" }
                     nav {
-                        @for (key, href, label) in nav {
-                            a href=(href) class=[(key == active).then_some("active")] { (label) }
+                        @for (key, href, label) in nav.iter().filter(|(_, href, _)| {
+                            crate::access::check(session.project.role, &axum::http::Method::GET, href).is_ok()
+                        }) {
+                            a href=(href) class=[(*key == active).then_some("active")] { (label) }
                         }
                     }
-                    span.project { "project " code { (session.project.id.as_str()) } }
+                    span.project { "project " code { (session.project.id.as_str()) } " · " (session.project.role.as_str()) }
                     form method="post" action="/dashboard/logout" {
                         input type="hidden" name="csrf" value=(session.csrf);
                         button type="submit" { "Sign out" }
@@ -384,20 +403,49 @@ async fn login(
         ));
     }
     let key = sessions::key(&state.pool, &hash_api_key(form.api_key.trim())).await?;
-    let Some((key_id, project_id)) = key else {
+    let Some(key) = key else {
+        // No project to write it to: a refused unknown key is only logged (without it).
+        tracing::warn!("dashboard sign-in refused: unknown, revoked or expired key");
         return Ok(login_response(
             &state,
             StatusCode::UNAUTHORIZED,
-            Some("That key is not valid (or was revoked)."),
+            Some("That key is not valid (or was revoked, or has expired)."),
         ));
     };
+    let actor = Actor::DashboardKey {
+        id: key.id.clone(),
+        prefix: key.prefix.clone(),
+    };
+    if key.role == Role::Sender.as_str() {
+        let mut tx = state.pool.begin().await?;
+        crate::audit::record(
+            &mut tx,
+            &actor,
+            crate::audit::Change {
+                project_id: &key.project_id,
+                object_kind: "dashboard_session",
+                object_id: None,
+                action: "sign_in_refused",
+                changes: serde_json::json!({"reason": "a sender key cannot sign in"}),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        return Ok(login_response(
+            &state,
+            StatusCode::FORBIDDEN,
+            Some("A send-only key cannot sign in: it can do nothing the dashboard shows."),
+        ));
+    }
+    let (key_id, project_id) = (key.id, key.project_id);
     let token = random_token();
     let csrf = random_token();
     let ttl = state.dashboard.session_ttl;
     let token_hash = hash_api_key(&token);
     let ttl_secs = ttl.as_secs_f64();
+    let mut change = crate::audit::Audited::begin(&state.pool, &actor, &project_id).await?;
     sessions::open(
-        &state.pool,
+        change.conn(),
         &token_hash,
         &key_id,
         &project_id,
@@ -405,6 +453,14 @@ async fn login(
         ttl_secs,
     )
     .await?;
+    change
+        .commit(
+            "dashboard_session",
+            None,
+            "sign_in",
+            serde_json::json!({"role": key.role}),
+        )
+        .await?;
     let cookie = dashboard_cookie(
         &state,
         COOKIE,
@@ -422,7 +478,13 @@ async fn logout(
 ) -> PageResult {
     session.check(&form.csrf)?;
     if let Some(token) = session_token(&state, &headers) {
-        sessions::close(&state.pool, &hash_api_key(&token)).await?;
+        let project_id = session.project.id.as_str();
+        let mut change =
+            crate::audit::Audited::begin(&state.pool, &session.project.actor, project_id).await?;
+        sessions::close(change.conn(), &hash_api_key(&token)).await?;
+        change
+            .commit("dashboard_session", None, "sign_out", serde_json::json!({}))
+            .await?;
     }
     let cookie = dashboard_cookie(&state, COOKIE, String::new(), cookie::time::Duration::ZERO);
     Ok(with_cookie(Redirect::to("/dashboard/login"), &cookie))

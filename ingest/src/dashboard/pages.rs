@@ -445,7 +445,13 @@ pub async fn retry_failed(
 ) -> PageResult {
     session.check(&form.csrf)?;
     let filter = form.filter.filter()?;
-    let n = retry_matching(&state.pool, session.project.id.as_str(), &filter).await?;
+    let n = retry_matching(
+        &state.pool,
+        session.project.id.as_str(),
+        &filter,
+        &session.project.actor,
+    )
+    .await?;
     let mut pairs = form.filter.pairs();
     let n = n.to_string();
     pairs.push(("retried", Some(&n)));

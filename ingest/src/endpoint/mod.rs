@@ -42,6 +42,7 @@ use railhook_common::keygen::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::transport::{TransportKind, TransportSettings, sealing_id};
 use railhook_common::vocabulary::Word;
 
+use crate::audit;
 use crate::auth::Project;
 use crate::operational::{self, EndpointChanged, EndpointRef, Notice};
 use crate::problem::{ApiError, ApiResult};
@@ -196,10 +197,25 @@ pub(crate) async fn create(
         Notice::EndpointCreated(EndpointChanged::new(&row.id, &row.url, &row.description)),
     )
     .await?;
+    let endpoint = row.view(&state.keyring);
+    let mut created = audit::view(&endpoint);
+    created["event_types"] = serde_json::json!(subscription);
+    audit::record(
+        &mut tx,
+        &project.actor,
+        audit::Change {
+            project_id: project.id.as_str(),
+            object_kind: "endpoint",
+            object_id: Some(&endpoint.id),
+            action: "create",
+            changes: created,
+        },
+    )
+    .await?;
     tx.commit().await?;
     state.senders.invalidate();
     Ok(CreatedEndpoint {
-        endpoint: row.view(&state.keyring),
+        endpoint,
         secret: checked.secret,
     })
 }
@@ -418,6 +434,25 @@ pub(crate) async fn update(
     )
     .await?;
     operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row).await?;
+    let mut changed = audit::diff(
+        &audit::view(&current.view(&state.keyring)),
+        &audit::view(&row.clone().view(&state.keyring)),
+    );
+    if let Some(patterns) = &subscription {
+        changed["event_types"] = serde_json::json!({"to": patterns});
+    }
+    audit::record(
+        &mut tx,
+        &project.actor,
+        audit::Change {
+            project_id: project.id.as_str(),
+            object_kind: "endpoint",
+            object_id: Some(id.as_str()),
+            action: "update",
+            changes: changed,
+        },
+    )
+    .await?;
     tx.commit().await?;
     state.senders.invalidate();
     Ok(row)
@@ -542,6 +577,18 @@ pub(crate) async fn delete(state: &AppState, project: &Project, id: &EndpointId)
         Notice::EndpointDeleted(EndpointRef {
             endpoint_id: id.as_str(),
         }),
+    )
+    .await?;
+    audit::record(
+        &mut tx,
+        &project.actor,
+        audit::Change {
+            project_id: project.id.as_str(),
+            object_kind: "endpoint",
+            object_id: Some(id.as_str()),
+            action: "delete",
+            changes: serde_json::json!({}),
+        },
     )
     .await?;
     tx.commit().await?;

@@ -15,6 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::store::{self, SourceRow};
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -101,9 +102,21 @@ pub async fn create(
     let id = SourceId::generate();
     let sealed = state.keyring.seal(id.as_str(), secret);
     let (project_id, provider) = (project.id.as_str(), provider.as_str());
-    let row =
-        store::insert_source(&state.pool, &id, project_id, provider, &body.name, &sealed).await?;
-    Ok((StatusCode::CREATED, Json(row.into())))
+    let mut change = Audited::begin(&state.pool, &project.actor, project_id).await?;
+    let row = store::insert_source(
+        change.conn(),
+        &id,
+        project_id,
+        provider,
+        &body.name,
+        &sealed,
+    )
+    .await?;
+    let view: Source = row.into();
+    change
+        .commit("source", Some(id.as_str()), "create", audit::view(&view))
+        .await?;
+    Ok((StatusCode::CREATED, Json(view)))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -157,7 +170,11 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let source = find(&state, &project, &id).await?;
-    store::delete_source(&state.pool, &source.id).await?;
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    store::delete_source(change.conn(), &source.id).await?;
+    change
+        .commit("source", Some(&source.id), "delete", serde_json::json!({}))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

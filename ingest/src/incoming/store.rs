@@ -156,7 +156,7 @@ pub(crate) struct SourceRow {
 }
 
 pub(crate) async fn insert_source(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     id: &SourceId,
     project_id: &str,
     provider: &str,
@@ -174,7 +174,7 @@ pub(crate) async fn insert_source(
         name,
         sealed_secret
     )
-    .fetch_one(pool)
+    .fetch_one(db)
     .await
 }
 
@@ -217,8 +217,10 @@ pub(crate) async fn project_source(
 
 /// Deletes the Source and its Destinations in one transaction; stored Events and
 /// Deliveries stay readable.
-pub(crate) async fn delete_source(pool: &PgPool, id: &str) -> Result<(), sqlx::Error> {
-    let mut tx = pool.begin().await?;
+pub(crate) async fn delete_source(
+    tx: &mut sqlx::PgConnection,
+    id: &str,
+) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "UPDATE sources SET deleted_at = now(), updated_at = now() WHERE id = $1",
         id
@@ -232,5 +234,5 @@ pub(crate) async fn delete_source(pool: &PgPool, id: &str) -> Result<(), sqlx::E
     )
     .execute(&mut *tx)
     .await?;
-    tx.commit().await
+    Ok(())
 }

@@ -560,6 +560,7 @@ pub async fn action(
                 &state.pool,
                 session.project.id.as_str(),
                 &filter,
+                &session.project.actor,
             )
             .await?;
             session.log("endpoint.recover", &e.id);

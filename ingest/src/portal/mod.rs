@@ -140,11 +140,18 @@ impl PortalSession {
 
 fn session_of(row: SessionRow, base: String) -> PortalSession {
     PortalSession {
-        id: row.id,
+        id: row.id.clone(),
         project: Project {
             id: ProjectId::from_trusted(row.project_id),
             organization_id: OrganizationId::from_trusted(row.organization_id),
             monthly_quota: row.monthly_quota,
+            // The portal keeps its own rules (one application, `read_only`); the role only
+            // says the session is not limited further by crate::access.
+            role: crate::access::Role::Admin,
+            application: Some(row.application_id.clone()),
+            actor: crate::audit::Actor::Portal {
+                session: row.id.clone(),
+            },
         },
         application_id: row.application_id,
         application_name: row.application_name,
@@ -365,7 +372,18 @@ async fn logout(
         .base
         .strip_prefix(SESSION_PREFIX)
         .unwrap_or_default();
-    store::close(&state.pool, &hash_api_key(token)).await?;
+    let project_id = session.project.id.as_str();
+    let mut change =
+        crate::audit::Audited::begin(&state.pool, &session.project.actor, project_id).await?;
+    store::close(change.conn(), &hash_api_key(token)).await?;
+    change
+        .commit(
+            "portal_session",
+            Some(&session.application_id),
+            "close",
+            serde_json::json!({}),
+        )
+        .await?;
     session.log("logout", &session.id);
     let body = bare(
         "Signed out",

@@ -125,6 +125,18 @@ pub async fn create_project(
     let id = ProjectId::generate();
     let created_at = store::insert_project(&mut tx, &id, &org, name).await?;
     let key = issue_key(&mut tx, id.as_str()).await?;
+    crate::audit::record(
+        &mut tx,
+        &crate::audit::Actor::Operator,
+        crate::audit::Change {
+            project_id: id.as_str(),
+            object_kind: "project",
+            object_id: Some(id.as_str()),
+            action: "create",
+            changes: serde_json::json!({"name": name, "first_key_prefix": key.prefix}),
+        },
+    )
+    .await?;
     tx.commit().await?;
     Ok((
         StatusCode::CREATED,
@@ -141,48 +153,30 @@ pub async fn create_project(
 
 #[utoipa::path(post, path = "/v1/projects/{id}/api-keys", tag = "admin",
     params(("id" = String, Path, description = "Project id")),
-    responses((status = 201, body = IssuedApiKey), (status = 401, body = crate::problem::Problem),
-              (status = 404, body = crate::problem::Problem)),
+    request_body(content = crate::routes::access::NewApiKey,
+                 description = "optional: an empty body is a full-rights key"),
+    responses((status = 201, body = crate::routes::access::IssuedApiKey),
+              (status = 401, body = crate::problem::Problem),
+              (status = 404, body = crate::problem::Problem),
+              (status = 422, body = crate::problem::Problem)),
     security(("admin_token" = [])))]
 pub async fn create_api_key(
     _: Admin,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> ApiResult<(StatusCode, Json<IssuedApiKey>)> {
+    body: axum::body::Bytes,
+) -> ApiResult<(StatusCode, Json<crate::routes::access::IssuedApiKey>)> {
     let project = ProjectId::parse(&id).map_err(|_| ApiError::NotFound("project"))?;
-    let mut tx = state.pool.begin().await?;
-    if !store::project_exists(&mut tx, &project).await? {
-        return Err(ApiError::NotFound("project"));
-    }
-    let key = issue_key(&mut tx, project.as_str()).await?;
-    tx.commit().await?;
+    let spec: crate::routes::access::NewApiKey = crate::routes::access::optional_body(&body)?;
+    let key = crate::routes::access::issue_for_operator(&state, &project, &spec).await?;
     Ok((StatusCode::CREATED, Json(key)))
 }
 
-#[utoipa::path(delete, path = "/v1/api-keys/{id}", tag = "admin",
-    params(("id" = String, Path, description = "API key id")),
-    responses((status = 204), (status = 401, body = crate::problem::Problem),
-              (status = 404, body = crate::problem::Problem)),
-    security(("admin_token" = [])))]
-pub async fn revoke_api_key(
-    _: Admin,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> ApiResult<StatusCode> {
-    let key = ApiKeyId::parse(&id).map_err(|_| ApiError::NotFound("api key"))?;
-    if !store::revoke_api_key(&state.pool, &key).await? {
-        return Err(ApiError::NotFound("api key"));
-    }
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// The operator's routes (admin token): organizations, projects and their keys. Revoking a
-/// key clears the sender cache, so a revoked key stops sending at once.
-pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
-    let revoke = OpenApiRouter::new().routes(routes!(revoke_api_key));
+/// The operator's routes (admin token): organizations, projects and their keys (revoking a
+/// key is `routes::access::revoke`, shared with a project's admins).
+pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_organization))
         .routes(routes!(create_project))
         .routes(routes!(create_api_key))
-        .merge(crate::routes::clears_senders(revoke, state))
 }

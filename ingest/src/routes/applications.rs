@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::operational::{self, EndpointRef, Notice};
@@ -197,9 +198,10 @@ pub struct CreateApplication {
 /// Checks and stores a new application; a uid already in use is 409 `already_exists`.
 pub(crate) async fn insert(
     state: &AppState,
-    project_id: &str,
+    project: &Project,
     body: &CreateApplication,
 ) -> ApiResult<ApplicationRow> {
+    let project_id = project.id.as_str();
     check_name(&body.name)?;
     if let Some(uid) = &body.uid {
         check_uid("uid", uid, ApplicationId::PREFIX)?;
@@ -215,13 +217,19 @@ pub(crate) async fn insert(
         metadata,
         rate_limit_per_second: body.rate_limit_per_second,
     };
-    store::insert(&state.pool, new).await.map_err(|e| {
+    let mut change = Audited::begin(&state.pool, &project.actor, project_id).await?;
+    let row = store::insert(change.conn(), new).await.map_err(|e| {
         if store::uid_taken(&e) {
             ApiError::AlreadyExists("an application with this uid")
         } else {
             e.into()
         }
-    })
+    })?;
+    let view = audit::view(&Application::from(row.clone()));
+    change
+        .commit("application", Some(&row.id), "create", view)
+        .await?;
+    Ok(row)
 }
 
 #[utoipa::path(post, path = "/v1/applications", tag = "applications",
@@ -234,7 +242,7 @@ pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateApplication>,
 ) -> ApiResult<(StatusCode, Json<Application>)> {
-    let row = insert(&state, project.id.as_str(), &body).await?;
+    let row = insert(&state, &project, &body).await?;
     Ok((StatusCode::CREATED, Json(row.into())))
 }
 
@@ -295,10 +303,11 @@ pub struct UpdateApplication {
 /// Checks and applies a change to the live application `id`.
 pub(crate) async fn change(
     state: &AppState,
-    project_id: &str,
+    project: &Project,
     id: &str,
     body: &UpdateApplication,
 ) -> ApiResult<ApplicationRow> {
+    let project_id = project.id.as_str();
     if let Some(name) = &body.name {
         check_name(name)?;
     }
@@ -313,7 +322,11 @@ pub(crate) async fn change(
         metadata,
         rate_limit_per_second: body.rate_limit_per_second,
     };
-    store::update(&state.pool, project_id, id, c)
+    let mut change = Audited::begin(&state.pool, &project.actor, project_id).await?;
+    let before = store::find(change.conn(), project_id, id)
+        .await?
+        .ok_or(ApiError::NotFound("application"))?;
+    let row = store::update(change.conn(), project_id, id, c)
         .await
         .map_err(|e| {
             if store::uid_taken(&e) {
@@ -322,7 +335,15 @@ pub(crate) async fn change(
                 e.into()
             }
         })?
-        .ok_or(ApiError::NotFound("application"))
+        .ok_or(ApiError::NotFound("application"))?;
+    let changed = audit::diff(
+        &audit::view(&Application::from(before)),
+        &audit::view(&Application::from(row.clone())),
+    );
+    change
+        .commit("application", Some(id), "update", changed)
+        .await?;
+    Ok(row)
 }
 
 #[utoipa::path(patch, path = "/v1/applications/{id}", tag = "applications",
@@ -338,13 +359,14 @@ pub async fn update(
     ApiJson(body): ApiJson<UpdateApplication>,
 ) -> ApiResult<Json<Application>> {
     let app = resolve(&state, project.id.as_str(), &id).await?;
-    let row = change(&state, project.id.as_str(), &app.id, &body).await?;
+    let row = change(&state, &project, &app.id, &body).await?;
     Ok(Json(row.into()))
 }
 
 /// Deletes the application and its endpoints in one transaction (with an
 /// `endpoint.deleted` operational webhook for each); `false` if there was none.
-pub(crate) async fn remove(state: &AppState, project_id: &str, id: &str) -> ApiResult<bool> {
+pub(crate) async fn remove(state: &AppState, project: &Project, id: &str) -> ApiResult<bool> {
+    let project_id = project.id.as_str();
     let mut tx = state.pool.begin().await?;
     let Some(ended) = store::delete(&mut tx, project_id, id).await? else {
         return Ok(false);
@@ -357,6 +379,18 @@ pub(crate) async fn remove(state: &AppState, project_id: &str, id: &str) -> ApiR
         )
         .await?;
     }
+    audit::record(
+        &mut tx,
+        &project.actor,
+        audit::Change {
+            project_id,
+            object_kind: "application",
+            object_id: Some(id),
+            action: "delete",
+            changes: serde_json::json!({"endpoints_deleted": ended}),
+        },
+    )
+    .await?;
     tx.commit().await?;
     Ok(true)
 }
@@ -372,7 +406,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let app = resolve(&state, project.id.as_str(), &id).await?;
-    if !remove(&state, project.id.as_str(), &app.id).await? {
+    if !remove(&state, &project, &app.id).await? {
         return Err(ApiError::NotFound("application"));
     }
     Ok(StatusCode::NO_CONTENT)

@@ -190,8 +190,10 @@ pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResu
         ));
     }
     let filter = crate::store::failed::FailedFilter::default();
+    let mut change =
+        crate::audit::Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
     let reset = crate::store::failed::reset_failed(
-        &state.pool,
+        change.conn(),
         project.id.as_str(),
         &filter,
         Some(&current.id),
@@ -203,6 +205,14 @@ pub async fn retry_one(state: &AppState, project: &Project, id: &str) -> ApiResu
             "only a FAILED delivery can be retried",
         ));
     }
+    change
+        .commit(
+            "delivery",
+            Some(&current.id),
+            "retry",
+            serde_json::json!({}),
+        )
+        .await?;
     find(state, project, &current.id).await
 }
 

@@ -1,6 +1,9 @@
 //! An endpoint's signing secret: reading it, and rotating it with an overlap in which the
 //! old and the new secret both sign (same scheme: HMAC or Ed25519).
 
+use serde_json::json;
+
+use crate::audit::Audited;
 use railhook_common::keygen::generate_secret_like;
 
 use axum::Json;
@@ -46,9 +49,19 @@ pub(crate) async fn read(
     kind: Kind,
 ) -> ApiResult<Json<EndpointSecret>> {
     let id = parse_id(id)?;
-    let row = store::secrets(&state.pool, id.as_str(), project.id.as_str(), kind)
+    // A reveal is recorded like a change (the value never is): who saw which secret.
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let row = store::secrets(change.conn(), id.as_str(), project.id.as_str(), kind)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
+    change
+        .commit(
+            object_kind(kind),
+            Some(id.as_str()),
+            "reveal_secret",
+            json!({}),
+        )
+        .await?;
     let (key, previous_key) =
         state
             .keyring
@@ -104,15 +117,25 @@ pub(crate) async fn rotate_to(
     let current = store::current_secret(&state.pool, id.as_str(), project.id.as_str(), kind)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
+    let chosen = given.is_some();
     let fresh = match given {
         Some(g) => g,
         None => generate_secret_like(&state.keyring.open(id.as_str(), &current)?),
     };
     let sealed = state.keyring.seal(id.as_str(), &fresh);
     let (id_text, project_id) = (id.as_str(), project.id.as_str());
-    let row = store::rotate_secret(&state.pool, id_text, project_id, overlap, &sealed)
+    let mut change = Audited::begin(&state.pool, &project.actor, project_id).await?;
+    let row = store::rotate_secret(change.conn(), id_text, project_id, overlap, &sealed)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
+    change
+        .commit(
+            object_kind(kind),
+            Some(id_text),
+            "rotate_secret",
+            json!({"overlap_seconds": overlap, "chosen_by_caller": chosen}),
+        )
+        .await?;
     let (key, previous_key) =
         state
             .keyring
@@ -122,6 +145,14 @@ pub(crate) async fn rotate_to(
         previous_key,
         previous_key_expires_at: row.previous_expires_at,
     }))
+}
+
+/// How the audit log names an endpoint of `kind`.
+pub(crate) fn object_kind(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Operational => "operational_endpoint",
+        _ => "endpoint",
+    }
 }
 
 /// `/v1/endpoints/{id}/secret`: read and rotate (part of [`super::endpoints::router`]).

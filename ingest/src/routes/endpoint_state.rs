@@ -172,6 +172,18 @@ pub async fn set_enabled(
         .ok_or(ApiError::NotFound("endpoint"))?;
     crate::operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row)
         .await?;
+    crate::audit::record(
+        &mut tx,
+        &project.actor,
+        crate::audit::Change {
+            project_id,
+            object_kind: "endpoint",
+            object_id: Some(id),
+            action: if enabled { "enable" } else { "disable" },
+            changes: serde_json::json!({"reason": reason}),
+        },
+    )
+    .await?;
     tx.commit().await?;
     // The dashboard comes here without the API's router layer.
     state.senders.invalidate();

@@ -13,6 +13,7 @@ use serde_json::Value;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -123,8 +124,9 @@ pub async fn create(
     if let Some(s) = &body.schema {
         check_schema(s)?;
     }
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
     let row = store::create(
-        &state.pool,
+        change.conn(),
         project.id.as_str(),
         &name,
         &body.description,
@@ -132,7 +134,11 @@ pub async fn create(
     )
     .await?
     .ok_or(ApiError::AlreadyExists("event type"))?;
-    Ok((StatusCode::CREATED, Json(row.into())))
+    let out = EventTypeBody::from(row);
+    change
+        .commit("event_type", Some(&name), "create", audit::view(&out))
+        .await?;
+    Ok((StatusCode::CREATED, Json(out)))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -215,10 +221,28 @@ pub async fn update(
     }
     let schema = body.schema.as_ref().map(Option::as_ref);
     let description = body.description.as_deref();
-    let row = store::update(&state.pool, project.id.as_str(), &name, description, schema)
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let before = store::find(change.conn(), project.id.as_str(), &name)
         .await?
         .ok_or(ApiError::NotFound("event type"))?;
-    Ok(Json(row.into()))
+    let row = store::update(
+        change.conn(),
+        project.id.as_str(),
+        &name,
+        description,
+        schema,
+    )
+    .await?
+    .ok_or(ApiError::NotFound("event type"))?;
+    let out = EventTypeBody::from(row);
+    let changed = audit::diff(
+        &audit::view(&EventTypeBody::from(before)),
+        &audit::view(&out),
+    );
+    change
+        .commit("event_type", Some(&name), "update", changed)
+        .await?;
+    Ok(Json(out))
 }
 
 #[utoipa::path(post, path = "/v1/event-types/{name}/deprecate", tag = "event-types",
@@ -231,9 +255,18 @@ pub async fn deprecate(
     Path(name): Path<String>,
 ) -> ApiResult<Json<EventTypeBody>> {
     let name = path_name(&name)?;
-    let row = store::set_deprecated(&state.pool, project.id.as_str(), &name, true)
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let row = store::set_deprecated(change.conn(), project.id.as_str(), &name, true)
         .await?
         .ok_or(ApiError::NotFound("event type"))?;
+    change
+        .commit(
+            "event_type",
+            Some(&name),
+            "deprecate",
+            serde_json::json!({}),
+        )
+        .await?;
     Ok(Json(row.into()))
 }
 
@@ -246,9 +279,13 @@ pub async fn delete(
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     let name = path_name(&name)?;
-    if !store::delete(&state.pool, project.id.as_str(), &name).await? {
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    if !store::delete(change.conn(), project.id.as_str(), &name).await? {
         return Err(ApiError::NotFound("event type"));
     }
+    change
+        .commit("event_type", Some(&name), "delete", serde_json::json!({}))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

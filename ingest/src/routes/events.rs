@@ -404,9 +404,18 @@ pub async fn expunge(
     let store::Expunge {
         expunged_at,
         deliveries_failed,
-    } = store::expunge(&state.pool, id.as_str(), project.id.as_str())
-        .await?
-        .ok_or(ApiError::NotFound("event"))?;
+    } = {
+        let mut change =
+            crate::audit::Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+        let expunged = store::expunge(change.conn(), id.as_str(), project.id.as_str())
+            .await?
+            .ok_or(ApiError::NotFound("event"))?;
+        let changed = serde_json::json!({"deliveries_failed": expunged.deliveries_failed});
+        change
+            .commit("event", Some(id.as_str()), "expunge_payload", changed)
+            .await?;
+        expunged
+    };
     state.metrics.payloads_expunged.inc();
     state
         .metrics

@@ -101,7 +101,7 @@ pub async fn retry(
 ) -> ApiResult<Json<BulkRetry>> {
     let filter = checked(&state, &project, filter).await?;
     Ok(Json(BulkRetry {
-        retried: retry_matching(&state.pool, project.id.as_str(), &filter).await?,
+        retried: retry_matching(&state.pool, project.id.as_str(), &filter, &project.actor).await?,
     }))
 }
 

@@ -6,6 +6,7 @@
 //! out to (keys, endpoints, subscriptions, event types, operational endpoints) says so by
 //! wrapping its router in [`clears_senders`].
 
+pub mod access;
 pub mod admin;
 pub mod applications;
 pub mod deliveries;

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::operational::OperationalEvent;
@@ -158,11 +159,18 @@ pub(crate) async fn insert(
         types: &types,
         enabled,
     };
-    let row = operational_store::insert_operational(&state.pool, new).await?;
-    Ok(CreatedOperationalEndpoint {
-        endpoint: row.into(),
-        secret,
-    })
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let row = operational_store::insert_operational(change.conn(), new).await?;
+    let endpoint: OperationalEndpoint = row.into();
+    change
+        .commit(
+            "operational_endpoint",
+            Some(id.as_str()),
+            "create",
+            audit::view(&endpoint),
+        )
+        .await?;
+    Ok(CreatedOperationalEndpoint { endpoint, secret })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -256,9 +264,31 @@ pub(crate) async fn apply(
         types: types.as_deref(),
         enabled: body.enabled,
     };
-    operational_store::update_operational(&state.pool, id.as_str(), project.id.as_str(), change)
-        .await?
-        .ok_or(ApiError::NotFound("operational endpoint"))
+    let mut audited = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let before = store::find(
+        audited.conn(),
+        project.id.as_str(),
+        id.as_str(),
+        Kind::Operational,
+    )
+    .await?
+    .ok_or(ApiError::NotFound("operational endpoint"))?;
+    let row = operational_store::update_operational(
+        audited.conn(),
+        id.as_str(),
+        project.id.as_str(),
+        change,
+    )
+    .await?
+    .ok_or(ApiError::NotFound("operational endpoint"))?;
+    let changed = audit::diff(
+        &audit::view(&OperationalEndpoint::from(before)),
+        &audit::view(&OperationalEndpoint::from(row.clone())),
+    );
+    audited
+        .commit("operational_endpoint", Some(id.as_str()), "update", changed)
+        .await?;
+    Ok(row)
 }
 
 #[utoipa::path(delete, path = "/v1/operational-endpoints/{id}", tag = "operational-endpoints",
@@ -275,10 +305,20 @@ pub async fn delete(
 
 /// Deletes the project's operational endpoint `id` (the native DELETE and the Svix one).
 pub(crate) async fn remove(state: &AppState, project: &Project, id: &EndpointId) -> ApiResult<()> {
-    if !operational_store::delete_operational(&state.pool, id.as_str(), project.id.as_str()).await?
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    if !operational_store::delete_operational(change.conn(), id.as_str(), project.id.as_str())
+        .await?
     {
         return Err(ApiError::NotFound("operational endpoint"));
     }
+    change
+        .commit(
+            "operational_endpoint",
+            Some(id.as_str()),
+            "delete",
+            serde_json::json!({}),
+        )
+        .await?;
     Ok(())
 }
 

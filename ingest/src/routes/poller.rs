@@ -11,6 +11,7 @@ use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::audit::Audited;
 use crate::auth::Project;
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::routes::endpoints::parse_id;
@@ -53,9 +54,25 @@ pub(crate) async fn issue(state: &AppState, project: &Project, id: &str) -> ApiR
         "{POLL_TOKEN_PREFIX}{}",
         Alphanumeric.sample_string(&mut rand::rng(), 32)
     );
-    if !store::set_token(&state.pool, project.id.as_str(), id, &hash_api_key(&token)).await? {
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    if !store::set_token(
+        change.conn(),
+        project.id.as_str(),
+        id,
+        &hash_api_key(&token),
+    )
+    .await?
+    {
         return Err(ApiError::NotFound("endpoint"));
     }
+    change
+        .commit(
+            "endpoint",
+            Some(id),
+            "issue_poll_token",
+            serde_json::json!({}),
+        )
+        .await?;
     Ok(PollToken {
         token,
         poll_path: format!("/api/v1/app/{app}/poller/{id}"),
@@ -111,11 +128,19 @@ pub async fn forget_consumer(
     Path((id, consumer_id)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
     poller_application(&state, &project, &id).await?;
-    if store::forget(&state.pool, &id, &consumer_id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::NotFound("consumer"))
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    if !store::forget(change.conn(), &id, &consumer_id).await? {
+        return Err(ApiError::NotFound("consumer"));
     }
+    change
+        .commit(
+            "endpoint",
+            Some(&id),
+            "forget_consumer",
+            serde_json::json!({"consumer_id": consumer_id}),
+        )
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::access::Role;
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::extract::ApiJson;
 use crate::problem::{ApiError, ApiResult, Problem};
@@ -106,11 +108,20 @@ pub(crate) async fn issue(
             format!("expiry must be between 60 and {MAX_SESSION_SECONDS} seconds"),
         ));
     }
+    // The one rule of crate::access that depends on the body: an operator opens a
+    // customer's portal only to look.
+    if !body.read_only && project.role != Role::Admin {
+        return Err(ApiError::Forbidden(format!(
+            "this key's role `{}` may open a portal only read-only (read_only: true)",
+            project.role.as_str()
+        )));
+    }
     let base = public_base(state, headers)?;
     let code = format!("rhpl_{}", crate::dashboard::random_token());
     let hash = hash_api_key(&code);
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
     let expires_at = store::create_link(
-        &state.pool,
+        change.conn(),
         &NewLink {
             code_hash: &hash,
             project_id: project.id.as_str(),
@@ -121,6 +132,15 @@ pub(crate) async fn issue(
         },
     )
     .await?;
+    change
+        .commit(
+            "portal_link",
+            Some(application_id),
+            "create",
+            serde_json::json!({"read_only": body.read_only, "session_seconds": session_seconds,
+                               "expires_at": expires_at}),
+        )
+        .await?;
     tracing::info!(
         application_id,
         read_only = body.read_only,
@@ -176,11 +196,30 @@ pub async fn expire_sessions(
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionsExpired>> {
     let app = resolve_application(&state, project.id.as_str(), &id).await?;
-    let ended = store::expire_all(&state.pool, project.id.as_str(), &app.id).await?;
+    let ended = expire_all(&state, &project, &app.id).await?;
     tracing::info!(application_id = %app.id, ended, "portal sessions expired");
     Ok(Json(SessionsExpired {
         sessions_ended: ended,
     }))
+}
+
+/// Ends the application's portal sessions and unused links, with the audit row.
+pub(crate) async fn expire_all(
+    state: &AppState,
+    project: &Project,
+    application_id: &str,
+) -> ApiResult<u64> {
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let ended = store::expire_all(change.conn(), project.id.as_str(), application_id).await?;
+    change
+        .commit(
+            "portal_sessions",
+            Some(application_id),
+            "expire_all",
+            serde_json::json!({"sessions_ended": ended}),
+        )
+        .await?;
+    Ok(ended)
 }
 
 /// The project's portal settings.
@@ -366,9 +405,20 @@ pub async fn put_settings(
     ApiJson(body): ApiJson<PortalSettings>,
 ) -> ApiResult<Json<PortalSettings>> {
     let mut settings = check_settings(&body)?;
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let before = view(store::settings(change.conn(), project.id.as_str()).await?);
     settings.updated_at =
-        Some(store::put_settings(&state.pool, project.id.as_str(), &settings).await?);
-    Ok(Json(view(settings)))
+        Some(store::put_settings(change.conn(), project.id.as_str(), &settings).await?);
+    let after = view(settings);
+    change
+        .commit(
+            "portal_settings",
+            None,
+            "update",
+            audit::diff(&audit::view(&before), &audit::view(&after)),
+        )
+        .await?;
+    Ok(Json(after))
 }
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -267,7 +268,11 @@ pub async fn start(state: &AppState, project: &Project, body: NewReplay) -> ApiR
         endpoint_id: sel.endpoint_id.as_deref(),
         events_total: total,
     };
-    let replay = replays::insert(&state.pool, new).await?.into();
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let replay: Replay = replays::insert(change.conn(), new).await?.into();
+    change
+        .commit("replay", Some(&replay.id), "create", audit::view(&replay))
+        .await?;
     Ok(Started::Replay(replay))
 }
 
@@ -327,13 +332,17 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Replay>> {
     let current = find(&state, &project, &id).await?;
-    replays::cancel(&state.pool, &current.id, project.id.as_str())
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let cancelled = replays::cancel(change.conn(), &current.id, project.id.as_str())
         .await?
         .map(Replay::from)
-        .map(Json)
         .ok_or(ApiError::InvalidState(
             "only a RUNNING replay can be cancelled",
-        ))
+        ))?;
+    change
+        .commit("replay", Some(&current.id), "cancel", serde_json::json!({}))
+        .await?;
+    Ok(Json(cancelled))
 }
 
 /// `/v1/replays`: its routes with their OpenAPI operations.

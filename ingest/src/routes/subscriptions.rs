@@ -10,6 +10,7 @@ use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::pagination::{Listing, PageRequest};
@@ -75,8 +76,9 @@ pub async fn create(
     };
     let id = SubscriptionId::generate();
     let (project_id, endpoint_id) = (project.id.as_str(), endpoint.as_str());
+    let mut change = Audited::begin(&state.pool, &project.actor, project_id).await?;
     let row = store::insert(
-        &state.pool,
+        change.conn(),
         id.as_str(),
         project_id,
         endpoint_id,
@@ -86,6 +88,9 @@ pub async fn create(
     )
     .await?
     .ok_or_else(|| ApiError::validation("endpoint_id", "no such endpoint"))?;
+    change
+        .commit("subscription", Some(&row.id), "create", audit::view(&row))
+        .await?;
     Ok((StatusCode::CREATED, Json(row)))
 }
 
@@ -167,8 +172,12 @@ pub async fn update(
     )
     .await?;
     let (id, project_id) = (id.as_str(), project.id.as_str());
+    let mut change = Audited::begin(&state.pool, &project.actor, project_id).await?;
+    let before = store::find(change.conn(), id, project_id)
+        .await?
+        .ok_or(ApiError::NotFound("subscription"))?;
     let row = store::update(
-        &state.pool,
+        change.conn(),
         id,
         project_id,
         patterns.as_deref(),
@@ -177,6 +186,10 @@ pub async fn update(
     )
     .await?
     .ok_or(ApiError::NotFound("subscription"))?;
+    let changed = audit::diff(&audit::view(&before), &audit::view(&row));
+    change
+        .commit("subscription", Some(id), "update", changed)
+        .await?;
     Ok(Json(row))
 }
 
@@ -189,9 +202,18 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
-    if !store::delete(&state.pool, id.as_str(), project.id.as_str()).await? {
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    if !store::delete(change.conn(), id.as_str(), project.id.as_str()).await? {
         return Err(ApiError::NotFound("subscription"));
     }
+    change
+        .commit(
+            "subscription",
+            Some(id.as_str()),
+            "delete",
+            serde_json::json!({}),
+        )
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

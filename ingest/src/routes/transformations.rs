@@ -17,6 +17,7 @@ use serde_json::value::RawValue;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::extract::ApiJson;
 use crate::problem::{ApiError, ApiResult, Problem};
@@ -154,9 +155,28 @@ pub(crate) async fn set(
         transformation_enabled: enabled,
         ..EndpointChange::default()
     };
-    store::update(&state.pool, id.as_str(), project.id.as_str(), change)
+    let mut audited = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let before = store::find(
+        audited.conn(),
+        project.id.as_str(),
+        id.as_str(),
+        Kind::Webhook,
+    )
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
+    let row = store::update(audited.conn(), id.as_str(), project.id.as_str(), change)
         .await?
-        .ok_or(ApiError::NotFound("endpoint"))
+        .ok_or(ApiError::NotFound("endpoint"))?;
+    let shown = |r: &EndpointRow| serde_json::json!({"code": r.transformation_code, "enabled": r.transformation_enabled});
+    audited
+        .commit(
+            "endpoint",
+            Some(id.as_str()),
+            "set_transformation",
+            audit::diff(&shown(&before), &shown(&row)),
+        )
+        .await?;
+    Ok(row)
 }
 
 /// An example to try a program on.

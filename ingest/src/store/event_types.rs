@@ -6,6 +6,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 /// One catalogue entry as stored.
+#[derive(Clone)]
 pub struct EventTypeRow {
     pub name: String,
     pub description: String,
@@ -18,7 +19,7 @@ pub struct EventTypeRow {
 
 /// A new type; `None` when the project has one of that name.
 pub async fn create(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     project_id: &str,
     name: &str,
     description: &str,
@@ -36,7 +37,7 @@ pub async fn create(
         description,
         schema
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await
 }
 
@@ -65,7 +66,7 @@ pub async fn list(
 }
 
 pub async fn find(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     project_id: &str,
     name: &str,
 ) -> Result<Option<EventTypeRow>, sqlx::Error> {
@@ -76,7 +77,7 @@ pub async fn find(
         project_id,
         name
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await
 }
 
@@ -84,7 +85,7 @@ pub async fn find(
 /// schema change (set or removed) bumps the version and draws a new schema_id, so no
 /// replica's cached validator can stand for the new schema.
 pub async fn update(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     project_id: &str,
     name: &str,
     description: Option<&str>,
@@ -107,14 +108,14 @@ pub async fn update(
         schema.is_some(),
         schema.flatten()
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await
 }
 
 /// Deprecates the type (the first time stays), or with `false` takes the deprecation back
 /// (the Svix-compatible `deprecated: false`).
 pub async fn set_deprecated(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     project_id: &str,
     name: &str,
     deprecated: bool,
@@ -131,18 +132,22 @@ pub async fn set_deprecated(
         name,
         deprecated
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await
 }
 
 /// Whether a type of that name was there to delete.
-pub async fn delete(pool: &PgPool, project_id: &str, name: &str) -> Result<bool, sqlx::Error> {
+pub async fn delete(
+    db: impl sqlx::PgExecutor<'_>,
+    project_id: &str,
+    name: &str,
+) -> Result<bool, sqlx::Error> {
     let deleted = sqlx::query!(
         "DELETE FROM event_types WHERE project_id = $1 AND name = $2",
         project_id,
         name
     )
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(deleted.rows_affected() > 0)
 }

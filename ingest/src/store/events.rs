@@ -210,11 +210,10 @@ pub struct Expunge {
 /// which may quote the payload (review #34 item 6), with the request a transformation
 /// made, whose body is often the payload itself (issue #53). `None`: no such Event.
 pub async fn expunge(
-    pool: &PgPool,
+    tx: &mut sqlx::PgConnection,
     id: &str,
     project_id: &str,
 ) -> Result<Option<Expunge>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
     let expunged_at = sqlx::query_scalar!(
         r#"UPDATE events
            SET payload = 'null'::jsonb, raw_body = NULL, forward_headers = NULL,
@@ -256,7 +255,6 @@ pub async fn expunge(
     )
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
     Ok(Some(Expunge {
         expunged_at,
         deliveries_failed,

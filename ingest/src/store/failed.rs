@@ -120,15 +120,41 @@ pub async fn list_failed(
 
 /// Every Failed Message matching `filter` that had failed when this began, sent again in
 /// statements of at most [`RETRY_BATCH`]; returns how many.
+///
+/// The audit row (`actor`'s bulk retry, with the filter) is written in the first batch's
+/// transaction: the request's first change commits with it, and the batches after it are
+/// the same request's.
 pub async fn retry_matching(
     pool: &PgPool,
     project_id: &str,
     filter: &FailedFilter,
+    actor: &crate::audit::Actor,
 ) -> Result<i64, sqlx::Error> {
     let started = sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
         .fetch_one(pool)
         .await?;
-    let mut retried = 0;
+    let mut first = pool.begin().await?;
+    let mut retried = reset_failed(&mut *first, project_id, filter, None, Some(started)).await?;
+    crate::audit::record(
+        &mut first,
+        actor,
+        crate::audit::Change {
+            project_id,
+            object_kind: "failed_messages",
+            object_id: filter.endpoint_id.as_deref(),
+            action: "bulk_retry",
+            changes: serde_json::json!({
+                "endpoint_id": filter.endpoint_id, "event_type": filter.event_type,
+                "status_code": filter.status_code, "since": filter.since, "until": filter.until,
+                "application": filter.application, "failed_by": started,
+            }),
+        },
+    )
+    .await?;
+    first.commit().await?;
+    if retried < RETRY_BATCH {
+        return Ok(retried);
+    }
     loop {
         let n = reset_failed(pool, project_id, filter, None, Some(started)).await?;
         retried += n;

@@ -1,6 +1,7 @@
 //! One store per noun, read by the API's handlers and the dashboard's pages alike: a page
 //! never has SQL of its own, so it shows exactly what the API would return.
 
+pub mod access;
 pub mod applications;
 pub mod deliveries;
 pub mod endpoints;

@@ -120,7 +120,12 @@ pub async fn advance(
 }
 
 /// Sets the consumer's position anywhere (a seek). Creates the consumer.
-pub async fn set(pool: &PgPool, endpoint_id: &str, consumer_id: &str, to: i64) -> sqlx::Result<()> {
+pub async fn set(
+    db: impl sqlx::PgExecutor<'_>,
+    endpoint_id: &str,
+    consumer_id: &str,
+    to: i64,
+) -> sqlx::Result<()> {
     sqlx::query!(
         r#"INSERT INTO poller_consumers (endpoint_id, consumer_id, position)
            VALUES ($1, $2, $3)
@@ -130,7 +135,7 @@ pub async fn set(pool: &PgPool, endpoint_id: &str, consumer_id: &str, to: i64) -
         consumer_id,
         to
     )
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(())
 }
@@ -195,13 +200,17 @@ pub async fn consumers(pool: &PgPool, endpoint_id: &str) -> sqlx::Result<Vec<Con
 }
 
 /// Forgets a consumer; false if it did not exist.
-pub async fn forget(pool: &PgPool, endpoint_id: &str, consumer_id: &str) -> sqlx::Result<bool> {
+pub async fn forget(
+    db: impl sqlx::PgExecutor<'_>,
+    endpoint_id: &str,
+    consumer_id: &str,
+) -> sqlx::Result<bool> {
     Ok(sqlx::query!(
         "DELETE FROM poller_consumers WHERE endpoint_id = $1 AND consumer_id = $2",
         endpoint_id,
         consumer_id
     )
-    .execute(pool)
+    .execute(db)
     .await?
     .rows_affected()
         > 0)
@@ -222,7 +231,7 @@ pub async fn by_token(pool: &PgPool, hash: &[u8]) -> sqlx::Result<Option<(String
 /// Replaces the endpoint's poll token (the previous one stops working at once); false if
 /// the project has no live polling endpoint `id`.
 pub async fn set_token(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     project_id: &str,
     id: &str,
     hash: &[u8],
@@ -238,7 +247,7 @@ pub async fn set_token(
         project_id,
         hash
     )
-    .execute(pool)
+    .execute(db)
     .await?
     .rows_affected()
         > 0)

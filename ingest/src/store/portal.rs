@@ -3,7 +3,7 @@
 //! SHA-256, like API keys.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 /// What a link is for, as the API stores it.
 pub struct NewLink<'a> {
@@ -17,7 +17,10 @@ pub struct NewLink<'a> {
 
 /// Stores a link and returns when it expires; expired links go at the same time (nothing
 /// needs them any more).
-pub async fn create_link(pool: &PgPool, link: &NewLink<'_>) -> Result<DateTime<Utc>, sqlx::Error> {
+pub async fn create_link(
+    conn: &mut PgConnection,
+    link: &NewLink<'_>,
+) -> Result<DateTime<Utc>, sqlx::Error> {
     let expires_at = sqlx::query_scalar!(
         "INSERT INTO portal_links (code_hash, project_id, application_id, read_only,
                                    session_seconds, expires_at)
@@ -30,10 +33,10 @@ pub async fn create_link(pool: &PgPool, link: &NewLink<'_>) -> Result<DateTime<U
         link.session_seconds,
         link.link_seconds
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *conn)
     .await?;
     sqlx::query!("DELETE FROM portal_links WHERE expires_at < now() - interval '1 day'")
-        .execute(pool)
+        .execute(&mut *conn)
         .await?;
     Ok(expires_at)
 }
@@ -106,6 +109,21 @@ pub async fn redeem(
     sqlx::query!("DELETE FROM portal_sessions WHERE expires_at < now() - interval '1 day'")
         .execute(&mut *tx)
         .await?;
+    crate::audit::record(
+        &mut tx,
+        &crate::audit::Actor::Portal {
+            session: session.id.to_owned(),
+        },
+        crate::audit::Change {
+            project_id: &link.project_id,
+            object_kind: "portal_session",
+            object_id: Some(&link.application_id),
+            action: "open",
+            changes: serde_json::json!({"read_only": link.read_only,
+                                        "session_seconds": link.session_seconds}),
+        },
+    )
+    .await?;
     tx.commit().await?;
     Ok(Redeemed::Opened {
         project_id: link.project_id,
@@ -181,50 +199,49 @@ pub async fn find_session(
 }
 
 /// Ends one session (the portal's sign-out).
-pub async fn close(pool: &PgPool, token_hash: &[u8]) -> Result<(), sqlx::Error> {
+pub async fn close(db: impl sqlx::PgExecutor<'_>, token_hash: &[u8]) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "DELETE FROM portal_sessions WHERE token_hash = $1",
         token_hash
     )
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(())
 }
 
 /// Ends a link and every session it opened (Svix's `logout`, which names the link's
-/// token); false when there was no such link.
-pub async fn close_link(pool: &PgPool, code_hash: &[u8]) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let sessions = sqlx::query!(
+/// token), inside the caller's transaction; the link's project and application, `None`
+/// when there was no such link.
+pub async fn close_link(
+    tx: &mut PgConnection,
+    code_hash: &[u8],
+) -> Result<Option<(String, String)>, sqlx::Error> {
+    sqlx::query!(
         "DELETE FROM portal_sessions WHERE link_hash = $1",
         code_hash
     )
     .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    .await?;
     // The link row stays (redeemed, so it cannot open another session); an unredeemed one
     // is made unusable the same way.
-    let links = sqlx::query!(
+    let link = sqlx::query!(
         "UPDATE portal_links SET redeemed_at = coalesce(redeemed_at, now()),
                                  expires_at = least(expires_at, now())
-         WHERE code_hash = $1",
+         WHERE code_hash = $1 RETURNING project_id, application_id",
         code_hash
     )
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    tx.commit().await?;
-    Ok(sessions + links > 0)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(link.map(|l| (l.project_id, l.application_id)))
 }
 
 /// Ends every session of the application and makes its unredeemed links unusable; returns
 /// how many sessions ended.
 pub async fn expire_all(
-    pool: &PgPool,
+    tx: &mut PgConnection,
     project_id: &str,
     application_id: &str,
 ) -> Result<u64, sqlx::Error> {
-    let mut tx = pool.begin().await?;
     let ended = sqlx::query_scalar!(
         r#"WITH gone AS (
                DELETE FROM portal_sessions WHERE project_id = $1 AND application_id = $2
@@ -244,7 +261,6 @@ pub async fn expire_all(
     )
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
     Ok(u64::try_from(ended).unwrap_or(0))
 }
 
@@ -263,14 +279,17 @@ pub struct Settings {
     pub endpoint_types: Vec<String>,
 }
 
-pub async fn settings(pool: &PgPool, project_id: &str) -> Result<Settings, sqlx::Error> {
+pub async fn settings(
+    db: impl sqlx::PgExecutor<'_>,
+    project_id: &str,
+) -> Result<Settings, sqlx::Error> {
     let row = sqlx::query!(
         "SELECT allowed_origins, display_name, logo_url, primary_color, background_color,
                 color_scheme, updated_at, endpoint_types
          FROM portal_settings WHERE project_id = $1",
         project_id
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await?;
     Ok(row.map_or_else(
         || Settings {
@@ -292,7 +311,7 @@ pub async fn settings(pool: &PgPool, project_id: &str) -> Result<Settings, sqlx:
 
 /// Replaces the project's settings (the caller checked every field).
 pub async fn put_settings(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     project_id: &str,
     s: &Settings,
 ) -> Result<DateTime<Utc>, sqlx::Error> {
@@ -317,6 +336,6 @@ pub async fn put_settings(
         s.color_scheme,
         &s.endpoint_types
     )
-    .fetch_one(pool)
+    .fetch_one(db)
     .await
 }

@@ -133,7 +133,10 @@ pub async fn endpoint_exists(
 }
 
 /// A new Replay, RUNNING (COMPLETED at once when it covers no Event).
-pub async fn insert(pool: &PgPool, r: NewReplay<'_>) -> Result<ReplayRow, sqlx::Error> {
+pub async fn insert(
+    db: impl sqlx::PgExecutor<'_>,
+    r: NewReplay<'_>,
+) -> Result<ReplayRow, sqlx::Error> {
     sqlx::query_as!(
         ReplayRow,
         "INSERT INTO replays (id, project_id, event_ids, from_time, to_time, event_types,
@@ -151,7 +154,7 @@ pub async fn insert(pool: &PgPool, r: NewReplay<'_>) -> Result<ReplayRow, sqlx::
         r.endpoint_id,
         r.events_total
     )
-    .fetch_one(pool)
+    .fetch_one(db)
     .await
 }
 
@@ -208,7 +211,7 @@ pub async fn find(
 
 /// Cancels the project's Replay `id` if it is RUNNING; `None` otherwise.
 pub async fn cancel(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     id: &str,
     project_id: &str,
 ) -> Result<Option<ReplayRow>, sqlx::Error> {
@@ -220,6 +223,6 @@ pub async fn cancel(
         id,
         project_id
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await
 }

@@ -9,15 +9,22 @@ pub struct SessionRow {
     pub project_id: String,
     pub organization_id: String,
     pub monthly_quota: i64,
+    pub key_id: String,
+    pub prefix: String,
+    pub role: String,
+    pub application_id: Option<String>,
 }
 
-/// The live session whose token hashes to `token_hash`, while its key is not revoked.
+/// The live session whose token hashes to `token_hash`, while its key is not revoked or
+/// expired; the session has the key's role and scope as they are now.
 pub async fn find(pool: &PgPool, token_hash: &[u8]) -> Result<Option<SessionRow>, sqlx::Error> {
     sqlx::query_as!(
         SessionRow,
-        r#"SELECT s.csrf_token, p.id AS project_id, p.organization_id, o.monthly_quota
+        r#"SELECT s.csrf_token, p.id AS project_id, p.organization_id, o.monthly_quota,
+                  k.id AS key_id, k.prefix, k.role, k.application_id
                FROM dashboard_sessions s
                JOIN api_keys k ON k.id = s.api_key_id AND k.revoked_at IS NULL
+                              AND (k.expires_at IS NULL OR k.expires_at > now())
                JOIN projects p ON p.id = s.project_id
                JOIN organizations o ON o.id = p.organization_id
                WHERE s.token_hash = $1 AND s.expires_at > now()"#,
@@ -27,20 +34,29 @@ pub async fn find(pool: &PgPool, token_hash: &[u8]) -> Result<Option<SessionRow>
     .await
 }
 
-/// The unrevoked API key whose hash is `key_hash`: (key id, project id).
-pub async fn key(pool: &PgPool, key_hash: &[u8]) -> Result<Option<(String, String)>, sqlx::Error> {
-    let row = sqlx::query!(
-        "SELECT id, project_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+/// An unrevoked, unexpired API key, as sign-in needs it.
+pub struct SignInKey {
+    pub id: String,
+    pub project_id: String,
+    pub prefix: String,
+    pub role: String,
+}
+
+/// The unrevoked, unexpired API key whose hash is `key_hash`.
+pub async fn key(pool: &PgPool, key_hash: &[u8]) -> Result<Option<SignInKey>, sqlx::Error> {
+    sqlx::query_as!(
+        SignInKey,
+        "SELECT id, project_id, prefix, role FROM api_keys WHERE key_hash = $1
+           AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
         key_hash
     )
     .fetch_optional(pool)
-    .await?;
-    Ok(row.map(|r| (r.id, r.project_id)))
+    .await
 }
 
 /// A new session for `ttl_secs`, and the expired ones go (nothing else needs them).
 pub async fn open(
-    pool: &PgPool,
+    conn: &mut sqlx::PgConnection,
     token_hash: &[u8],
     key_id: &str,
     project_id: &str,
@@ -56,20 +72,20 @@ pub async fn open(
         csrf_token,
         ttl_secs
     )
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
     sqlx::query!("DELETE FROM dashboard_sessions WHERE expires_at < now()")
-        .execute(pool)
+        .execute(&mut *conn)
         .await?;
     Ok(())
 }
 
-pub async fn close(pool: &PgPool, token_hash: &[u8]) -> Result<(), sqlx::Error> {
+pub async fn close(db: impl sqlx::PgExecutor<'_>, token_hash: &[u8]) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "DELETE FROM dashboard_sessions WHERE token_hash = $1",
         token_hash
     )
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(())
 }

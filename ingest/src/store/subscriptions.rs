@@ -150,6 +150,11 @@ pub struct SenderRow {
     pub project_id: String,
     pub organization_id: String,
     pub monthly_quota: i64,
+    pub key_id: String,
+    pub prefix: String,
+    pub role: String,
+    pub application_id: Option<String>,
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
     pub subscriptions: Arc<Subscriptions>,
     pub schemas: Arc<HashMap<String, i64>>,
 }
@@ -222,6 +227,7 @@ impl SenderCache {
 pub async fn sender(pool: &PgPool, key_hash: &[u8]) -> Result<Option<SenderRow>, sqlx::Error> {
     let Some(row) = sqlx::query!(
         r#"SELECT p.id AS project_id, p.organization_id, o.monthly_quota,
+                  k.id AS key_id, k.prefix, k.role, k.application_id, k.expires_at,
                   railhook_live_subscriptions(p.id) AS "subscriptions!",
                   coalesce((SELECT json_object_agg(t.name, t.schema_id) FROM event_types t
                             WHERE t.project_id = p.id AND t.schema IS NOT NULL), '{}')::text
@@ -241,6 +247,11 @@ pub async fn sender(pool: &PgPool, key_hash: &[u8]) -> Result<Option<SenderRow>,
         project_id: row.project_id,
         organization_id: row.organization_id,
         monthly_quota: row.monthly_quota,
+        key_id: row.key_id,
+        prefix: row.prefix,
+        role: row.role,
+        application_id: row.application_id,
+        expires_at: row.expires_at,
         subscriptions: Arc::new(parse(&row.subscriptions).ok_or_else(unreadable)?),
         schemas: Arc::new(
             serde_json::from_str(&row.schemas)
@@ -268,7 +279,7 @@ pub struct Subscription {
 /// must be the project's live webhook endpoint and not a Source's Destination (those
 /// receive only their Source's webhooks): `None` otherwise.
 pub async fn insert(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     id: &str,
     project_id: &str,
     endpoint_id: &str,
@@ -290,7 +301,7 @@ pub async fn insert(
         ordered,
         filter
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await
 }
 
@@ -357,7 +368,7 @@ pub async fn event_types_by_endpoint(
 }
 
 pub async fn find(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     id: &str,
     project_id: &str,
 ) -> Result<Option<Subscription>, sqlx::Error> {
@@ -368,14 +379,14 @@ pub async fn find(
         id,
         project_id
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await
 }
 
 /// Changes the patterns, the ordering flag and the filter (`Some(None)`: removed) where
 /// given.
 pub async fn update(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     id: &str,
     project_id: &str,
     patterns: Option<&[String]>,
@@ -397,19 +408,23 @@ pub async fn update(
         filter.is_some(),
         filter.flatten()
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await
 }
 
 /// Whether the project had a live subscription `id` to delete.
-pub async fn delete(pool: &PgPool, id: &str, project_id: &str) -> Result<bool, sqlx::Error> {
+pub async fn delete(
+    db: impl sqlx::PgExecutor<'_>,
+    id: &str,
+    project_id: &str,
+) -> Result<bool, sqlx::Error> {
     let deleted = sqlx::query!(
         "UPDATE subscriptions SET deleted_at = now(), updated_at = now()
          WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
         id,
         project_id
     )
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(deleted.rows_affected() > 0)
 }

@@ -80,14 +80,3 @@ pub async fn insert_api_key(
     .await?;
     Ok(row.created_at)
 }
-
-/// Whether a key with that id was there to revoke (revoking twice keeps the first time).
-pub async fn revoke_api_key(pool: &PgPool, id: &ApiKeyId) -> Result<bool, sqlx::Error> {
-    let revoked = sqlx::query!(
-        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1",
-        id.as_str()
-    )
-    .execute(pool)
-    .await?;
-    Ok(revoked.rows_affected() > 0)
-}

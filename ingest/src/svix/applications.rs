@@ -88,7 +88,7 @@ pub(crate) async fn find_or_create(
             if create.uid.is_none() && !app_id.starts_with("app_") {
                 create.uid = Some(app_id.to_owned());
             }
-            native::insert(state, project.id.as_str(), &create).await?;
+            native::insert(state, project, &create).await?;
             state.senders.invalidate();
             find(state, project, app_id).await
         }
@@ -119,7 +119,7 @@ pub async fn create(
     {
         return Ok((StatusCode::OK, Json(found.into())));
     }
-    let row = native::insert(&state, project.id.as_str(), &body.native()).await;
+    let row = native::insert(&state, &project, &body.native()).await;
     match row {
         Ok(row) => Ok((StatusCode::CREATED, Json(row.into()))),
         // Two get-or-create calls racing on one uid: the loser answers with the winner's.
@@ -203,14 +203,14 @@ pub async fn upsert(
             metadata: Some(body.metadata.unwrap_or_default()),
             rate_limit_per_second: Some(body.throttle_rate),
         };
-        let row = native::change(&state, project_id, &found.id, &change).await?;
+        let row = native::change(&state, &project, &found.id, &change).await?;
         return Ok((StatusCode::OK, Json(row.into())));
     }
     let mut create = body.native();
     if create.uid.is_none() {
         create.uid = Some(app_id);
     }
-    let row = native::insert(&state, project_id, &create).await?;
+    let row = native::insert(&state, &project, &create).await?;
     Ok((StatusCode::CREATED, Json(row.into())))
 }
 
@@ -244,7 +244,7 @@ pub async fn patch(
         metadata: body.metadata,
         rate_limit_per_second: body.throttle_rate,
     };
-    let row = native::change(&state, project.id.as_str(), &app.id, &change).await?;
+    let row = native::change(&state, &project, &app.id, &change).await?;
     Ok(Json(row.into()))
 }
 
@@ -257,7 +257,7 @@ pub async fn delete(
     Path(app_id): Path<String>,
 ) -> SvixResult<StatusCode> {
     let app = find(&state, &project, &app_id).await?;
-    if !native::remove(&state, project.id.as_str(), &app.id).await? {
+    if !native::remove(&state, &project, &app.id).await? {
         return Err(SvixError(ApiError::NotFound("application")));
     }
     Ok(StatusCode::NO_CONTENT)

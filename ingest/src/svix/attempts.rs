@@ -428,8 +428,13 @@ pub async fn recover(
         ..Default::default()
     };
     filter.validate()?;
-    let recovered =
-        crate::store::failed::retry_matching(&state.pool, project.id.as_str(), &filter).await?;
+    let recovered = crate::store::failed::retry_matching(
+        &state.pool,
+        project.id.as_str(),
+        &filter,
+        &project.actor,
+    )
+    .await?;
     tracing::info!(recovered, "svix recover");
     Ok((
         StatusCode::ACCEPTED,

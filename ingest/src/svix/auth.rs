@@ -87,7 +87,7 @@ pub async fn expire_all(
     Path(app_id): Path<String>,
 ) -> SvixResult<StatusCode> {
     let app = find_app(&state, &project, &app_id).await?;
-    let ended = store::expire_all(&state.pool, project.id.as_str(), &app.id).await?;
+    let ended = crate::routes::portal::expire_all(&state, &project, &app.id).await?;
     tracing::info!(application_id = %app.id, ended, "portal sessions expired");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -104,11 +104,29 @@ pub async fn logout(State(state): State<AppState>, headers: HeaderMap) -> SvixRe
         .map(str::trim)
         .filter(|t| t.starts_with("rhpl_"))
         .ok_or(ApiError::Unauthorized)?;
-    if store::close_link(&state.pool, &hash_api_key(token)).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::Unauthorized.into())
-    }
+    let mut tx = state.pool.begin().await?;
+    let Some((project_id, application_id)) =
+        store::close_link(&mut tx, &hash_api_key(token)).await?
+    else {
+        return Err(ApiError::Unauthorized.into());
+    };
+    // The link's holder is the actor: named by the application, never by the token.
+    crate::audit::record(
+        &mut tx,
+        &crate::audit::Actor::Portal {
+            session: format!("portal link of {application_id}"),
+        },
+        crate::audit::Change {
+            project_id: &project_id,
+            object_kind: "portal_link",
+            object_id: Some(&application_id),
+            action: "logout",
+            changes: serde_json::json!({}),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -16,8 +16,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{ListResponse, Page, SvixJson, SvixQuery, SvixResult};
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::problem::ApiError;
+use crate::routes::event_types::EventTypeBody;
 use crate::routes::event_types::{check_description, check_schema, parse_name, path_name};
 use crate::state::AppState;
 use crate::store::event_types::{self as store, EventTypeRow};
@@ -107,12 +109,12 @@ pub struct EventTypeIn {
 }
 
 async fn set_deprecated(
-    state: &AppState,
+    conn: &mut sqlx::PgConnection,
     project_id: &str,
     name: &str,
     deprecated: bool,
 ) -> SvixResult<EventTypeRow> {
-    let row = store::set_deprecated(&state.pool, project_id, name, deprecated).await?;
+    let row = store::set_deprecated(conn, project_id, name, deprecated).await?;
     Ok(row.ok_or(ApiError::NotFound("event type"))?)
 }
 
@@ -129,8 +131,9 @@ pub async fn create(
     check_description(&body.description)?;
     let schema = body.schemas.as_ref().map(schema_of).transpose()?.flatten();
     let project_id = project.id.as_str();
+    let mut change = Audited::begin(&state.pool, &project.actor, project_id).await?;
     let mut row = store::create(
-        &state.pool,
+        change.conn(),
         project_id,
         &name,
         &body.description,
@@ -139,8 +142,12 @@ pub async fn create(
     .await?
     .ok_or(ApiError::AlreadyExists("event type"))?;
     if body.deprecated == Some(true) || body.archived == Some(true) {
-        row = set_deprecated(&state, project_id, &name, true).await?;
+        row = set_deprecated(change.conn(), project_id, &name, true).await?;
     }
+    let view = audit::view(&EventTypeBody::from(row.clone()));
+    change
+        .commit("event_type", Some(&name), "create", view)
+        .await?;
     Ok((StatusCode::CREATED, Json(row.into())))
 }
 
@@ -229,8 +236,12 @@ async fn apply(
         Some(Some(s)) => Some(schema_of(s)?),
     };
     let project_id = project.id.as_str();
+    let mut change = Audited::begin(&state.pool, &project.actor, project_id).await?;
+    let before = store::find(change.conn(), project_id, name)
+        .await?
+        .ok_or(ApiError::NotFound("event type"))?;
     let mut row = store::update(
-        &state.pool,
+        change.conn(),
         project_id,
         name,
         p.description.as_deref(),
@@ -244,8 +255,15 @@ async fn apply(
         _ => None,
     };
     if let Some(d) = deprecated {
-        row = set_deprecated(state, project_id, name, d).await?;
+        row = set_deprecated(change.conn(), project_id, name, d).await?;
     }
+    let changed = audit::diff(
+        &audit::view(&EventTypeBody::from(before)),
+        &audit::view(&EventTypeBody::from(row.clone())),
+    );
+    change
+        .commit("event_type", Some(name), "update", changed)
+        .await?;
     Ok(row)
 }
 
@@ -325,9 +343,13 @@ pub async fn delete(
     Path(name): Path<String>,
 ) -> SvixResult<StatusCode> {
     let name = path_name(&name)?;
-    if !store::delete(&state.pool, project.id.as_str(), &name).await? {
+    let mut change = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    if !store::delete(change.conn(), project.id.as_str(), &name).await? {
         return Err(ApiError::NotFound("event type").into());
     }
+    change
+        .commit("event_type", Some(&name), "delete", serde_json::json!({}))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
