@@ -522,3 +522,171 @@ async fn an_application_key_touches_only_its_application_and_an_expired_key_noth
             .any(|k| k["application_id"].is_string())
     );
 }
+
+/// A dashboard session of `key`: (cookie, CSRF token of its pages), or the sign-in's status.
+async fn dashboard_session(app: &TestApp, key: &str) -> Result<(String, String), StatusCode> {
+    let client = reqwest::Client::builder()
+        .redirect(redirect::Policy::none())
+        .build()
+        .expect("client");
+    let form = client
+        .get(format!("{}/dashboard/login", app.base))
+        .send()
+        .await
+        .expect("form");
+    let login_cookie = form.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .split(';')
+        .next()
+        .expect("pair")
+        .to_owned();
+    let html = form.text().await.expect("html");
+    let r = client
+        .post(format!("{}/dashboard/login", app.base))
+        .header("cookie", &login_cookie)
+        .form(&[("api_key", key), ("csrf", csrf_in(&html).as_str())])
+        .send()
+        .await
+        .expect("login");
+    if r.status() != StatusCode::SEE_OTHER {
+        return Err(r.status());
+    }
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .split(';')
+        .next()
+        .expect("pair")
+        .to_owned();
+    let page = client
+        .get(format!("{}/dashboard/deliveries", app.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    Ok((cookie, csrf_in(&page)))
+}
+
+fn csrf_in(html: &str) -> String {
+    let at = html.find("name=\"csrf\" value=\"").expect("csrf") + 19;
+    html[at..].split('"').next().expect("value").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_form_and_page_allows_exactly_the_roles_the_table_names() {
+    let app = spawn_app().await;
+    let (project, owner) = app.project().await;
+    let fixture = fixture(&app, &owner).await;
+    let p = |k: &str| fixture.params[k].clone();
+    let client = reqwest::Client::builder()
+        .redirect(redirect::Policy::none())
+        .build()
+        .expect("client");
+    // (method, path, form fields besides csrf, needs)
+    let actions: Vec<(&str, String, Vec<(&str, String)>, &str)> = vec![
+        ("GET", "/dashboard/deliveries".into(), vec![], "read"),
+        ("GET", "/dashboard/endpoints".into(), vec![], "read"),
+        ("GET", "/dashboard/applications".into(), vec![], "read"),
+        ("GET", "/dashboard/event-types".into(), vec![], "read"),
+        ("GET", "/dashboard/replays".into(), vec![], "read"),
+        ("GET", "/dashboard/audit-log".into(), vec![], "admin"),
+        (
+            "POST",
+            format!("/dashboard/deliveries/{}/retry", p("delivery")),
+            vec![],
+            "operate",
+        ),
+        ("POST", "/dashboard/failed/retry".into(), vec![], "operate"),
+        (
+            "POST",
+            format!("/dashboard/endpoints/{}/disable", p("endpoint")),
+            vec![("reason", "walk".to_owned())],
+            "operate",
+        ),
+        (
+            "POST",
+            format!("/dashboard/endpoints/{}/enable", p("endpoint")),
+            vec![],
+            "operate",
+        ),
+        (
+            "POST",
+            format!("/dashboard/applications/{}/portal", p("application")),
+            vec![("read_only", "on".to_owned())],
+            "operate",
+        ),
+    ];
+    for role in ["viewer", "operator", "admin"] {
+        let (role_key, _) = key(&app, &project, json!({"role": role})).await;
+        let (cookie, csrf) = dashboard_session(&app, &role_key).await.expect("signed in");
+        for (method, path, fields, need) in &actions {
+            let url = format!("{}{path}", app.base);
+            let before = audit_rows(&app).await;
+            let r = if *method == "GET" {
+                client.get(url).header("cookie", &cookie).send().await
+            } else {
+                let mut form: Vec<(&str, String)> = vec![("csrf", csrf.clone())];
+                form.extend(fields.iter().cloned());
+                client
+                    .post(url)
+                    .header("cookie", &cookie)
+                    .form(&form)
+                    .send()
+                    .await
+            }
+            .expect("dashboard");
+            let status = r.status();
+            let refused = status == StatusCode::FORBIDDEN;
+            assert_eq!(
+                refused,
+                !allows(role, need),
+                "{role} {method} {path}: {status}"
+            );
+            assert!(
+                !status.is_server_error(),
+                "{role} {method} {path}: {status}"
+            );
+            if refused {
+                let page = r.text().await.expect("page");
+                assert!(page.contains(role), "the refusal names the role: {page}");
+                assert_eq!(audit_rows(&app).await, before, "{role} {method} {path}");
+            }
+        }
+        // A viewer's page shows no link to the audit log; an admin's does.
+        let page = client
+            .get(format!("{}/dashboard/deliveries", app.base))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .expect("page")
+            .text()
+            .await
+            .expect("html");
+        assert_eq!(
+            page.contains("/dashboard/audit-log"),
+            role == "admin",
+            "{role}"
+        );
+    }
+    // The admin's audit page lists what the operator did, by key.
+    let (admin_key, _) = key(&app, &project, json!({})).await;
+    let (cookie, _) = dashboard_session(&app, &admin_key)
+        .await
+        .expect("signed in");
+    let page = client
+        .get(format!("{}/dashboard/audit-log", app.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    for action in ["disable", "enable", "sign_in", "bulk_retry"] {
+        assert!(page.contains(action), "{action} on the audit page");
+    }
+}
