@@ -15,7 +15,10 @@ use figment::Figment;
 
 mod connections;
 mod defaults;
+mod sso;
 mod validate;
+
+pub use sso::{OidcRoleRule, OidcRoles};
 
 use defaults::DEFAULTS;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -288,6 +291,25 @@ pub struct Settings {
     /// A `railhook listen` session's endpoint left without its connection this long is
     /// deleted (its undelivered Deliveries with it, as for any deleted endpoint).
     pub listen_idle_seconds: u64,
+    /// Dashboard single sign-on (docs/ACCESS.md): the OpenID Connect issuer
+    /// (`https://accounts.example.com`), discovered through its
+    /// `.well-known/openid-configuration`. Unset: no single sign-on.
+    #[serde(default, deserialize_with = "connections::opt_text")]
+    pub oidc_issuer_url: Option<String>,
+    /// The client Railhook is registered as at the issuer.
+    #[serde(default, deserialize_with = "connections::opt_text")]
+    pub oidc_client_id: Option<String>,
+    #[serde(default)]
+    pub oidc_client_secret: Option<SecretString>,
+    /// This API's `/dashboard/sso/callback` as browsers reach it (registered at the issuer).
+    #[serde(default, deserialize_with = "connections::opt_text")]
+    pub oidc_redirect_url: Option<String>,
+    /// Who gets which role where ([`OidcRoleRule`]); a person no rule matches is refused.
+    #[serde(default)]
+    pub oidc_roles: Option<OidcRoles>,
+    /// Whether a person may sign in to the dashboard with an API key. Turn it off once
+    /// single sign-on works, so that people stop sharing keys.
+    pub dashboard_key_sign_in: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

@@ -19,6 +19,11 @@ pub enum Actor {
     Key { id: String, prefix: String },
     /// A person signed in to the dashboard with a key: the key, and that it was a person.
     DashboardKey { id: String, prefix: String },
+    /// A person signed in through the identity provider (crate::sso).
+    Person {
+        subject: String,
+        email: Option<String>,
+    },
     /// The operator, with the admin token.
     Operator,
     /// A customer in the portal, named by the portal session id.
@@ -32,7 +37,7 @@ impl Actor {
     fn kind(&self) -> &'static str {
         match self {
             Actor::Key { .. } => "key",
-            Actor::DashboardKey { .. } => "person",
+            Actor::DashboardKey { .. } | Actor::Person { .. } => "person",
             Actor::Operator => "operator",
             Actor::Portal { .. } => "portal",
         }
@@ -46,6 +51,14 @@ impl Actor {
             Actor::DashboardKey { id, prefix } => format!("dashboard via {id} ({prefix}…)"),
             Actor::Operator => "admin token".to_owned(),
             Actor::Portal { session } => session.clone(),
+            Actor::Person { subject, .. } => subject.clone(),
+        }
+    }
+
+    fn email(&self) -> Option<&str> {
+        match self {
+            Actor::Person { email, .. } => email.as_deref(),
+            _ => None,
         }
     }
 }
@@ -73,8 +86,8 @@ pub async fn record(
     let id = AuditEntryId::generate();
     sqlx::query!(
         "INSERT INTO audit_log (id, project_id, actor_kind, actor, object_kind, object_id,
-                                action, changes)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                                action, changes, actor_email)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         id.as_str(),
         change.project_id,
         actor.kind(),
@@ -82,7 +95,8 @@ pub async fn record(
         change.object_kind,
         change.object_id,
         change.action,
-        changes
+        changes,
+        actor.email()
     )
     .execute(conn)
     .await?;

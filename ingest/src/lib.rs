@@ -25,6 +25,7 @@ pub mod quota;
 pub mod replay;
 pub mod routes;
 pub mod schemas;
+pub mod sso;
 pub mod state;
 pub mod storable;
 pub mod store;

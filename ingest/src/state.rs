@@ -30,6 +30,8 @@ pub struct AppState {
     pub other_registries: Vec<prometheus::Registry>,
     pub streak: StreakWindows,
     pub dashboard: DashboardSettings,
+    /// Dashboard single sign-on, when configured (crate::sso).
+    pub sso: Option<Arc<crate::sso::Sso>>,
     /// The relay's replication Slot, shown on the dashboard's relay page.
     pub slot: String,
     /// Who posts Events, cached for a second (`store::subscriptions::SenderCache`).
@@ -155,6 +157,7 @@ impl AppState {
                 warn_after: seconds(settings.endpoint_warn_after_seconds),
                 disable_after: seconds(settings.endpoint_disable_after_seconds),
             },
+            sso: crate::sso::Sso::from_settings(settings)?,
             dashboard: DashboardSettings {
                 cookie_secure: settings.dashboard_cookie_secure,
                 session_ttl: Duration::from_secs(settings.dashboard_session_seconds),

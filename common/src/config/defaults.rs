@@ -72,6 +72,7 @@ pub(super) struct Defaults {
     dashboard_cookie_secure: bool,
     dashboard_session_seconds: u64,
     listen_idle_seconds: u64,
+    dashboard_key_sign_in: bool,
 }
 
 pub(super) const DEFAULTS: Defaults = Defaults {
@@ -140,4 +141,5 @@ pub(super) const DEFAULTS: Defaults = Defaults {
     dashboard_cookie_secure: true,
     dashboard_session_seconds: 12 * 3600,
     listen_idle_seconds: 3600,
+    dashboard_key_sign_in: true,
 };

@@ -39,6 +39,7 @@ impl Settings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         self.validate_connections()?;
         self.validate_access()?;
+        self.validate_sso()?;
         self.validate_capacity()?;
         self.validate_delivery()
     }

@@ -16,6 +16,7 @@ mod catalogue_page;
 mod endpoint_pages;
 pub(crate) mod pages;
 mod relay_page;
+mod sso_pages;
 
 use axum::Router;
 use axum::extract::{Form, FromRequestParts, Request, State};
@@ -63,6 +64,8 @@ pub fn router() -> Router<AppState> {
         )
         .route("/dashboard/assets/style.css", get(style))
         .route("/dashboard/login", get(login_form).post(login))
+        .route("/dashboard/sso", get(sso_pages::start))
+        .route("/dashboard/sso/callback", get(sso_pages::callback))
         .route("/dashboard/logout", post(logout))
         .route("/dashboard/deliveries", get(pages::deliveries))
         .route("/dashboard/deliveries/{id}", get(pages::delivery))
@@ -195,9 +198,13 @@ impl FromRequestParts<AppState> for Session {
             monthly_quota: row.monthly_quota,
             role: Role::parse(&row.role).ok_or_else(to_login)?,
             application: row.application_id,
-            actor: Actor::DashboardKey {
-                id: row.key_id,
-                prefix: row.prefix,
+            actor: match (row.key_id, row.prefix, row.subject) {
+                (Some(id), Some(prefix), _) => Actor::DashboardKey { id, prefix },
+                (_, _, Some(subject)) => Actor::Person {
+                    subject,
+                    email: row.email,
+                },
+                _ => return Err(to_login()),
             },
         };
         // The same gate as the API's (crate::access): a viewer sees the pages and cannot
@@ -361,21 +368,31 @@ fn login_response(state: &AppState, status: StatusCode, error: Option<&str>) -> 
         token.clone(),
         cookie::time::Duration::hours(1),
     );
-    with_cookie((status, Html(login_page(&token, error))), &cookie)
+    let sso = state.sso.is_some();
+    let keys = state.sso.as_ref().is_none_or(|s| s.key_sign_in);
+    with_cookie(
+        (status, Html(login_page(&token, error, sso, keys))),
+        &cookie,
+    )
 }
 
-fn login_page(login_token: &str, error: Option<&str>) -> String {
+fn login_page(login_token: &str, error: Option<&str>, sso: bool, keys: bool) -> String {
     bare(
         "Sign in",
         html! {
             @if let Some(e) = error { p.error { (e) } }
-            form.card method="post" action="/dashboard/login" {
-                input type="hidden" name="csrf" value=(login_token);
-                label for="api_key" { "Project API key" }
-                input id="api_key" type="password" name="api_key" autocomplete="off" required;
-                button type="submit" { "Sign in" }
+            @if sso {
+                p { a #sso.button href="/dashboard/sso" { "Sign in with single sign-on" } }
             }
-            p.muted { "The key is checked once; the browser then keeps only a session cookie." }
+            @if keys {
+                form.card method="post" action="/dashboard/login" {
+                    input type="hidden" name="csrf" value=(login_token);
+                    label for="api_key" { "Project API key" }
+                    input id="api_key" type="password" name="api_key" autocomplete="off" required;
+                    button type="submit" { "Sign in" }
+                }
+                p.muted { "The key is checked once; the browser then keeps only a session cookie." }
+            }
         },
     )
 }
@@ -400,6 +417,13 @@ async fn login(
             &state,
             StatusCode::FORBIDDEN,
             Some("The sign-in form expired or did not come from this site; try again."),
+        ));
+    }
+    if state.sso.as_ref().is_some_and(|s| !s.key_sign_in) {
+        return Ok(login_response(
+            &state,
+            StatusCode::FORBIDDEN,
+            Some("Signing in with an API key is turned off here: use single sign-on."),
         ));
     }
     let key = sessions::key(&state.pool, &hash_api_key(form.api_key.trim())).await?;
