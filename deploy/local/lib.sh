@@ -106,6 +106,12 @@ ensure_browser() {
   npm_ci_once tests/browser playwright-core
 }
 
+# A real OpenID Connect provider (oidc-provider, pinned by tests/sso/package-lock.json) for
+# the dashboard's single sign-on test (tests/it/sso.rs); Chromium comes from ensure_browser.
+ensure_sso_provider() {
+  npm_ci_once tests/sso oidc-provider
+}
+
 # schemathesis fuzzes the API from its OpenAPI document (tests/it/fuzz.rs).
 # Pinned: the fuzzer's own generation changes between releases.
 SCHEMATHESIS_VERSION=4.32.5

@@ -14,6 +14,7 @@ ensure_egress_servers
 "$ROOT/deploy/local/rabbitmq.sh" up
 ensure_provider_signers
 ensure_browser
+ensure_sso_provider
 ensure_schemathesis
 ensure_svix_sdks
 # promtool checks the alert rules and the /metrics page (tests/it/observability.rs).

@@ -587,7 +587,12 @@ async fn every_dashboard_form_and_page_allows_exactly_the_roles_the_table_names(
         .build()
         .expect("client");
     // (method, path, form fields besides csrf, needs)
-    type Action = (&'static str, String, Vec<(&'static str, String)>, &'static str);
+    type Action = (
+        &'static str,
+        String,
+        Vec<(&'static str, String)>,
+        &'static str,
+    );
     let actions: Vec<Action> = vec![
         ("GET", "/dashboard/deliveries".into(), vec![], "read"),
         ("GET", "/dashboard/endpoints".into(), vec![], "read"),

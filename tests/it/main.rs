@@ -43,6 +43,7 @@ mod relay;
 mod retention;
 mod routing;
 mod secrets;
+mod sso;
 mod svix_sdk;
 mod transformations;
 mod transports;

@@ -104,12 +104,22 @@ pub async fn spawn_app_with_redis(redis_url: &str) -> TestApp {
 
 /// An API whose settings the test adjusts on top of the test defaults.
 pub async fn spawn_app_tuned(redis_url: &str, tune: impl FnOnce(Figment) -> Figment) -> TestApp {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    spawn_app_at(listener, redis_url, tune).await
+}
+
+/// An API on `listener` (a test that must know its address before the settings are made,
+/// such as a redirect URL, binds it first).
+pub async fn spawn_app_at(
+    listener: TcpListener,
+    redis_url: &str,
+    tune: impl FnOnce(Figment) -> Figment,
+) -> TestApp {
     let database_url = fresh_database().await;
     let settings = Settings::from_figment(tune(test_figment(&database_url, redis_url)))
         .expect("test settings");
     let pool = railhook_common::db::connect(&settings).expect("pool");
     let state = AppState::new(pool.clone(), &settings).expect("state");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let served = state.clone();
     tokio::spawn(
