@@ -181,7 +181,10 @@ async fn forward_one(
     let answer = match request.send().await {
         Ok(response) => {
             let status = response.status().as_u16();
-            let body = response.text().await.unwrap_or_default();
+            let mut body = response.text().await.unwrap_or_default();
+            // The API keeps 64 KiB of an answer and refuses messages over 1 MiB: only what
+            // it keeps goes up.
+            railhook_common::text::truncate_at_char(&mut body, 64 * 1024);
             LocalAnswer {
                 status: Some(status),
                 body,

@@ -57,6 +57,9 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(60);
 
 /// At most this much of the local receiver's answer comes back (the Attempt keeps less).
 const ANSWER_BYTES: usize = 64 * 1024;
+/// The largest WebSocket message a `railhook listen` client may send (an answer with a
+/// 64 KiB body, escaped, and its envelope fit well inside).
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// What a relay request waits for: the local receiver's status and body, or why there is
 /// none.
@@ -209,7 +212,12 @@ pub async fn open(
         .collect();
     let patterns = parse_patterns(&raw)?;
     let session = prepare(&state, &project, &name, q.application, &patterns).await?;
+    // A session is a tenant's connection into the shared API process: no message it sends
+    // may be larger than an answer needs (the relay keeps ANSWER_BYTES of a body; the
+    // envelope around it is small). A larger one closes the connection.
     Ok(ws
+        .max_message_size(MAX_MESSAGE_BYTES)
+        .max_frame_size(MAX_MESSAGE_BYTES)
         .on_upgrade(move |socket| run(state, socket, session))
         .into_response())
 }

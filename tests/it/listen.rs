@@ -330,3 +330,41 @@ async fn listen_with_a_revoked_key_is_refused_and_makes_nothing() {
         "{endpoints}"
     );
 }
+
+/// A listen client is a tenant's connection into the shared API process: a message over
+/// 1 MiB closes it, and the API goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_from_a_listen_client_closes_its_connection() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
+    let app = crate::support::spawn_app().await;
+    let (_, key) = app.project().await;
+    let url = format!(
+        "{}/v1/listen?name=big",
+        app.base.replacen("http://", "ws://", 1)
+    );
+    let mut request = url.into_client_request().expect("request");
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {key}").parse().expect("header"),
+    );
+    let (mut socket, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("the session opens");
+    let big = "x".repeat(2 * 1024 * 1024);
+    let _ = socket.send(tungstenite::Message::Text(big.into())).await;
+    let closed = tokio::time::timeout(WAIT, async {
+        loop {
+            match socket.next().await {
+                None | Some(Err(_)) | Some(Ok(tungstenite::Message::Close(_))) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert_eq!(closed, Ok(true), "the server closed the connection");
+    let r = app
+        .call(reqwest::Method::GET, "/v1/endpoints", Some(&key), None)
+        .await;
+    assert_eq!(r.status, reqwest::StatusCode::OK);
+}
