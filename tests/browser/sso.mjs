@@ -1,6 +1,7 @@
 // Single sign-on in headless Chromium (tests/it/sso.rs): from the dashboard's sign-in page
 // through the real OpenID Connect provider (tests/sso/provider.mjs) and back. Env: BASE,
-// ACCOUNT (the provider's account to sign in as), EXPECT ("signed-in" or "refused"), and
+// ACCOUNT (the provider's account to sign in as), EXPECT ("signed-in", "refused" for an
+// unmapped person, "unverified" for an ID token that fails its checks), and
 // REPLAY=1 to open the callback URL a second time after signing in.
 // Prints "sso ok" and what it saw; exits non-zero on the first surprise.
 import { chromium } from 'playwright-core';
@@ -54,6 +55,9 @@ try {
       check(replayed.includes('already used'), `the refusal says why: ${replayed}`);
       console.log('replay refused');
     }
+  } else if (EXPECT === 'unverified') {
+    check(text.includes('could not be verified'), `an ID token that fails its checks is refused: ${text}`);
+    console.log(`unverified: ${text.trim().slice(0, 240)}`);
   } else {
     check(text.includes('no rule gives you a role'), `an unmapped person is refused: ${text}`);
     console.log('refused');

@@ -1,9 +1,10 @@
 //! Dashboard single sign-on against a real OpenID Connect provider (node-oidc-provider,
 //! pinned in tests/sso/package.json) with Chromium driving the browser side
 //! (tests/browser/sso.mjs): a mapped person signs in with the role their claims give; a
-//! replayed callback is refused; a person no rule maps is refused; key sign-in is off. The
-//! ID token checks (audience, expiry, tampering, nonce) are unit tests in ingest/src/sso.rs,
-//! on tokens signed with a throwaway key.
+//! replayed callback is refused; a person no rule maps is refused; an ID token for another
+//! audience, expired, for another nonce or tampered with (the provider made hostile on
+//! purpose, tests/sso/provider.mjs) is refused; key sign-in is off. The same checks are also
+//! unit tests in ingest/src/sso.rs.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -115,6 +116,34 @@ async fn people_sign_in_through_a_real_provider_with_the_role_their_claims_give(
     assert!(seen.contains("signed in: operator"), "{seen}");
     // bob matches no rule.
     browser(&base, "bob", "refused", false).await;
+    // The provider turns hostile: an ID token for another audience, one already expired,
+    // one for another sign-in's nonce (each signed with the provider's published key), and
+    // one changed after signing are each refused with a page that says so.
+    let http = reqwest::Client::new();
+    for (mode, why) in [
+        ("audience", "Invalid audiences"),
+        ("expired", "ID token expired"),
+        ("nonce", "nonce mismatch"),
+        ("tampered", "Signature verification failed"),
+    ] {
+        let set = http
+            .get(format!("http://127.0.0.1:{idp_port}/test-mode/{mode}"))
+            .send()
+            .await
+            .expect("mode");
+        assert!(set.status().is_success(), "{mode}");
+        let seen = browser(&base, "alice", "unverified", false).await;
+        assert!(
+            seen.contains("could not be verified") && seen.contains(why),
+            "{mode}: {seen}"
+        );
+    }
+    let honest = http
+        .get(format!("http://127.0.0.1:{idp_port}/test-mode/honest"))
+        .send()
+        .await
+        .expect("mode");
+    assert!(honest.status().is_success());
 
     // Each sign-in is one audit row naming the person; the refusals wrote nothing.
     let rows: Vec<(String, String, Option<String>, serde_json::Value)> = sqlx::query_as(
