@@ -168,6 +168,9 @@ crate::words! {
         AttemptExhausted,
         #[strum(serialize = "message.attempt.recovered")]
         AttemptRecovered,
+        /// One audit-log row (docs/ACCESS.md); sent only to an endpoint that names it.
+        #[strum(serialize = "audit.entry")]
+        AuditEntry,
     }
 }
 

@@ -84,10 +84,10 @@ pub async fn record(
     let mut changes = change.changes;
     redact(&mut changes);
     let id = AuditEntryId::generate();
-    sqlx::query!(
+    let at = sqlx::query_scalar!(
         "INSERT INTO audit_log (id, project_id, actor_kind, actor, object_kind, object_id,
                                 action, changes, actor_email)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING at",
         id.as_str(),
         change.project_id,
         actor.kind(),
@@ -98,7 +98,20 @@ pub async fn record(
         changes,
         actor.email()
     )
-    .execute(conn)
+    .fetch_one(&mut *conn)
+    .await?;
+    // And to an operational endpoint that asked for `audit.entry` (none by default: `*`
+    // does not include it), in the same transaction: sent exactly when the change commits.
+    let entry = serde_json::json!({
+        "id": id.as_str(), "at": at, "actor_kind": actor.kind(), "actor": actor.name(),
+        "actor_email": actor.email(), "object_kind": change.object_kind,
+        "object_id": change.object_id, "action": change.action, "changes": changes,
+    });
+    crate::operational::emit(
+        &mut *conn,
+        change.project_id,
+        crate::operational::Notice::AuditEntry(entry),
+    )
     .await?;
     Ok(())
 }

@@ -29,6 +29,8 @@ pub enum Notice<'a> {
     EndpointDeleted(EndpointRef<'a>),
     EndpointEnabled(EndpointState<'a>),
     EndpointDisabled(EndpointState<'a>),
+    /// An audit-log row as `GET /v1/audit-log` shows it (crate::audit; already redacted).
+    AuditEntry(Value),
 }
 
 /// The data of `endpoint.created` and `endpoint.updated`: the URL as [`redacted_url`]
@@ -71,6 +73,7 @@ impl Notice<'_> {
             Notice::EndpointDeleted(_) => OperationalEvent::EndpointDeleted,
             Notice::EndpointEnabled(_) => OperationalEvent::EndpointEnabled,
             Notice::EndpointDisabled(_) => OperationalEvent::EndpointDisabled,
+            Notice::AuditEntry(_) => OperationalEvent::AuditEntry,
         }
     }
 
@@ -80,6 +83,7 @@ impl Notice<'_> {
             Notice::EndpointCreated(d) | Notice::EndpointUpdated(d) => serde_json::to_value(d),
             Notice::EndpointDeleted(d) => serde_json::to_value(d),
             Notice::EndpointEnabled(d) | Notice::EndpointDisabled(d) => serde_json::to_value(d),
+            Notice::AuditEntry(entry) => Ok(entry.clone()),
         };
         data.unwrap_or(Value::Null)
     }

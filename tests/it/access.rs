@@ -731,3 +731,47 @@ async fn every_dashboard_form_and_page_allows_exactly_the_roles_the_table_names(
         assert!(page.contains(action), "{action} on the audit page");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_rows_go_to_an_operational_endpoint_that_asks_for_them_and_to_no_other() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let mut ids = Vec::new();
+    for types in [json!(["audit.entry"]), json!(["*"])] {
+        let r = app
+            .call(
+                Method::POST,
+                "/v1/operational-endpoints",
+                Some(&key),
+                Some(json!({"url": "http://127.0.0.1:9/ops", "event_types": types})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        ids.push(r.body["id"].as_str().expect("id").to_owned());
+    }
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/event-types",
+            Some(&key),
+            Some(json!({"name": "invoice.sent", "description": "sent"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    // The change's audit row went out as one operational Event, to the endpoint that named
+    // `audit.entry` only (the `*` endpoint keeps what it had before this type existed).
+    let sent: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT d.endpoint_id, e.payload FROM events e JOIN deliveries d ON d.event_id = e.id
+         WHERE e.event_type = 'audit.entry' AND e.payload->'data'->>'object_id' = 'invoice.sent'",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("events");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].0, ids[0]);
+    let data = &sent[0].1["data"];
+    assert_eq!(data["action"], "create");
+    assert_eq!(data["object_kind"], "event_type");
+    assert_eq!(data["actor_kind"], "key");
+    assert!(!sent[0].1.to_string().contains(&key));
+}
