@@ -417,34 +417,11 @@ async fn a_send_only_key_posts_events_and_nothing_else_and_cannot_sign_in() {
         );
     }
     // The dashboard refuses it with a page that says why, and records the refusal.
-    let client = reqwest::Client::builder()
-        .redirect(redirect::Policy::none())
-        .build()
-        .expect("client");
-    let form = client
-        .get(format!("{}/dashboard/login", app.base))
-        .send()
+    let (status, page) = dashboard_session(&app, &sender)
         .await
-        .expect("form");
-    let cookie = form.headers()["set-cookie"]
-        .to_str()
-        .expect("cookie")
-        .split(';')
-        .next()
-        .expect("pair")
-        .to_owned();
-    let html = form.text().await.expect("html");
-    let at = html.find("name=\"csrf\" value=\"").expect("csrf") + 19;
-    let csrf = html[at..].split('"').next().expect("value");
-    let r = client
-        .post(format!("{}/dashboard/login", app.base))
-        .header("cookie", &cookie)
-        .form(&[("api_key", sender.as_str()), ("csrf", csrf)])
-        .send()
-        .await
-        .expect("login");
-    assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    assert!(r.text().await.expect("page").contains("send-only key"));
+        .expect_err("a sender key cannot sign in");
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(page.contains("send-only key"), "{page}");
     let refused: i64 =
         sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'sign_in_refused'")
             .fetch_one(&app.pool)
@@ -558,8 +535,12 @@ async fn an_application_key_touches_only_its_application_and_an_expired_key_noth
     );
 }
 
-/// A dashboard session of `key`: (cookie, CSRF token of its pages), or the sign-in's status.
-async fn dashboard_session(app: &TestApp, key: &str) -> Result<(String, String), StatusCode> {
+/// A dashboard session of `key`: (cookie, CSRF token of its pages), or the sign-in's status
+/// and page.
+async fn dashboard_session(
+    app: &TestApp,
+    key: &str,
+) -> Result<(String, String), (StatusCode, String)> {
     let client = reqwest::Client::builder()
         .redirect(redirect::Policy::none())
         .build()
@@ -585,7 +566,7 @@ async fn dashboard_session(app: &TestApp, key: &str) -> Result<(String, String),
         .await
         .expect("login");
     if r.status() != StatusCode::SEE_OTHER {
-        return Err(r.status());
+        return Err((r.status(), r.text().await.expect("page")));
     }
     let cookie = r.headers()["set-cookie"]
         .to_str()

@@ -22,7 +22,7 @@ use crate::extract::ApiQuery;
 use crate::pagination::{Listing, PageRequest};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::state::AppState;
-use crate::store::access as store;
+use crate::store::access::{self as store, AuditRow};
 
 /// What a new key may do. Every field is optional: an empty body makes a key with today's
 /// full rights (`admin`, every application, no expiry).
@@ -261,25 +261,6 @@ pub async fn revoke(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// One change, as the audit log shows it.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct AuditEntry {
-    pub id: String,
-    pub at: DateTime<Utc>,
-    /// `key` (an API key), `person` (someone signed in to the dashboard), `operator` (the
-    /// admin token) or `portal` (a customer in the portal).
-    pub actor_kind: String,
-    /// Who: a key's id and prefix, a portal session id; never a secret.
-    pub actor: String,
-    pub actor_email: Option<String>,
-    pub object_kind: String,
-    pub object_id: Option<String>,
-    pub action: String,
-    /// What changed, with every secret value replaced by `[redacted]`.
-    #[schema(value_type = Object)]
-    pub changes: serde_json::Value,
-}
-
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct AuditQuery {
@@ -296,7 +277,7 @@ pub struct AuditQuery {
 }
 
 #[utoipa::path(get, path = "/v1/audit-log", tag = "access", params(AuditQuery),
-    responses((status = 200, body = Listing<AuditEntry>), (status = 400, body = Problem),
+    responses((status = 200, body = Listing<AuditRow>), (status = 400, body = Problem),
               (status = 401, body = Problem), (status = 403, body = Problem),
               (status = 422, body = Problem)),
     security(("api_key" = [])))]
@@ -304,7 +285,7 @@ pub async fn audit_log(
     project: Project,
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<AuditQuery>,
-) -> ApiResult<Json<Listing<AuditEntry>>> {
+) -> ApiResult<Json<Listing<AuditRow>>> {
     let page = PageRequest::parse(q.limit, q.cursor.as_deref())?;
     let rows = store::audit_page(
         &state.pool,
@@ -319,21 +300,7 @@ pub async fn audit_log(
         },
     )
     .await?;
-    let rows: Vec<AuditEntry> = rows
-        .into_iter()
-        .map(|r| AuditEntry {
-            id: r.id,
-            at: r.at,
-            actor_kind: r.actor_kind,
-            actor: r.actor,
-            actor_email: r.actor_email,
-            object_kind: r.object_kind,
-            object_id: r.object_id,
-            action: r.action,
-            changes: r.changes,
-        })
-        .collect();
-    Ok(Json(page.finish(rows, |e: &AuditEntry| &e.id)))
+    Ok(Json(page.finish(rows, |e: &AuditRow| &e.id)))
 }
 
 /// The operator's key issue with a scope (`POST /v1/projects/{id}/api-keys`).

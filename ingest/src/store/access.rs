@@ -110,15 +110,23 @@ pub struct AuditFilter<'a> {
     pub limit: i64,
 }
 
+/// One change, as the audit log shows it (`GET /v1/audit-log`, the dashboard page).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = AuditEntry)]
 pub struct AuditRow {
     pub id: String,
     pub at: DateTime<Utc>,
+    /// `key` (an API key), `person` (someone signed in to the dashboard), `operator` (the
+    /// admin token) or `portal` (a customer in the portal).
     pub actor_kind: String,
+    /// Who: a key's id and prefix, a person's subject, a portal session id; never a secret.
     pub actor: String,
     pub actor_email: Option<String>,
     pub object_kind: String,
     pub object_id: Option<String>,
     pub action: String,
+    /// What changed, with every secret value replaced by `[redacted]`.
+    #[schema(value_type = Object)]
     pub changes: serde_json::Value,
 }
 
