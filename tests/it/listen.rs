@@ -293,8 +293,16 @@ async fn listen_with_a_revoked_key_is_refused_and_makes_nothing() {
         .expect("listen exits")
         .expect("status");
     assert!(!status.success());
-    let out = listen.output().join("\n");
-    assert!(out.contains("refused the session (401"), "{out}");
+    // The pipes' reader threads may still be collecting the output after the exit: wait
+    // for the line, do not read once (a loaded full run read it empty, 2026-12-07).
+    eventually("listen says why it was refused", WAIT, || async {
+        listen
+            .output()
+            .iter()
+            .any(|l| l.contains("refused the session (401"))
+            .then_some(())
+    })
+    .await;
     // A bad pattern is a 422, also said once.
     let mut bad = Command::new(env!("CARGO_BIN_EXE_railhook"))
         .args(["listen", "--api-url", &all.api, "--api-key", &key])
