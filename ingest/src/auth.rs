@@ -112,21 +112,19 @@ pub(crate) async fn authorize(
     state: &AppState,
     project: &Project,
 ) -> Result<(), ApiError> {
-    let route = parts
-        .extensions
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_owned());
-    let Some(route) = route else {
+    let Some(route) = parts.extensions.get::<MatchedPath>() else {
         // Not reached through the router's table: nothing lesser than admin passes.
         return match project.role {
             Role::Admin if project.application.is_none() => Ok(()),
             _ => Err(ApiError::Forbidden("this route is for admin keys".into())),
         };
     };
-    access::check(project.role, &parts.method, &route)?;
+    access::check(project.role, &parts.method, route.as_str())?;
     let Some(scope) = &project.application else {
         return Ok(());
     };
+    // Only an application-scoped caller reads the path's parameters (and owns the route).
+    let route = route.as_str().to_owned();
     let params = match RawPathParams::from_request_parts(parts, state).await {
         Ok(p) => p
             .iter()

@@ -9,6 +9,16 @@ use serde::de::DeserializeOwned;
 
 use crate::problem::ApiError;
 
+/// A body that may be left out: nothing (or only whitespace) reads as `T::default()`,
+/// anything else must be `T`'s JSON. Each route says how a bad body is answered.
+pub fn optional_json<T: Default + DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(T::default())
+    } else {
+        serde_json::from_slice(body)
+    }
+}
+
 /// `Json<T>`, but a bad body becomes a 400/413/415/422 problem naming what is wrong.
 pub struct ApiJson<T>(pub T);
 

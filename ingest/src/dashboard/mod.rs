@@ -171,6 +171,13 @@ fn dashboard_cookie(
         .build()
 }
 
+/// The session cookie of a new sign-in (a key's or a person's), for the session's lifetime.
+fn session_cookie(state: &AppState, token: String) -> Cookie<'static> {
+    let ttl = state.dashboard.session_ttl;
+    let max_age = cookie::time::Duration::seconds(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX));
+    dashboard_cookie(state, COOKIE, token, max_age)
+}
+
 fn cookie_value(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
@@ -441,20 +448,11 @@ async fn login(
         prefix: key.prefix.clone(),
     };
     if key.role == Role::Sender.as_str() {
-        let mut tx = state.pool.begin().await?;
-        crate::audit::record(
-            &mut tx,
-            &actor,
-            crate::audit::Change {
-                project_id: &key.project_id,
-                object_kind: "dashboard_session",
-                object_id: None,
-                action: "sign_in_refused",
-                changes: serde_json::json!({"reason": "a sender key cannot sign in"}),
-            },
-        )
-        .await?;
-        tx.commit().await?;
+        let why = serde_json::json!({"reason": "a sender key cannot sign in"});
+        crate::audit::Audited::begin(&state.pool, &actor, &key.project_id)
+            .await?
+            .commit("dashboard_session", None, "sign_in_refused", why)
+            .await?;
         return Ok(login_response(
             &state,
             StatusCode::FORBIDDEN,
@@ -485,12 +483,7 @@ async fn login(
             serde_json::json!({"role": key.role}),
         )
         .await?;
-    let cookie = dashboard_cookie(
-        &state,
-        COOKIE,
-        token,
-        cookie::time::Duration::seconds(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)),
-    );
+    let cookie = session_cookie(&state, token);
     Ok(with_cookie(Redirect::to("/dashboard/deliveries"), &cookie))
 }
 

@@ -11,7 +11,9 @@ use railhook_common::keygen::hash_api_key;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use super::{COOKIE, PageError, bare, cookie_value, dashboard_cookie, random_token, with_cookie};
+use super::{
+    PageError, bare, cookie_value, dashboard_cookie, random_token, session_cookie, with_cookie,
+};
 use crate::audit::{Actor, Audited};
 use crate::sso::Refusal;
 use crate::state::AppState;
@@ -160,13 +162,7 @@ pub async fn callback(
             serde_json::json!({"role": role.as_str(), "via": "sso"}),
         )
         .await?;
-    let ttl = state.dashboard.session_ttl;
-    let session = dashboard_cookie(
-        &state,
-        COOKIE,
-        token,
-        cookie::time::Duration::seconds(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)),
-    );
+    let session = session_cookie(&state, token);
     let spent = dashboard_cookie(
         &state,
         SSO_COOKIE,

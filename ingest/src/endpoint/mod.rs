@@ -42,7 +42,7 @@ use railhook_common::keygen::{generate_ed25519_secret, generate_signing_secret};
 use railhook_common::transport::{TransportKind, TransportSettings, sealing_id};
 use railhook_common::vocabulary::Word;
 
-use crate::audit;
+use crate::audit::{self, Audited};
 use crate::auth::Project;
 use crate::operational::{self, EndpointChanged, EndpointRef, Notice};
 use crate::problem::{ApiError, ApiResult};
@@ -183,16 +183,16 @@ pub(crate) async fn create(
     let id = EndpointId::generate();
     let checked = check_new(state, project, &id, &fields, source_id, own_target).await?;
     let sealed_secret = state.keyring.seal(id.as_str(), &checked.secret);
-    let mut tx = state.pool.begin().await?;
+    let mut audited = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
     let stored = checked.stored(project, &id, &fields, &sealed_secret, source_id);
-    let row = store::insert(&mut *tx, stored)
+    let row = store::insert(audited.conn(), stored)
         .await
         .map_err(uid_conflict)?;
     if let Some(patterns) = &subscription {
-        subscriptions::set_only(&mut tx, project.id.as_str(), &row.id, patterns).await?;
+        subscriptions::set_only(audited.conn(), project.id.as_str(), &row.id, patterns).await?;
     }
     operational::emit(
-        &mut *tx,
+        audited.conn(),
         project.id.as_str(),
         Notice::EndpointCreated(EndpointChanged::new(&row.id, &row.url, &row.description)),
     )
@@ -200,19 +200,9 @@ pub(crate) async fn create(
     let endpoint = row.view(&state.keyring);
     let mut created = audit::view(&endpoint);
     created["event_types"] = serde_json::json!(subscription);
-    audit::record(
-        &mut tx,
-        &project.actor,
-        audit::Change {
-            project_id: project.id.as_str(),
-            object_kind: "endpoint",
-            object_id: Some(&endpoint.id),
-            action: "create",
-            changes: created,
-        },
-    )
-    .await?;
-    tx.commit().await?;
+    audited
+        .commit("endpoint", Some(&endpoint.id), "create", created)
+        .await?;
     state.senders.invalidate();
     Ok(CreatedEndpoint {
         endpoint,
@@ -403,14 +393,19 @@ pub(crate) async fn update(
     } = change;
     let checked = check_change(state, project, id, &fields).await?;
     // The change, its subscription and its operational webhooks commit together.
-    let mut tx = state.pool.begin().await?;
-    let was_enabled = operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
+    let mut audited = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    let was_enabled = operational::lock_enabled(audited.conn(), project.id.as_str(), id.as_str())
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
     // Read once: what the type, the URL and the authentication are checked against.
-    let current = store::find(&mut *tx, project.id.as_str(), id.as_str(), Kind::Webhook)
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
+    let current = store::find(
+        audited.conn(),
+        project.id.as_str(),
+        id.as_str(),
+        Kind::Webhook,
+    )
+    .await?
+    .ok_or(ApiError::NotFound("endpoint"))?;
     let target = target::changed_target(state, &current, &fields)?;
     if current.transport == TransportKind::Poller.as_str() {
         target::check_poller(true, matches!(fields.transformation, Some(Some(_))))?;
@@ -420,20 +415,21 @@ pub(crate) async fn update(
         target::changed_client_certificate(state, &current, &fields)?,
     );
     let stored = checked.stored(&fields, &target, credentials);
-    let row = store::update(&mut *tx, id.as_str(), project.id.as_str(), stored)
+    let row = store::update(audited.conn(), id.as_str(), project.id.as_str(), stored)
         .await
         .map_err(uid_conflict)?
         .ok_or(ApiError::NotFound("endpoint"))?;
     if let Some(patterns) = &subscription {
-        subscriptions::set_only(&mut tx, project.id.as_str(), &row.id, patterns).await?;
+        subscriptions::set_only(audited.conn(), project.id.as_str(), &row.id, patterns).await?;
     }
     operational::emit(
-        &mut *tx,
+        audited.conn(),
         project.id.as_str(),
         Notice::EndpointUpdated(EndpointChanged::new(&row.id, &row.url, &row.description)),
     )
     .await?;
-    operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row).await?;
+    operational::emit_enabled_change(audited.conn(), project.id.as_str(), was_enabled, &row)
+        .await?;
     let mut changed = audit::diff(
         &audit::view(&current.view(&state.keyring)),
         &audit::view(&row.clone().view(&state.keyring)),
@@ -441,19 +437,9 @@ pub(crate) async fn update(
     if let Some(patterns) = &subscription {
         changed["event_types"] = serde_json::json!({"to": patterns});
     }
-    audit::record(
-        &mut tx,
-        &project.actor,
-        audit::Change {
-            project_id: project.id.as_str(),
-            object_kind: "endpoint",
-            object_id: Some(id.as_str()),
-            action: "update",
-            changes: changed,
-        },
-    )
-    .await?;
-    tx.commit().await?;
+    audited
+        .commit("endpoint", Some(id.as_str()), "update", changed)
+        .await?;
     state.senders.invalidate();
     Ok(row)
 }
@@ -567,31 +553,26 @@ impl CheckedChange {
 /// Deletes the project's webhook endpoint `id` and its subscriptions (the row stays, so its
 /// Deliveries and Attempts stay readable), with its operational notice, in one transaction.
 pub(crate) async fn delete(state: &AppState, project: &Project, id: &EndpointId) -> ApiResult<()> {
-    let mut tx = state.pool.begin().await?;
-    if !store::delete(&mut tx, id.as_str(), project.id.as_str()).await? {
+    let mut audited = Audited::begin(&state.pool, &project.actor, project.id.as_str()).await?;
+    if !store::delete(audited.conn(), id.as_str(), project.id.as_str()).await? {
         return Err(ApiError::NotFound("endpoint"));
     }
     operational::emit(
-        &mut *tx,
+        audited.conn(),
         project.id.as_str(),
         Notice::EndpointDeleted(EndpointRef {
             endpoint_id: id.as_str(),
         }),
     )
     .await?;
-    audit::record(
-        &mut tx,
-        &project.actor,
-        audit::Change {
-            project_id: project.id.as_str(),
-            object_kind: "endpoint",
-            object_id: Some(id.as_str()),
-            action: "delete",
-            changes: serde_json::json!({}),
-        },
-    )
-    .await?;
-    tx.commit().await?;
+    audited
+        .commit(
+            "endpoint",
+            Some(id.as_str()),
+            "delete",
+            serde_json::json!({}),
+        )
+        .await?;
     state.senders.invalidate();
     Ok(())
 }

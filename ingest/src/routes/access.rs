@@ -81,12 +81,9 @@ impl From<store::KeyRow> for ApiKeyOut {
     }
 }
 
-/// Reads an optional JSON body: nothing (or whitespace) is the default.
-pub(crate) fn optional_body<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))
+/// The optional body of a key's creation (an empty one makes a full-rights key).
+pub(crate) fn key_spec(body: &[u8]) -> ApiResult<NewApiKey> {
+    crate::extract::optional_json(body).map_err(|e| ApiError::MalformedJson(e.to_string()))
 }
 
 /// Checks `spec` and issues the key inside `conn`'s transaction, with its audit row.
@@ -171,7 +168,7 @@ pub async fn create(
     State(state): State<AppState>,
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<IssuedApiKey>)> {
-    let spec: NewApiKey = optional_body(&body)?;
+    let spec = key_spec(&body)?;
     let mut tx = state.pool.begin().await?;
     let key = issue(&mut tx, project.id.as_str(), &spec, &project.actor).await?;
     tx.commit().await?;

@@ -167,7 +167,7 @@ pub async fn create_api_key(
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<crate::routes::access::IssuedApiKey>)> {
     let project = ProjectId::parse(&id).map_err(|_| ApiError::NotFound("project"))?;
-    let spec: crate::routes::access::NewApiKey = crate::routes::access::optional_body(&body)?;
+    let spec = crate::routes::access::key_spec(&body)?;
     let key = crate::routes::access::issue_for_operator(&state, &project, &spec).await?;
     Ok((StatusCode::CREATED, Json(key)))
 }

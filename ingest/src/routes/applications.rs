@@ -367,31 +367,22 @@ pub async fn update(
 /// `endpoint.deleted` operational webhook for each); `false` if there was none.
 pub(crate) async fn remove(state: &AppState, project: &Project, id: &str) -> ApiResult<bool> {
     let project_id = project.id.as_str();
-    let mut tx = state.pool.begin().await?;
-    let Some(ended) = store::delete(&mut tx, project_id, id).await? else {
+    let mut audited = Audited::begin(&state.pool, &project.actor, project_id).await?;
+    let Some(ended) = store::delete(audited.conn(), project_id, id).await? else {
         return Ok(false);
     };
     for endpoint_id in &ended {
         operational::emit(
-            &mut *tx,
+            audited.conn(),
             project_id,
             Notice::EndpointDeleted(EndpointRef { endpoint_id }),
         )
         .await?;
     }
-    audit::record(
-        &mut tx,
-        &project.actor,
-        audit::Change {
-            project_id,
-            object_kind: "application",
-            object_id: Some(id),
-            action: "delete",
-            changes: serde_json::json!({"endpoints_deleted": ended}),
-        },
-    )
-    .await?;
-    tx.commit().await?;
+    let changed = serde_json::json!({"endpoints_deleted": ended});
+    audited
+        .commit("application", Some(id), "delete", changed)
+        .await?;
     Ok(true)
 }
 

@@ -114,11 +114,8 @@ pub async fn disable(
 ) -> ApiResult<Json<Endpoint>> {
     let id = parse_id(&id)?;
     // The body is optional: an empty POST disables without a reason.
-    let body: DisableEndpoint = if body.iter().all(u8::is_ascii_whitespace) {
-        DisableEndpoint::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::MalformedJson(e.to_string()))?
-    };
+    let body: DisableEndpoint =
+        crate::extract::optional_json(&body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
     let reason = disabled_by_a_person(body.reason.as_deref())?;
     set_enabled(&state, &project, &id, false, Some(reason)).await
 }
@@ -161,30 +158,25 @@ pub async fn set_enabled(
     enabled: bool,
     reason: Option<String>,
 ) -> ApiResult<Json<Endpoint>> {
-    // The change and its operational webhook commit together (crate::operational).
-    let mut tx = state.pool.begin().await?;
-    let was_enabled = crate::operational::lock_enabled(&mut tx, project.id.as_str(), id.as_str())
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
+    // The change, its operational webhook and its audit row commit together.
     let (id, project_id) = (id.as_str(), project.id.as_str());
-    let row = store::set_enabled(&mut *tx, id, project_id, enabled, reason.as_deref())
+    let mut audited = crate::audit::Audited::begin(&state.pool, &project.actor, project_id).await?;
+    let was_enabled = crate::operational::lock_enabled(audited.conn(), project_id, id)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    crate::operational::emit_enabled_change(&mut tx, project.id.as_str(), was_enabled, &row)
+    let row = store::set_enabled(audited.conn(), id, project_id, enabled, reason.as_deref())
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
+    crate::operational::emit_enabled_change(audited.conn(), project_id, was_enabled, &row).await?;
+    let action = if enabled { "enable" } else { "disable" };
+    audited
+        .commit(
+            "endpoint",
+            Some(id),
+            action,
+            serde_json::json!({"reason": reason}),
+        )
         .await?;
-    crate::audit::record(
-        &mut tx,
-        &project.actor,
-        crate::audit::Change {
-            project_id,
-            object_kind: "endpoint",
-            object_id: Some(id),
-            action: if enabled { "enable" } else { "disable" },
-            changes: serde_json::json!({"reason": reason}),
-        },
-    )
-    .await?;
-    tx.commit().await?;
     // The dashboard comes here without the API's router layer.
     state.senders.invalidate();
     Ok(Json(row.view(&state.keyring)))

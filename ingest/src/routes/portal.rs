@@ -170,11 +170,8 @@ pub async fn portal_access(
 ) -> ApiResult<(StatusCode, Json<PortalAccess>)> {
     let app = resolve_application(&state, project.id.as_str(), &id).await?;
     // The body is optional: none reads as every default.
-    let body: PortalAccessIn = if body.iter().all(u8::is_ascii_whitespace) {
-        PortalAccessIn::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::validation("body", e.to_string()))?
-    };
+    let body: PortalAccessIn = crate::extract::optional_json(&body)
+        .map_err(|e| ApiError::validation("body", e.to_string()))?;
     let access = issue(&state, &project, &headers, &app.id, &body).await?;
     Ok((StatusCode::CREATED, Json(access)))
 }

@@ -179,36 +179,37 @@ pub async fn project_for(
     hint: Option<&str>,
 ) -> Result<Option<(String, crate::access::Role)>, sqlx::Error> {
     use crate::sso::Grant;
-    for g in grants {
-        let (found, role) = match g {
-            Grant::Project { id, role } => (
-                sqlx::query_scalar!(
-                    "SELECT id FROM projects WHERE id = $1 AND ($2::text IS NULL OR id = $2)",
-                    id,
-                    hint
-                )
-                .fetch_optional(pool)
-                .await?,
-                *role,
-            ),
-            Grant::Organization { id, role } => (
-                sqlx::query_scalar!(
-                    "SELECT id FROM projects WHERE organization_id = $1
-                       AND ($2::text IS NULL OR id = $2) ORDER BY id LIMIT 1",
-                    id,
-                    hint
-                )
-                .fetch_optional(pool)
-                .await?,
-                *role,
-            ),
-        };
-        if let Some(p) = found {
-            return Ok(Some((p, role)));
+    // With the hint first, then without it.
+    for only in [hint, None]
+        .into_iter()
+        .take(if hint.is_some() { 2 } else { 1 })
+    {
+        for g in grants {
+            let found =
+                match g {
+                    Grant::Project { id, .. } => sqlx::query_scalar!(
+                        "SELECT id FROM projects WHERE id = $1 AND ($2::text IS NULL OR id = $2)",
+                        id,
+                        only
+                    )
+                    .fetch_optional(pool)
+                    .await?,
+                    Grant::Organization { id, .. } => {
+                        sqlx::query_scalar!(
+                            "SELECT id FROM projects WHERE organization_id = $1
+                           AND ($2::text IS NULL OR id = $2) ORDER BY id LIMIT 1",
+                            id,
+                            only
+                        )
+                        .fetch_optional(pool)
+                        .await?
+                    }
+                };
+            if let Some(p) = found {
+                let (Grant::Project { role, .. } | Grant::Organization { role, .. }) = g;
+                return Ok(Some((p, *role)));
+            }
         }
-    }
-    if hint.is_some() {
-        return Box::pin(project_for(pool, grants, None)).await;
     }
     Ok(None)
 }

@@ -53,11 +53,8 @@ pub async fn app_portal_access(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> SvixResult<Json<AppPortalAccessOut>> {
-    let body: AppPortalAccessIn = if body.iter().all(u8::is_ascii_whitespace) {
-        AppPortalAccessIn::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::validation("body", e.to_string()))?
-    };
+    let body: AppPortalAccessIn = crate::extract::optional_json(&body)
+        .map_err(|e| ApiError::validation("body", e.to_string()))?;
     let app = find_or_create(&state, &project, &app_id, body.application.as_ref()).await?;
     let access = issue(
         &state,

@@ -503,11 +503,8 @@ pub async fn rotate_secret(
 ) -> SvixResult<Json<EndpointSecretOut>> {
     let row = find(&state, &project, &app_id, &endpoint_id).await?;
     // The body is optional: none, or `{}`, rotates to a generated secret.
-    let body: EndpointSecretRotateIn = if body.iter().all(u8::is_ascii_whitespace) {
-        EndpointSecretRotateIn::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::validation("body", e.to_string()))?
-    };
+    let body: EndpointSecretRotateIn = crate::extract::optional_json(&body)
+        .map_err(|e| ApiError::validation("body", e.to_string()))?;
     let given = body
         .key
         .as_deref()
