@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that migrations stay safe to apply under load (docs/OPERATIONS.md, "Writing a
+"""Checks that migrations stay safe to apply under load (docs/operate/upgrades.md, "Writing a
 migration"). Every migration newer than BASELINE must:
 
 - build an index on an existing table without blocking writes: `CREATE INDEX CONCURRENTLY`

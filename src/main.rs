@@ -154,7 +154,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         tracing::warn!(
             "RAILHOOK_ENCRYPTION_KEYS is not set: endpoint signing secrets and Source secrets \
              are stored in plaintext, readable by anyone who can read the database or its \
-             backups (docs/OPERATIONS.md, Secrets at rest)"
+             backups (docs/operate/security.md, Secrets at rest)"
         );
     }
     match cli.role {

@@ -108,7 +108,7 @@ fn print_status(s: &slot::SlotStatus) {
 
 /// Whether the Slot is a failover Slot, the standbys Postgres waits for before decoding
 /// (`synchronized_standby_slots`), and, for each other server of a multi-host URL, whether
-/// it holds a copy of the Slot ready for a promotion (docs/OPERATIONS.md, "Failover").
+/// it holds a copy of the Slot ready for a promotion (docs/operate/failover.md, "Failover").
 async fn print_failover(
     primary: &railhook_common::postgres_url::PostgresTarget,
     client: &mut sqlx::PgConnection,

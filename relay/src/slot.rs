@@ -17,17 +17,17 @@ pub enum SlotError {
     #[error("control connection to Postgres failed")]
     Postgres(#[from] sqlx::Error),
     #[error(
-        "replication slot '{0}' does not exist: create it with `railhook slot create` (see docs/OPERATIONS.md); the relay never creates it, since a new slot would skip rows"
+        "replication slot '{0}' does not exist: create it with `railhook slot create` (see docs/operate/slot.md); the relay never creates it, since a new slot would skip rows"
     )]
     Missing(String),
     #[error(
-        "replication slot '{0}' was invalidated (wal_status = lost): recreate it and let the stranded-PENDING sweep re-announce (docs/OPERATIONS.md)"
+        "replication slot '{0}' was invalidated (wal_status = lost): recreate it and let the stranded-PENDING sweep re-announce (docs/operate/slot.md)"
     )]
     Invalidated(String),
     #[error("publication '{0}' does not exist: run `railhook migrate`")]
     NoPublication(String),
     #[error(
-        "failover slots need PostgreSQL 17 or later; this server is {0}: create an ordinary slot and follow the lost-slot recovery after a failover (docs/OPERATIONS.md)"
+        "failover slots need PostgreSQL 17 or later; this server is {0}: create an ordinary slot and follow the lost-slot recovery after a failover (docs/operate/failover.md)"
     )]
     FailoverUnsupported(i32),
 }
@@ -320,7 +320,7 @@ impl SlotCopy {
     }
 }
 
-/// How the server behind `conn` holds a copy of `name` (docs/OPERATIONS.md, "Failover").
+/// How the server behind `conn` holds a copy of `name` (docs/operate/failover.md, "Failover").
 pub async fn copy_on(conn: &mut PgConnection, name: &str) -> Result<SlotCopy, sqlx::Error> {
     let row = sqlx::query!(
         r#"SELECT (to_jsonb(s) ->> 'synced')::boolean AS synced,

@@ -1,4 +1,4 @@
-//! Postgres failover without losing an Event (issue #41; docs/OPERATIONS.md, "Failover"):
+//! Postgres failover without losing an Event (issue #41; docs/operate/failover.md, "Failover"):
 //! a primary and a synchronous physical standby of their own (deploy/local/pg-pair.sh),
 //! `railhook all` on a multi-host URL (`…@primary,standby/railhook?target_session_attrs=
 //! read-write`), Events posted at a steady rate; the primary is killed with SIGKILL and the
@@ -470,7 +470,7 @@ async fn failover_scenario(version: &'static str, failover_slot: bool, loss: Los
     );
     assert!(first_after > promoted_at - Duration::from_secs(1));
     // A frozen primary answers nothing, ever: every wait on it must end by Railhook's own
-    // deadlines (docs/OPERATIONS.md, "A primary that stops answering").
+    // deadlines (docs/operate/failover.md, "A primary that stops answering").
     let recovery = first_after.duration_since(stream.killed_at);
     assert!(
         recovery < Duration::from_secs(60),

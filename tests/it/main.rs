@@ -16,6 +16,7 @@ mod claim_fence;
 mod connectivity;
 mod dashboard;
 mod deferrals;
+mod docs_reference;
 mod doze;
 mod egress;
 mod egress_matrix;

@@ -1,4 +1,4 @@
-//! The least-privilege recipe of docs/OPERATIONS.md ("Roles and `pg_hba.conf`"), run as
+//! The least-privilege recipe of docs/operate/slot.md ("Roles and `pg_hba.conf`"), run as
 //! written: its second SQL block creates the ingest and worker role (a unique name and the
 //! test database put in), then the real binaries run against real Postgres, Kafka and
 //! Redis — `railhook ingest` and `railhook worker` as that role, `railhook relay` as the
@@ -17,14 +17,14 @@ use sqlx::postgres::PgPoolOptions;
 const WAIT: Duration = Duration::from_secs(90);
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The SQL block of docs/OPERATIONS.md that creates `railhook_app`.
+/// The SQL block of docs/operate/slot.md that creates `railhook_app`.
 fn app_role_recipe() -> String {
-    let doc = std::fs::read_to_string(format!("{ROOT}/docs/OPERATIONS.md")).expect("doc");
+    let doc = std::fs::read_to_string(format!("{ROOT}/docs/operate/slot.md")).expect("doc");
     doc.split("```sql")
         .skip(1)
         .map(|b| b.split("```").next().expect("block"))
         .find(|b| b.contains("CREATE ROLE railhook_app"))
-        .expect("the railhook_app block in docs/OPERATIONS.md")
+        .expect("the railhook_app block in docs/operate/slot.md")
         .to_owned()
 }
 

@@ -25,7 +25,7 @@ pub async fn relay(State(state): State<AppState>, session: Session) -> PageResul
     let slot = railhook_common::slot_status::read(&state.pool, &state.slot).await?;
     let body = html! {
         @match &slot {
-            None => p.error #slot-missing { "The Slot " code { (state.slot) } " does not exist. Run " code { "railhook slot create" } " (see docs/OPERATIONS.md)." },
+            None => p.error #slot-missing { "The Slot " code { (state.slot) } " does not exist. Run " code { "railhook slot create" } " (see docs/operate/slot.md)." },
             Some(s) => {
                 div.grid #relay {
                     div.tile { div.muted { "Slot" } div.v { code { (state.slot) } } }
