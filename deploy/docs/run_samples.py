@@ -1,6 +1,6 @@
 """Runs the samples of the documentation's tested pages against a live Railhook.
 
-Usage: run_samples.py [--fresh-project] PAGE.md...
+Usage: run_samples.py [--fresh-project] [--guides-from SUMMARY.md] [PAGE.md...]
 
 A tested page is read as a reader would follow it: its `sh` blocks run in order in one bash
 (so a variable set in one block is there in the next), in a scratch directory of its own; a
@@ -116,8 +116,27 @@ def run(page, timeout):
     return ok, out, time.monotonic() - started, work
 
 
+def guides_of(summary):
+    """The pages of the "# Guides" part of SUMMARY.md, in order: every guide is tested."""
+    pages, part = [], None
+    base = os.path.dirname(summary)
+    for line in open(summary):
+        if line.startswith("# "):
+            part = line[2:].strip()
+        m = re.search(r"\]\(([^)#]+\.md)\)", line)
+        if part == "Guides" and m:
+            pages.append(os.path.join(base, m.group(1)))
+    return pages
+
+
 def main():
-    pages = [a for a in sys.argv[1:] if not a.startswith("--")]
+    args = sys.argv[1:]
+    pages = []
+    for i, a in enumerate(args):
+        if a == "--guides-from":
+            pages += guides_of(args[i + 1])
+        elif not a.startswith("--") and (i == 0 or args[i - 1] != "--guides-from"):
+            pages.append(a)
     timeout = int(os.environ.get("DOC_SAMPLE_TIMEOUT", "900"))
     passed = failed = 0
     for page in pages:
