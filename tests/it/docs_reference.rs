@@ -88,6 +88,26 @@ fn type_of(schema: &Value) -> String {
     }
 }
 
+/// What a status code means on every route, for responses the code does not describe.
+fn meaning(status: &str) -> &'static str {
+    match status {
+        "200" => "OK",
+        "201" => "Created",
+        "202" => "Accepted: stored, the work goes on",
+        "204" => "Done; no body",
+        "400" => "The request could not be read",
+        "401" => "No key, or a key Railhook does not know",
+        "403" => "The key's role or scope does not allow this",
+        "404" => "No such object in this project",
+        "409" => "Conflicts with the object's state or an earlier request",
+        "413" => "The body is over the size limit",
+        "422" => "Invalid: `code` and `field` say what",
+        "429" => "Over the quota or a rate limit",
+        "503" => "A dependency is not answering; try again",
+        _ => "",
+    }
+}
+
 /// The body schema of a request body or response, with its media type.
 fn body_of(content: Option<&Value>) -> String {
     let Some(content) = content.and_then(Value::as_object) else {
@@ -182,10 +202,15 @@ fn render(doc: &Value) -> String {
             if let Some(responses) = op["responses"].as_object() {
                 w!(out, "| answer | meaning | body |\n| --- | --- | --- |");
                 for (status, r) in responses {
+                    let said = r["description"].as_str().unwrap_or("").trim();
                     w!(
                         out,
                         "| {status} | {} | {} |",
-                        cell(r["description"].as_str().unwrap_or("")),
+                        cell(if said.is_empty() {
+                            meaning(status)
+                        } else {
+                            said
+                        }),
                         cell(&body_of(r.get("content")))
                     );
                 }
