@@ -9,8 +9,10 @@ source "$(dirname "$0")/lib.sh"
 ensure_standardwebhooks
 source "$ENV_FILE"
 cd "$ROOT"
-log "building railhook"
-cargo build --locked --bin railhook --quiet
+# Not --quiet: on a fresh clone this is the one long step (about 4 minutes on 2 cores), and a
+# newcomer watching a silent terminal cannot tell it from a hang.
+log "building railhook (the first build takes a few minutes; later ones seconds)"
+cargo build --locked --bin railhook
 BIN="$ROOT/target/debug/railhook"
 
 if [ -z "${RAILHOOK_ADMIN_TOKEN:-}" ]; then
