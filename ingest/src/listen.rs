@@ -158,6 +158,7 @@ pub enum Up {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListenQuery {
     /// The session's name (1–64 letters, digits, `.`, `_`, `-`; default `default`): one
     /// endpoint per name, kept across reconnects.

@@ -590,3 +590,21 @@ async fn the_applications_page_opens_a_customers_portal() {
         "{portal}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_a_page_query_is_refused_not_a_server_error() {
+    let app = spawn_app().await;
+    let (_, key) = app.project().await;
+    let (cookie, _) = sign_in(&app, &key).await;
+    // The audit page passed its object filter to Postgres, whose text refuses a NUL: 500.
+    for path in [
+        "/dashboard/audit-log?object_id=a%00",
+        "/dashboard/deliveries?endpoint_id=a%00b",
+        "/dashboard/failed?event_type=a%00",
+    ] {
+        let (status, html, _) = page(&cookie, format!("{}{path}", app.base)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{path}: {html}");
+    }
+    let (status, _, _) = page(&cookie, format!("{}/dashboard/audit-log", app.base)).await;
+    assert_eq!(status, StatusCode::OK);
+}

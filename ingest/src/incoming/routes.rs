@@ -62,6 +62,9 @@ fn parse_id(raw: &str) -> ApiResult<SourceId> {
     SourceId::parse(raw).map_err(|_| ApiError::NotFound("source"))
 }
 
+/// Creates a Source for a provider's incoming webhooks.
+///
+/// The answer names its `ingest_path`; the verification secret is sealed and never returned.
 #[utoipa::path(post, path = "/v1/sources", tag = "incoming", request_body = CreateSource,
     responses((status = 201, body = Source), (status = 422, body = Problem)),
     security(("api_key" = [])))]
@@ -120,11 +123,13 @@ pub async fn create(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub cursor: Option<String>,
 }
 
+/// Lists the project's Sources, newest first.
 #[utoipa::path(get, path = "/v1/sources", tag = "incoming", params(ListQuery),
     responses((status = 200, body = Listing<Source>)), security(("api_key" = [])))]
 pub async fn list(
@@ -146,6 +151,7 @@ async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<Sourc
         .ok_or(ApiError::NotFound("source"))
 }
 
+/// Returns one Source (without its secret).
 #[utoipa::path(get, path = "/v1/sources/{id}", tag = "incoming",
     params(("id" = String, Path)),
     responses((status = 200, body = Source), (status = 404, body = Problem)),
@@ -178,6 +184,9 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Adds a Destination to a Source: an endpoint its webhooks are forwarded to.
+///
+/// The answer carries the Destination's own signing secret.
 #[utoipa::path(post, path = "/v1/sources/{id}/destinations", tag = "incoming",
     params(("id" = String, Path)), request_body = CreateEndpoint,
     responses((status = 201, body = CreatedEndpoint), (status = 404, body = Problem),
@@ -200,6 +209,7 @@ pub async fn create_destination(
     Ok((StatusCode::CREATED, Json(created)))
 }
 
+/// Lists a Source's Destinations.
 #[utoipa::path(get, path = "/v1/sources/{id}/destinations", tag = "incoming",
     params(("id" = String, Path)),
     responses((status = 200, body = Vec<Endpoint>), (status = 404, body = Problem)),

@@ -219,7 +219,11 @@ fn ended(status: StatusCode, settings: Option<&Settings>) -> Response {
 /// `frame-ancestors` is set per project by [`frame_policy`]; an answer without it (the
 /// stylesheet, a redirect) gets `'none'`.
 async fn harden(request: Request, next: Next) -> Response {
-    let mut response = next.run(request).await;
+    // As the dashboard's: a query holding a NUL is refused before any page reads it.
+    let mut response = match crate::extract::refuse_nul(request.uri()) {
+        Err(refused) => PortalError::Api(refused).into_response(),
+        Ok(()) => next.run(request).await,
+    };
     let h = response.headers_mut();
     if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
         h.insert(

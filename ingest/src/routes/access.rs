@@ -158,6 +158,9 @@ pub(crate) async fn issue(
     })
 }
 
+/// Issues an API key for the caller's project, with a role, an application or an expiry.
+///
+/// The key is shown once; only its hash is kept. Needs an admin key.
 #[utoipa::path(post, path = "/v1/api-keys", tag = "access",
     request_body(content = NewApiKey, description = "optional: an empty body is a full-rights key"),
     responses((status = 201, body = IssuedApiKey), (status = 401, body = Problem),
@@ -182,6 +185,7 @@ pub struct KeysQuery {
     pub cursor: Option<String>,
 }
 
+/// Lists the project's API keys (prefixes, roles, scopes; never the keys).
 #[utoipa::path(get, path = "/v1/api-keys", tag = "access", params(KeysQuery),
     responses((status = 200, body = Listing<ApiKeyOut>), (status = 401, body = Problem),
               (status = 403, body = Problem)),
@@ -223,6 +227,7 @@ impl FromRequestParts<AppState> for KeyManager {
     }
 }
 
+/// Revokes an API key at once.
 #[utoipa::path(delete, path = "/v1/api-keys/{id}", tag = "admin",
     params(("id" = String, Path, description = "API key id")),
     responses((status = 204), (status = 401, body = Problem), (status = 403, body = Problem),
@@ -273,6 +278,7 @@ pub struct AuditQuery {
     pub until: Option<DateTime<Utc>>,
 }
 
+/// Lists the audit log: one entry per change, who made it and what changed, newest first.
 #[utoipa::path(get, path = "/v1/audit-log", tag = "access", params(AuditQuery),
     responses((status = 200, body = Listing<AuditRow>), (status = 400, body = Problem),
               (status = 401, body = Problem), (status = 403, body = Problem),

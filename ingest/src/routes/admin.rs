@@ -35,6 +35,7 @@ pub struct Organization {
     pub created_at: DateTime<Utc>,
 }
 
+/// Creates an organization (admin token).
 #[utoipa::path(post, path = "/v1/organizations", tag = "admin",
     request_body = CreateOrganization,
     responses((status = 201, body = Organization), (status = 401, body = crate::problem::Problem),
@@ -102,6 +103,7 @@ async fn issue_key(conn: &mut PgConnection, project_id: &str) -> ApiResult<Issue
     })
 }
 
+/// Creates a project in an organization, with its first API key (admin token).
 #[utoipa::path(post, path = "/v1/projects", tag = "admin",
     request_body = CreateProject,
     responses((status = 201, body = CreatedProject), (status = 401, body = crate::problem::Problem),
@@ -151,6 +153,7 @@ pub async fn create_project(
     ))
 }
 
+/// Issues an API key for a project (admin token).
 #[utoipa::path(post, path = "/v1/projects/{id}/api-keys", tag = "admin",
     params(("id" = String, Path, description = "Project id")),
     request_body(content = crate::routes::access::NewApiKey,

@@ -232,6 +232,7 @@ pub(crate) async fn insert(
     Ok(row)
 }
 
+/// Creates an application: one customer of yours, with endpoints of its own.
 #[utoipa::path(post, path = "/v1/applications", tag = "applications",
     request_body = CreateApplication,
     responses((status = 201, body = Application), (status = 409, body = Problem),
@@ -247,11 +248,13 @@ pub async fn create(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub cursor: Option<String>,
 }
 
+/// Lists the project's applications, newest first.
 #[utoipa::path(get, path = "/v1/applications", tag = "applications", params(ListQuery),
     responses((status = 200, body = Listing<Application>)), security(("api_key" = [])))]
 pub async fn list(
@@ -272,6 +275,7 @@ pub async fn list(
     Ok(Json(page.finish(rows, |a: &Application| &a.id)))
 }
 
+/// Returns one application, by id or uid.
 #[utoipa::path(get, path = "/v1/applications/{id}", tag = "applications",
     params(("id" = String, Path, description = "The application's id or uid")),
     responses((status = 200, body = Application), (status = 404, body = Problem)),
@@ -346,6 +350,7 @@ pub(crate) async fn change(
     Ok(row)
 }
 
+/// Changes an application's name, uid, metadata or rate limit.
 #[utoipa::path(patch, path = "/v1/applications/{id}", tag = "applications",
     params(("id" = String, Path, description = "The application's id or uid")),
     request_body = UpdateApplication,
@@ -404,6 +409,7 @@ pub async fn delete(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct StatsQuery {
     /// RFC 3339; default: 24 hours before `until`.
     pub since: Option<DateTime<Utc>>,

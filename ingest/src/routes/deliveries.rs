@@ -83,6 +83,7 @@ pub struct DeliveryDetail {
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub status: Option<String>,
     pub endpoint_id: Option<String>,
@@ -91,6 +92,7 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
+/// Lists Deliveries, newest first, filtered by endpoint, Event or status.
 #[utoipa::path(get, path = "/v1/deliveries", tag = "deliveries", params(ListQuery),
     responses((status = 200, body = Listing<Delivery>), (status = 422, body = Problem)),
     security(("api_key" = [])))]
@@ -136,6 +138,7 @@ pub async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<D
     find_row(state, project, raw).await.map(Delivery::from)
 }
 
+/// Returns one Delivery with its status, attempt count and schedule.
 #[utoipa::path(get, path = "/v1/deliveries/{id}", tag = "deliveries",
     params(("id" = String, Path)),
     responses((status = 200, body = DeliveryDetail), (status = 404, body = Problem)),
@@ -150,6 +153,7 @@ pub async fn get(
     Ok(Json(DeliveryDetail { delivery, attempts }))
 }
 
+/// Lists a Delivery's Attempts: status code, duration, error class, response excerpt.
 #[utoipa::path(get, path = "/v1/deliveries/{id}/attempts", tag = "deliveries",
     params(("id" = String, Path)),
     responses((status = 200, body = Vec<Attempt>), (status = 404, body = Problem)),

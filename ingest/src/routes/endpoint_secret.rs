@@ -28,6 +28,7 @@ pub struct EndpointSecret {
     pub previous_key_expires_at: Option<DateTime<Utc>>,
 }
 
+/// Returns the endpoint's current signing secret (and the previous one during a rotation).
 #[utoipa::path(get, path = "/v1/endpoints/{id}/secret", tag = "endpoints",
     params(("id" = String, Path)),
     responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),

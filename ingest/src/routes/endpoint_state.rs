@@ -62,6 +62,7 @@ pub fn streak_state(
     }
 }
 
+/// Returns the endpoint's health: `healthy`, `warning` or `disabled`, its breaker and its last 24 hours.
 #[utoipa::path(get, path = "/v1/endpoints/{id}/health", tag = "endpoints",
     params(("id" = String, Path)),
     responses((status = 200, body = EndpointHealth), (status = 404, body = Problem)),

@@ -11,6 +11,7 @@ use crate::problem::{ApiResult, Problem};
 use crate::routes::endpoints::{Endpoint, UpdateEndpoint, parse_id};
 use crate::state::AppState;
 
+/// Changes an endpoint; fields left out are kept.
 #[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints",
     params(("id" = String, Path)), request_body = UpdateEndpoint,
     responses((status = 200, body = Endpoint), (status = 404, body = Problem),

@@ -87,6 +87,7 @@ pub(crate) fn check_description(d: &str) -> ApiResult<()> {
     Ok(())
 }
 
+/// Creates an endpoint (HTTP, a broker, a poller); the answer carries its signing secret.
 #[utoipa::path(post, path = "/v1/endpoints", tag = "endpoints", request_body = CreateEndpoint,
     responses((status = 201, body = CreatedEndpoint), (status = 422, body = Problem)),
     security(("api_key" = [])))]
@@ -131,6 +132,7 @@ pub(crate) async fn of_source(state: &AppState, source_id: &str) -> ApiResult<Ve
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub cursor: Option<String>,
@@ -138,6 +140,7 @@ pub struct ListQuery {
     pub application: Option<String>,
 }
 
+/// Lists the project's endpoints, filtered by application.
 #[utoipa::path(get, path = "/v1/endpoints", tag = "endpoints", params(ListQuery),
     responses((status = 200, body = Listing<Endpoint>)), security(("api_key" = [])))]
 pub async fn list(
@@ -167,6 +170,7 @@ pub async fn list(
     Ok(Json(page.finish(rows, |e: &Endpoint| &e.id)))
 }
 
+/// Returns one endpoint (credentials left out).
 #[utoipa::path(get, path = "/v1/endpoints/{id}", tag = "endpoints",
     params(("id" = String, Path)),
     responses((status = 200, body = Endpoint), (status = 404, body = Problem)),

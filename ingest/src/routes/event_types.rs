@@ -108,6 +108,7 @@ pub struct CreateEventType {
     pub schema: Option<Value>,
 }
 
+/// Adds an event type to the catalogue, optionally with a JSON Schema every payload must match.
 #[utoipa::path(post, path = "/v1/event-types", tag = "event-types",
     request_body = CreateEventType,
     responses((status = 201, body = EventTypeBody),
@@ -142,6 +143,7 @@ pub async fn create(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Include deprecated types (default true).
     pub include_deprecated: Option<bool>,
@@ -149,6 +151,7 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
+/// Lists the catalogue's event types by name.
 #[utoipa::path(get, path = "/v1/event-types", tag = "event-types", params(ListQuery),
     responses((status = 200, body = Listing<EventTypeBody>)), security(("api_key" = [])))]
 pub async fn list(
@@ -169,6 +172,7 @@ pub async fn list(
     Ok(Json(page.finish(rows, |t: &EventTypeBody| &t.name)))
 }
 
+/// Returns one event type with its schema.
 #[utoipa::path(get, path = "/v1/event-types/{name}", tag = "event-types",
     params(("name" = String, Path)),
     responses((status = 200, body = EventTypeBody), (status = 404, body = Problem)),
@@ -201,6 +205,7 @@ pub struct UpdateEventType {
     pub schema: Option<Option<Value>>,
 }
 
+/// Changes an event type's description or schema (each schema change is a new version).
 #[utoipa::path(patch, path = "/v1/event-types/{name}", tag = "event-types",
     params(("name" = String, Path)), request_body = UpdateEventType,
     responses((status = 200, body = EventTypeBody), (status = 404, body = Problem),
@@ -245,6 +250,7 @@ pub async fn update(
     Ok(Json(out))
 }
 
+/// Marks an event type deprecated (it is still accepted).
 #[utoipa::path(post, path = "/v1/event-types/{name}/deprecate", tag = "event-types",
     params(("name" = String, Path)),
     responses((status = 200, body = EventTypeBody), (status = 404, body = Problem)),
@@ -270,6 +276,7 @@ pub async fn deprecate(
     Ok(Json(row.into()))
 }
 
+/// Removes an event type from the catalogue.
 #[utoipa::path(delete, path = "/v1/event-types/{name}", tag = "event-types",
     params(("name" = String, Path)),
     responses((status = 204), (status = 404, body = Problem)), security(("api_key" = [])))]

@@ -160,6 +160,9 @@ pub(crate) fn validate_event(
     })
 }
 
+/// Accepts an Event: the Event, one Delivery per subscribed endpoint and their Outbox rows in one transaction.
+///
+/// Send an `Idempotency-Key`: the same key and body answer `200` with the Event first created.
 #[utoipa::path(post, path = "/v1/events", tag = "events", request_body = CreateEvent,
     params(("Idempotency-Key" = Option<String>, Header,
             description = "Retries with the same key return the Event already created")),
@@ -232,6 +235,7 @@ pub(crate) async fn accept_one(
         )))
 }
 
+/// Accepts up to `MAX_BATCH_SIZE` Events in one transaction: all or none.
 #[utoipa::path(post, path = "/v1/events/batch", tag = "events", request_body = CreateBatch,
     responses((status = 201, body = BatchResult), (status = 409, body = Problem),
               (status = 413, body = Problem), (status = 422, body = Problem),
@@ -331,6 +335,7 @@ pub struct Event {
     pub deliveries: Vec<DeliverySummary>,
 }
 
+/// Returns one Event with its payload and its Deliveries' statuses.
 #[utoipa::path(get, path = "/v1/events/{id}", tag = "events", params(("id" = String, Path)),
     responses((status = 200, body = Event), (status = 404, body = Problem)),
     security(("api_key" = [])))]
@@ -430,6 +435,7 @@ pub async fn expunge(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Exact event type.
     #[serde(rename = "type")]
@@ -457,6 +463,7 @@ pub struct EventSummary {
     pub created_at: DateTime<Utc>,
 }
 
+/// Lists Events, newest first, filtered by type, application or channel.
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(ListQuery),
     responses((status = 200, body = Listing<EventSummary>)), security(("api_key" = [])))]
 pub async fn list(

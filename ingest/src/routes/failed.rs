@@ -19,6 +19,7 @@ use crate::store::failed::{FailedFilter, FailedMessage, list_failed, retry_match
 /// The filter's fields again rather than `#[serde(flatten)]`: a flattened query string
 /// reaches the inner struct as strings only, and `status_code=400` would not parse.
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub endpoint_id: Option<String>,
     pub event_type: Option<String>,
@@ -66,6 +67,7 @@ async fn checked(
     Ok(f)
 }
 
+/// Lists Failed Messages (Deliveries that ended FAILED), newest first, with the reason.
 #[utoipa::path(get, path = "/v1/failed-messages", tag = "failed-messages", params(ListQuery),
     responses((status = 200, body = Listing<FailedMessage>), (status = 422, body = Problem)),
     security(("api_key" = [])))]

@@ -120,6 +120,7 @@ pub struct CreateOperationalEndpoint {
     pub event_types: Option<Vec<String>>,
 }
 
+/// Creates an operational webhook endpoint: Railhook tells it about endpoints disabled, messages failed and the like.
 #[utoipa::path(post, path = "/v1/operational-endpoints", tag = "operational-endpoints",
     request_body = CreateOperationalEndpoint,
     responses((status = 201, body = CreatedOperationalEndpoint), (status = 422, body = Problem)),
@@ -174,11 +175,13 @@ pub(crate) async fn insert(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub cursor: Option<String>,
 }
 
+/// Lists the project's operational webhook endpoints.
 #[utoipa::path(get, path = "/v1/operational-endpoints", tag = "operational-endpoints",
     params(ListQuery),
     responses((status = 200, body = Listing<OperationalEndpoint>)), security(("api_key" = [])))]
@@ -201,6 +204,7 @@ pub async fn list(
     Ok(Json(page.finish(rows, |e: &OperationalEndpoint| &e.id)))
 }
 
+/// Returns one operational webhook endpoint.
 #[utoipa::path(get, path = "/v1/operational-endpoints/{id}", tag = "operational-endpoints",
     params(("id" = String, Path)),
     responses((status = 200, body = OperationalEndpoint), (status = 404, body = Problem)),
@@ -232,6 +236,7 @@ pub struct UpdateOperationalEndpoint {
     pub enabled: Option<bool>,
 }
 
+/// Changes an operational webhook endpoint.
 #[utoipa::path(patch, path = "/v1/operational-endpoints/{id}", tag = "operational-endpoints",
     params(("id" = String, Path)), request_body = UpdateOperationalEndpoint,
     responses((status = 200, body = OperationalEndpoint), (status = 404, body = Problem),
@@ -291,6 +296,7 @@ pub(crate) async fn apply(
     Ok(row)
 }
 
+/// Deletes an operational webhook endpoint.
 #[utoipa::path(delete, path = "/v1/operational-endpoints/{id}", tag = "operational-endpoints",
     params(("id" = String, Path)),
     responses((status = 204), (status = 404, body = Problem)), security(("api_key" = [])))]
@@ -322,6 +328,7 @@ pub(crate) async fn remove(state: &AppState, project: &Project, id: &EndpointId)
     Ok(())
 }
 
+/// Returns an operational webhook endpoint's signing secret.
 #[utoipa::path(get, path = "/v1/operational-endpoints/{id}/secret", tag = "operational-endpoints",
     params(("id" = String, Path)),
     responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),
@@ -334,6 +341,7 @@ pub async fn secret(
     endpoint_secret::read(&state, &project, &id, Kind::Operational).await
 }
 
+/// Rotates an operational webhook endpoint's signing secret (the old one signs too for the overlap).
 #[utoipa::path(post, path = "/v1/operational-endpoints/{id}/secret/rotate",
     tag = "operational-endpoints", params(("id" = String, Path)),
     responses((status = 200, body = EndpointSecret), (status = 404, body = Problem)),

@@ -155,6 +155,7 @@ pub(crate) async fn issue(
     })
 }
 
+/// Makes a one-time link to an application's customer portal (valid ten minutes, opens one session).
 #[utoipa::path(post, path = "/v1/applications/{id}/portal-access", tag = "portal",
     params(("id" = String, Path, description = "the application's id or uid")),
     request_body = PortalAccessIn,
@@ -380,6 +381,7 @@ fn view(s: Settings) -> PortalSettings {
     }
 }
 
+/// Returns the portal's settings: the origins that may frame it, its theme, the endpoint kinds offered.
 #[utoipa::path(get, path = "/v1/portal/settings", tag = "portal",
     responses((status = 200, body = PortalSettings)), security(("api_key" = [])))]
 pub async fn get_settings(

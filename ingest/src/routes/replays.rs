@@ -180,6 +180,7 @@ fn validate(body: NewReplay) -> Result<Validated, ApiError> {
     }
 }
 
+/// Starts a Replay of stored Events (by id or by time range), or counts it with `dry_run`.
 #[utoipa::path(post, path = "/v1/replays", tag = "replays", request_body = NewReplay,
     responses((status = 202, body = Replay), (status = 200, description = "dry run", body = ReplayPreview),
               (status = 422, body = Problem)),
@@ -282,11 +283,13 @@ pub async fn recent(state: &AppState, project: &Project, limit: i64) -> ApiResul
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub cursor: Option<String>,
 }
 
+/// Lists Replays, newest first.
 #[utoipa::path(get, path = "/v1/replays", tag = "replays", params(ListQuery),
     responses((status = 200, body = Listing<Replay>), (status = 422, body = Problem)),
     security(("api_key" = [])))]
@@ -310,6 +313,7 @@ pub async fn find(state: &AppState, project: &Project, raw: &str) -> ApiResult<R
         .ok_or(ApiError::NotFound("replay"))
 }
 
+/// Returns a Replay's progress.
 #[utoipa::path(get, path = "/v1/replays/{id}", tag = "replays", params(("id" = String, Path)),
     responses((status = 200, body = Replay), (status = 404, body = Problem)),
     security(("api_key" = [])))]

@@ -58,6 +58,7 @@ pub struct CreateSubscription {
     pub filter: Option<String>,
 }
 
+/// Subscribes an endpoint to event types (patterns with `*`), optionally ordered or filtered.
 #[utoipa::path(post, path = "/v1/subscriptions", tag = "subscriptions",
     request_body = CreateSubscription,
     responses((status = 201, body = Subscription), (status = 422, body = Problem)),
@@ -95,12 +96,14 @@ pub async fn create(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub endpoint_id: Option<String>,
     pub limit: Option<i64>,
     pub cursor: Option<String>,
 }
 
+/// Lists subscriptions, filtered by endpoint.
 #[utoipa::path(get, path = "/v1/subscriptions", tag = "subscriptions", params(ListQuery),
     responses((status = 200, body = Listing<Subscription>)), security(("api_key" = [])))]
 pub async fn list(
@@ -121,6 +124,7 @@ pub async fn list(
     Ok(Json(page.finish(rows, |s: &Subscription| &s.id)))
 }
 
+/// Returns one subscription.
 #[utoipa::path(get, path = "/v1/subscriptions/{id}", tag = "subscriptions",
     params(("id" = String, Path)),
     responses((status = 200, body = Subscription), (status = 404, body = Problem)),
@@ -148,6 +152,7 @@ pub struct UpdateSubscription {
     pub filter: Option<Option<String>>,
 }
 
+/// Changes a subscription's event types, ordering or filter.
 #[utoipa::path(patch, path = "/v1/subscriptions/{id}", tag = "subscriptions",
     params(("id" = String, Path)), request_body = UpdateSubscription,
     responses((status = 200, body = Subscription), (status = 404, body = Problem),
@@ -193,6 +198,7 @@ pub async fn update(
     Ok(Json(row))
 }
 
+/// Deletes a subscription.
 #[utoipa::path(delete, path = "/v1/subscriptions/{id}", tag = "subscriptions",
     params(("id" = String, Path)),
     responses((status = 204), (status = 404, body = Problem)), security(("api_key" = [])))]

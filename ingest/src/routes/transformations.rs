@@ -92,6 +92,7 @@ pub(crate) async fn check_change(
     }
 }
 
+/// Returns the endpoint's transformation program and its last result.
 #[utoipa::path(get, path = "/v1/endpoints/{id}/transformation", tag = "endpoints",
     params(("id" = String, Path)),
     responses((status = 200, body = Transformation), (status = 404, body = Problem)),
@@ -110,6 +111,7 @@ pub async fn get(
         .ok_or(ApiError::NotFound("transformation"))
 }
 
+/// Sets the endpoint's transformation program (checked: it must load within the limits).
 #[utoipa::path(put, path = "/v1/endpoints/{id}/transformation", tag = "endpoints",
     params(("id" = String, Path)), request_body = TransformationIn,
     responses((status = 200, body = Transformation), (status = 404, body = Problem),
@@ -129,6 +131,7 @@ pub async fn put(
         .ok_or(ApiError::NotFound("transformation"))
 }
 
+/// Removes the endpoint's transformation.
 #[utoipa::path(delete, path = "/v1/endpoints/{id}/transformation", tag = "endpoints",
     params(("id" = String, Path)),
     responses((status = 204), (status = 404, body = Problem)), security(("api_key" = [])))]
@@ -262,6 +265,7 @@ fn failure(f: &Failure) -> TransformationError {
     }
 }
 
+/// Runs a transformation on an example Event under the same limits; nothing is sent or stored.
 #[utoipa::path(post, path = "/v1/endpoints/{id}/transformation/test", tag = "endpoints",
     params(("id" = String, Path)), request_body = TransformationTest,
     responses((status = 200, body = TransformationResult), (status = 404, body = Problem),

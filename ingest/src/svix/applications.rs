@@ -97,11 +97,13 @@ pub(crate) async fn find_or_create(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct CreateQuery {
     /// Answer with the application of the same uid instead of 409, if there is one.
     pub get_if_exists: Option<bool>,
 }
 
+/// Svix `application.create`: creates an application.
 #[utoipa::path(post, path = "/api/v1/app", tag = "svix", params(CreateQuery),
     request_body = ApplicationIn,
     responses((status = 201, body = ApplicationOut), (status = 200, body = ApplicationOut),
@@ -135,6 +137,7 @@ pub async fn create(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub iterator: Option<String>,
@@ -142,6 +145,7 @@ pub struct ListQuery {
     pub order: Option<String>,
 }
 
+/// Svix `application.list`: lists applications.
 #[utoipa::path(get, path = "/api/v1/app", tag = "svix", params(ListQuery),
     responses((status = 200, body = ListResponse<ApplicationOut>)), security(("api_key" = [])))]
 pub async fn list(
@@ -171,6 +175,7 @@ pub async fn list(
     Ok(Json(page.finish(rows, |a: &ApplicationOut| &a.id)))
 }
 
+/// Svix `application.get`: returns an application by id or uid.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}", tag = "svix",
     params(("app_id" = String, Path, description = "id or uid")),
     responses((status = 200, body = ApplicationOut), (status = 404)), security(("api_key" = [])))]
@@ -227,6 +232,7 @@ pub struct ApplicationPatch {
     pub metadata: Option<BTreeMap<String, String>>,
 }
 
+/// Svix `application.patch`: changes an application.
 #[utoipa::path(patch, path = "/api/v1/app/{app_id}", tag = "svix",
     params(("app_id" = String, Path, description = "id or uid")), request_body = ApplicationPatch,
     responses((status = 200, body = ApplicationOut), (status = 404), (status = 422)),
@@ -248,6 +254,7 @@ pub async fn patch(
     Ok(Json(row.into()))
 }
 
+/// Svix `application.delete`: deletes an application and its endpoints.
 #[utoipa::path(delete, path = "/api/v1/app/{app_id}", tag = "svix",
     params(("app_id" = String, Path, description = "id or uid")),
     responses((status = 204), (status = 404)), security(("api_key" = [])))]

@@ -84,6 +84,7 @@ fn attempt_number(raw: &str) -> Option<i64> {
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AttemptListQuery {
     pub limit: Option<i64>,
     pub iterator: Option<String>,
@@ -131,6 +132,7 @@ async fn attempt_page(
     Ok(page.finish(out, |a: &MessageAttemptOut| &a.id))
 }
 
+/// Svix `messageAttempt.listByEndpoint`: an endpoint's Attempts.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/attempt/endpoint/{endpoint_id}", tag = "svix",
     params(("app_id" = String, Path), ("endpoint_id" = String, Path), AttemptListQuery),
     responses((status = 200, body = ListResponse<MessageAttemptOut>), (status = 404)),
@@ -147,6 +149,7 @@ pub async fn list_by_endpoint(
     ))
 }
 
+/// Svix `messageAttempt.listByMsg`: a message's Attempts.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/attempt/msg/{msg_id}", tag = "svix",
     params(("app_id" = String, Path), ("msg_id" = String, Path), AttemptListQuery),
     responses((status = 200, body = ListResponse<MessageAttemptOut>), (status = 404)),
@@ -167,6 +170,7 @@ pub async fn list_by_msg(
     ))
 }
 
+/// Svix `messageAttempt.get`: one Attempt.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}",
     tag = "svix",
     params(("app_id" = String, Path), ("msg_id" = String, Path), ("attempt_id" = String, Path)),
@@ -206,6 +210,7 @@ pub struct EndpointMessageOut {
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DeliveryListQuery {
     pub limit: Option<i64>,
     pub iterator: Option<String>,
@@ -287,6 +292,7 @@ pub struct MessageEndpointOut {
     pub next_attempt: Option<DateTime<Utc>>,
 }
 
+/// Svix `messageAttempt.listAttemptedDestinations`: the endpoints a message went to.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/msg/{msg_id}/endpoint", tag = "svix",
     params(("app_id" = String, Path), ("msg_id" = String, Path), DeliveryListQuery),
     responses((status = 200, body = ListResponse<MessageEndpointOut>), (status = 404)),
@@ -357,6 +363,7 @@ async fn replay_to(
     }
 }
 
+/// Svix `messageAttempt.resend`: sends a message to an endpoint again.
 #[utoipa::path(post,
     path = "/api/v1/app/{app_id}/msg/{msg_id}/endpoint/{endpoint_id}/resend", tag = "svix",
     params(("app_id" = String, Path), ("msg_id" = String, Path), ("endpoint_id" = String, Path)),

@@ -42,6 +42,7 @@ pub struct AppPortalAccessOut {
     pub token: String,
 }
 
+/// Svix `authentication.appPortalAccess`: a one-time link to the application's portal.
 #[utoipa::path(post, path = "/api/v1/auth/app-portal-access/{app_id}", tag = "svix",
     params(("app_id" = String, Path)), request_body = AppPortalAccessIn,
     responses((status = 200, body = AppPortalAccessOut), (status = 404), (status = 422)),

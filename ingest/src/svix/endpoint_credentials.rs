@@ -43,6 +43,7 @@ async fn apply(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The endpoint's HTTP authentication (Basic or OAuth2), secrets left out.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     responses((status = 200, body = AuthenticationOut), (status = 404)),
@@ -58,6 +59,7 @@ pub async fn get_authentication(
     }))
 }
 
+/// Sets the endpoint's HTTP authentication (Basic or OAuth2 client credentials).
 #[utoipa::path(put, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     request_body = Authentication,
@@ -71,6 +73,7 @@ pub async fn set_authentication(
     apply(state, project, ids, Change::authentication(Some(body))).await
 }
 
+/// Removes the endpoint's HTTP authentication.
 #[utoipa::path(delete, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/authentication",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     responses((status = 204), (status = 404)), security(("api_key" = [])))]
@@ -82,6 +85,7 @@ pub async fn delete_authentication(
     apply(state, project, ids, Change::authentication(None)).await
 }
 
+/// The endpoint's mutual-TLS client certificate (the key is never returned).
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     responses((status = 200, body = ClientCertificateOut), (status = 404)),
@@ -97,6 +101,7 @@ pub async fn get_client_certificate(
     }))
 }
 
+/// Sets the endpoint's mutual-TLS client certificate and key.
 #[utoipa::path(put, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     request_body = ClientCertificate,
@@ -110,6 +115,7 @@ pub async fn set_client_certificate(
     apply(state, project, ids, Change::client_certificate(Some(body))).await
 }
 
+/// Removes the endpoint's client certificate.
 #[utoipa::path(delete, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/client-certificate",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     responses((status = 204), (status = 404)), security(("api_key" = [])))]

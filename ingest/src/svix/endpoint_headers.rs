@@ -40,6 +40,7 @@ async fn headers_of(state: &AppState, row: &EndpointRow) -> SvixResult<BTreeMap<
     Ok(serde_json::from_value(opened).unwrap_or_default())
 }
 
+/// Svix `endpoint.getHeaders`: the endpoint's custom headers.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/headers", tag = "svix",
     params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     responses((status = 200, body = EndpointHeadersOut), (status = 404)),
@@ -66,6 +67,7 @@ async fn set_headers_to(
     Ok(())
 }
 
+/// Svix `endpoint.updateHeaders`: replaces the endpoint's custom headers.
 #[utoipa::path(put, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/headers", tag = "svix",
     params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     request_body = EndpointHeaders,
@@ -89,6 +91,7 @@ pub struct EndpointHeadersPatchIn {
     pub delete_headers: Option<Vec<String>>,
 }
 
+/// Svix `endpoint.patchHeaders`: changes some of the endpoint's custom headers.
 #[utoipa::path(patch, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/headers",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     request_body = EndpointHeadersPatchIn,

@@ -37,6 +37,7 @@ pub struct EndpointTransformationIn {
     pub enabled: Option<bool>,
 }
 
+/// Svix `endpoint.transformationGet`: the endpoint's transformation.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/transformation",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     responses((status = 200, body = EndpointTransformationOut), (status = 404)),
@@ -54,6 +55,7 @@ pub async fn get(
     }))
 }
 
+/// Svix `endpoint.transformationPartialUpdate`: changes the endpoint's transformation.
 #[utoipa::path(patch, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/transformation",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     request_body = EndpointTransformationIn,

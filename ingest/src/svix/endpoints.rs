@@ -203,6 +203,7 @@ impl EndpointIn {
     }
 }
 
+/// Svix `endpoint.create`: creates an endpoint of the application.
 #[utoipa::path(post, path = "/api/v1/app/{app_id}/endpoint", tag = "svix",
     params(("app_id" = String, Path)), request_body = EndpointIn,
     responses((status = 201, body = EndpointOut), (status = 404), (status = 409), (status = 422)),
@@ -249,11 +250,13 @@ pub(crate) async fn create_in_application(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub iterator: Option<String>,
 }
 
+/// Svix `endpoint.list`: lists the application's endpoints.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint", tag = "svix",
     params(("app_id" = String, Path), ListQuery),
     responses((status = 200, body = ListResponse<EndpointOut>), (status = 404)),
@@ -279,6 +282,7 @@ pub async fn list(
     Ok(Json(page.finish(out, |e: &EndpointOut| &e.id)))
 }
 
+/// Svix `endpoint.get`: returns an endpoint by id or uid.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}", tag = "svix",
     params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     responses((status = 200, body = EndpointOut), (status = 404)), security(("api_key" = [])))]
@@ -384,6 +388,7 @@ pub(crate) async fn apply(
     view(state, row).await
 }
 
+/// Svix `endpoint.patch`: changes an endpoint.
 #[utoipa::path(patch, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}", tag = "svix",
     params(("app_id" = String, Path), ("endpoint_id" = String, Path)), request_body = EndpointPatch,
     responses((status = 200, body = EndpointOut), (status = 404), (status = 422)),
@@ -445,6 +450,7 @@ pub async fn upsert(
     }
 }
 
+/// Svix `endpoint.delete`: deletes an endpoint.
 #[utoipa::path(delete, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}", tag = "svix",
     params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     responses((status = 204), (status = 404)), security(("api_key" = [])))]
@@ -465,6 +471,7 @@ pub struct EndpointSecretOut {
     pub key: String,
 }
 
+/// Svix `endpoint.getSecret`: the endpoint's signing secret.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/secret", tag = "svix",
     params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     responses((status = 200, body = EndpointSecretOut), (status = 404)),
@@ -490,6 +497,7 @@ pub struct EndpointSecretRotateIn {
     pub grace_period_seconds: Option<i64>,
 }
 
+/// Svix `endpoint.rotateSecret`: rotates the endpoint's signing secret.
 #[utoipa::path(post, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/secret/rotate",
     tag = "svix", params(("app_id" = String, Path), ("endpoint_id" = String, Path)),
     request_body = EndpointSecretRotateIn,
@@ -543,11 +551,13 @@ pub struct EndpointStats {
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct StatsQuery {
     pub since: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,
 }
 
+/// Svix `endpoint.getStats`: the endpoint's Deliveries by status.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/endpoint/{endpoint_id}/stats", tag = "svix",
     params(("app_id" = String, Path), ("endpoint_id" = String, Path), StatsQuery),
     responses((status = 200, body = EndpointStats), (status = 404)), security(("api_key" = [])))]

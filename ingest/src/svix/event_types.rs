@@ -118,6 +118,7 @@ async fn set_deprecated(
     Ok(row.ok_or(ApiError::NotFound("event type"))?)
 }
 
+/// Svix `eventType.create`: adds an event type to the catalogue.
 #[utoipa::path(post, path = "/api/v1/event-type", tag = "svix", request_body = EventTypeIn,
     responses((status = 201, body = EventTypeOut), (status = 409), (status = 422)),
     security(("api_key" = [])))]
@@ -152,6 +153,7 @@ pub async fn create(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub iterator: Option<String>,
@@ -161,6 +163,7 @@ pub struct ListQuery {
     pub include_archived: Option<bool>,
 }
 
+/// Svix `eventType.list`: lists event types.
 #[utoipa::path(get, path = "/api/v1/event-type", tag = "svix", params(ListQuery),
     responses((status = 200, body = ListResponse<EventTypeOut>)), security(("api_key" = [])))]
 pub async fn list(
@@ -191,6 +194,7 @@ pub async fn list(
     Ok(Json(page.finish(out, |t: &EventTypeOut| &t.name)))
 }
 
+/// Svix `eventType.get`: returns an event type.
 #[utoipa::path(get, path = "/api/v1/event-type/{event_type_name}", tag = "svix",
     params(("event_type_name" = String, Path)),
     responses((status = 200, body = EventTypeOut), (status = 404)), security(("api_key" = [])))]
@@ -267,6 +271,7 @@ async fn apply(
     Ok(row)
 }
 
+/// Svix `eventType.patch`: changes an event type.
 #[utoipa::path(patch, path = "/api/v1/event-type/{event_type_name}", tag = "svix",
     params(("event_type_name" = String, Path)), request_body = EventTypePatch,
     responses((status = 200, body = EventTypeOut), (status = 404), (status = 422)),
@@ -334,6 +339,7 @@ pub async fn update(
     Ok((StatusCode::OK, Json(row.into())))
 }
 
+/// Svix `eventType.delete`: removes an event type from the catalogue.
 #[utoipa::path(delete, path = "/api/v1/event-type/{event_type_name}", tag = "svix",
     params(("event_type_name" = String, Path)),
     responses((status = 204), (status = 404)), security(("api_key" = [])))]

@@ -79,6 +79,7 @@ pub struct MessageIn {
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct CreateQuery {
     /// Answer with the payload (default true).
     pub with_content: Option<bool>,
@@ -119,6 +120,7 @@ fn refuse_hosted_only(body: &MessageIn) -> SvixResult<()> {
     Ok(())
 }
 
+/// Svix `message.create`: accepts a message (an Event for the application), with the same guarantee as `POST /v1/events`.
 #[utoipa::path(post, path = "/api/v1/app/{app_id}/msg", tag = "svix",
     params(("app_id" = String, Path), CreateQuery,
            ("idempotency-key" = Option<String>, Header)),
@@ -178,6 +180,7 @@ pub async fn create(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub iterator: Option<String>,
@@ -194,6 +197,7 @@ pub struct ListQuery {
     pub tag: Option<String>,
 }
 
+/// Svix `message.list`: lists the application's messages.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/msg", tag = "svix",
     params(("app_id" = String, Path), ListQuery),
     responses((status = 200, body = ListResponse<MessageOut>), (status = 404)),
@@ -249,6 +253,7 @@ pub(crate) async fn find(
     )
 }
 
+/// Svix `message.get`: returns a message by id or `eventId`.
 #[utoipa::path(get, path = "/api/v1/app/{app_id}/msg/{msg_id}", tag = "svix",
     params(("app_id" = String, Path), ("msg_id" = String, Path, description = "id or eventId")),
     responses((status = 200, body = MessageOut), (status = 404)), security(("api_key" = [])))]

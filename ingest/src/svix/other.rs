@@ -83,6 +83,7 @@ async fn find_operational(
     )
 }
 
+/// Svix `operationalWebhookEndpoint.create`.
 #[utoipa::path(post, path = "/api/v1/operational-webhook/endpoint", tag = "svix",
     request_body = OperationalEndpointIn,
     responses((status = 201, body = OperationalEndpointOut), (status = 422)),
@@ -106,11 +107,13 @@ pub async fn create_operational(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub limit: Option<i64>,
     pub iterator: Option<String>,
 }
 
+/// Svix `operationalWebhookEndpoint.list`.
 #[utoipa::path(get, path = "/api/v1/operational-webhook/endpoint", tag = "svix",
     params(ListQuery),
     responses((status = 200, body = ListResponse<OperationalEndpointOut>)),
@@ -134,6 +137,7 @@ pub async fn list_operational(
     Ok(Json(page.finish(out, |e: &OperationalEndpointOut| &e.id)))
 }
 
+/// Svix `operationalWebhookEndpoint.get`.
 #[utoipa::path(get, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}", tag = "svix",
     params(("endpoint_id" = String, Path)),
     responses((status = 200, body = OperationalEndpointOut), (status = 404)),
@@ -146,6 +150,7 @@ pub async fn get_operational(
     Ok(Json(find_operational(&state, &project, &id).await?.into()))
 }
 
+/// Svix `operationalWebhookEndpoint.update`.
 #[utoipa::path(put, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}", tag = "svix",
     params(("endpoint_id" = String, Path)), request_body = OperationalEndpointIn,
     responses((status = 200, body = OperationalEndpointOut), (status = 404), (status = 422)),
@@ -173,6 +178,7 @@ pub async fn update_operational(
     ))
 }
 
+/// Svix `operationalWebhookEndpoint.delete`.
 #[utoipa::path(delete, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}",
     tag = "svix", params(("endpoint_id" = String, Path)),
     responses((status = 204), (status = 404)), security(("api_key" = [])))]
@@ -187,6 +193,7 @@ pub async fn delete_operational(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Svix `operationalWebhookEndpoint.getSecret`.
 #[utoipa::path(get, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}/secret",
     tag = "svix", params(("endpoint_id" = String, Path)),
     responses((status = 200, body = EndpointSecretOut), (status = 404)),
@@ -202,6 +209,7 @@ pub async fn operational_secret(
     Ok(Json(EndpointSecretOut { key: read.0.key }))
 }
 
+/// Svix `operationalWebhookEndpoint.rotateSecret`.
 #[utoipa::path(post, path = "/api/v1/operational-webhook/endpoint/{endpoint_id}/secret/rotate",
     tag = "svix", params(("endpoint_id" = String, Path)),
     responses((status = 200, body = EndpointSecretOut), (status = 404)),

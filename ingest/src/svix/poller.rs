@@ -225,6 +225,7 @@ fn message_of(row: Polled) -> SvixResult<Option<PollingEndpointMessageOut>> {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PollQuery {
     pub limit: Option<i64>,
     pub iterator: Option<String>,
@@ -267,6 +268,7 @@ pub async fn poll(
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ConsumerPollQuery {
     pub limit: Option<i64>,
     /// Read from here instead of the consumer's committed position.
