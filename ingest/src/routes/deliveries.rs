@@ -85,10 +85,15 @@ pub struct DeliveryDetail {
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Only Deliveries in this status (`PENDING`, `PROCESSING`, `SUCCEEDED`, `FAILED`).
     pub status: Option<String>,
+    /// Only this endpoint's rows.
     pub endpoint_id: Option<String>,
+    /// Only this Event's Deliveries.
     pub event_id: Option<String>,
+    /// Rows in the page: 1–500, default 50.
     pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent: the first page.
     pub cursor: Option<String>,
 }
 

@@ -134,7 +134,9 @@ pub(crate) async fn of_source(state: &AppState, source_id: &str) -> ApiResult<Ve
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Rows in the page: 1–500, default 50.
     pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent: the first page.
     pub cursor: Option<String>,
     /// Only this application's endpoints (its id or uid).
     pub application: Option<String>,

@@ -147,7 +147,9 @@ pub async fn create(
 pub struct ListQuery {
     /// Include deprecated types (default true).
     pub include_deprecated: Option<bool>,
+    /// Rows in the page: 1–500, default 50.
     pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent: the first page.
     pub cursor: Option<String>,
 }
 

@@ -444,7 +444,9 @@ pub struct ListQuery {
     pub created_after: Option<DateTime<Utc>>,
     /// RFC 3339; only Events created before this instant.
     pub created_before: Option<DateTime<Utc>>,
+    /// Rows in the page: 1–500, default 50.
     pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent: the first page.
     pub cursor: Option<String>,
     /// Only this application's Events (its id or uid).
     pub application: Option<String>,

@@ -21,14 +21,20 @@ use crate::store::failed::{FailedFilter, FailedMessage, list_failed, retry_match
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Only this endpoint's rows.
     pub endpoint_id: Option<String>,
+    /// Only this exact event type.
     pub event_type: Option<String>,
     pub status_code: Option<i32>,
+    /// From this time (RFC 3339), inclusive.
     pub since: Option<DateTime<Utc>>,
+    /// Up to this time (RFC 3339), exclusive.
     pub until: Option<DateTime<Utc>>,
     /// Only the messages of this application's endpoints (its id or uid).
     pub application: Option<String>,
+    /// Rows in the page: 1–500, default 50.
     pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent: the first page.
     pub cursor: Option<String>,
 }
 

@@ -177,7 +177,9 @@ pub(crate) async fn insert(
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Rows in the page: 1–500, default 50.
     pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent: the first page.
     pub cursor: Option<String>,
 }
 

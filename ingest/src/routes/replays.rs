@@ -285,7 +285,9 @@ pub async fn recent(state: &AppState, project: &Project, limit: i64) -> ApiResul
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Rows in the page: 1–500, default 50.
     pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent: the first page.
     pub cursor: Option<String>,
 }
 

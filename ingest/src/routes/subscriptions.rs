@@ -98,8 +98,11 @@ pub async fn create(
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Only this endpoint's rows.
     pub endpoint_id: Option<String>,
+    /// Rows in the page: 1–500, default 50.
     pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent: the first page.
     pub cursor: Option<String>,
 }
 

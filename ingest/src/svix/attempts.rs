@@ -86,7 +86,9 @@ fn attempt_number(raw: &str) -> Option<i64> {
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct AttemptListQuery {
+    /// Items in the page: 1–250, default 50.
     pub limit: Option<i64>,
+    /// The `iterator` of the previous page; absent: the first page.
     pub iterator: Option<String>,
     /// With the list by message: only the attempts to this endpoint (id or uid).
     pub endpoint_id: Option<String>,
@@ -212,8 +214,11 @@ pub struct EndpointMessageOut {
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DeliveryListQuery {
+    /// Items in the page: 1–250, default 50.
     pub limit: Option<i64>,
+    /// The `iterator` of the previous page; absent: the first page.
     pub iterator: Option<String>,
+    /// Answer with payloads (default true).
     pub with_content: Option<bool>,
 }
 

@@ -252,7 +252,9 @@ pub(crate) async fn create_in_application(
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Items in the page: 1–250, default 50.
     pub limit: Option<i64>,
+    /// The `iterator` of the previous page; absent: the first page.
     pub iterator: Option<String>,
 }
 
@@ -553,7 +555,9 @@ pub struct EndpointStats {
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct StatsQuery {
+    /// From this time (RFC 3339), inclusive.
     pub since: Option<DateTime<Utc>>,
+    /// Up to this time (RFC 3339), exclusive.
     pub until: Option<DateTime<Utc>>,
 }
 

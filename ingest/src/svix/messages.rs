@@ -182,8 +182,11 @@ pub async fn create(
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Items in the page: 1–250, default 50.
     pub limit: Option<i64>,
+    /// The `iterator` of the previous page; absent: the first page.
     pub iterator: Option<String>,
+    /// Only messages on this channel.
     pub channel: Option<String>,
     /// Only messages created before this time.
     pub before: Option<DateTime<Utc>>,

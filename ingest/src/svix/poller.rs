@@ -227,9 +227,13 @@ fn message_of(row: Polled) -> SvixResult<Option<PollingEndpointMessageOut>> {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct PollQuery {
+    /// Items in the page: 1–250, default 50.
     pub limit: Option<i64>,
+    /// The `iterator` of the previous page; absent: the first page.
     pub iterator: Option<String>,
+    /// Only this exact event type.
     pub event_type: Option<String>,
+    /// Only messages on this channel.
     pub channel: Option<String>,
     /// Start after this time (without an iterator).
     pub after: Option<DateTime<Utc>>,
@@ -270,6 +274,7 @@ pub async fn poll(
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ConsumerPollQuery {
+    /// Items in the page: 1–250, default 50.
     pub limit: Option<i64>,
     /// Read from here instead of the consumer's committed position.
     pub iterator: Option<String>,
