@@ -15,6 +15,7 @@ of its own, made with RAILHOOK_ADMIN_TOKEN. Each page runs in its own process gr
 is ended afterwards with every receiver it started. Prints one line per page and a closing
 line in cargo's format, so deploy/local/test.sh counts the pages with the Rust tests.
 """
+import argparse
 import os
 import re
 import signal
@@ -84,9 +85,9 @@ def fresh_project(page):
     return call("/v1/projects", {"organization_id": org["id"], "name": f"docs {name}"})["api_key"]
 
 
-def run(page, timeout):
+def run(page, timeout, own_project):
     script = script_of(page)
-    if "--fresh-project" in sys.argv:
+    if own_project:
         os.environ["RAILHOOK_API_KEY"] = fresh_project(page)
     work = tempfile.mkdtemp(prefix="railhook-doc-")
     path = os.path.join(work, "page.sh")
@@ -130,17 +131,18 @@ def guides_of(summary):
 
 
 def main():
-    args = sys.argv[1:]
-    pages = []
-    for i, a in enumerate(args):
-        if a == "--guides-from":
-            pages += guides_of(args[i + 1])
-        elif not a.startswith("--") and (i == 0 or args[i - 1] != "--guides-from"):
-            pages.append(a)
+    parser = argparse.ArgumentParser(description="Runs documentation pages' samples.")
+    parser.add_argument("--fresh-project", action="store_true",
+                        help="give each page a project of its own (RAILHOOK_ADMIN_TOKEN)")
+    parser.add_argument("--guides-from", metavar="SUMMARY.md",
+                        help='also run every page of its "# Guides" part')
+    parser.add_argument("pages", nargs="*", metavar="PAGE.md")
+    args = parser.parse_args()
+    pages = args.pages + (guides_of(args.guides_from) if args.guides_from else [])
     timeout = int(os.environ.get("DOC_SAMPLE_TIMEOUT", "900"))
     passed = failed = 0
     for page in pages:
-        ok, out, seconds, work = run(page, timeout)
+        ok, out, seconds, work = run(page, timeout, args.fresh_project)
         print(f"test docs::{page} ... {'ok' if ok else 'FAILED'} ({seconds:.1f} s, in {work})", flush=True)
         if ok:
             passed += 1

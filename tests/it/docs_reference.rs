@@ -316,16 +316,11 @@ fn every_setting_the_code_reads_is_documented_and_every_documented_one_exists() 
         serde_aux::serde_introspection::serde_introspect::<railhook_common::config::Settings>();
     let code: BTreeSet<String> = fields.iter().map(|f| f.to_uppercase()).collect();
     assert!(code.len() > 50, "{} settings read", code.len());
-    let documented = documented_settings();
-    let undocumented: Vec<_> = code.difference(&documented).collect();
-    assert!(
-        undocumented.is_empty(),
-        "settings the code reads that docs/CONFIGURATION.md has no row for: {undocumented:?}"
-    );
-    let unknown: Vec<_> = documented.difference(&code).collect();
-    assert!(
-        unknown.is_empty(),
-        "docs/CONFIGURATION.md documents settings the code does not read: {unknown:?}"
+    same_names(
+        &code,
+        &documented_settings(),
+        "settings",
+        "docs/CONFIGURATION.md",
     );
 }
 
@@ -338,15 +333,24 @@ fn every_exported_metric_is_in_the_catalogue_and_nothing_else_is() {
         .filter_map(|l| l.split('`').next())
         .map(|n| format!("railhook_{n}"))
         .collect();
-    let exported = crate::observability::exported();
-    let missing: Vec<_> = exported.difference(&documented).collect();
-    assert!(
-        missing.is_empty(),
-        "metrics the code exports that docs/METRICS.md has no row for: {missing:?}"
+    same_names(
+        &crate::observability::exported(),
+        &documented,
+        "metrics",
+        "docs/METRICS.md",
     );
-    let unknown: Vec<_> = documented.difference(&exported).collect();
+}
+
+/// A reference page names exactly what the code has: nothing left out, nothing extra.
+fn same_names(code: &BTreeSet<String>, page: &BTreeSet<String>, what: &str, doc: &str) {
+    let undocumented: Vec<_> = code.difference(page).collect();
+    assert!(
+        undocumented.is_empty(),
+        "{what} the code has that {doc} has no row for: {undocumented:?}"
+    );
+    let unknown: Vec<_> = page.difference(code).collect();
     assert!(
         unknown.is_empty(),
-        "docs/METRICS.md lists metrics the code does not export: {unknown:?}"
+        "{doc} lists {what} the code does not have: {unknown:?}"
     );
 }

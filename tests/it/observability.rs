@@ -20,7 +20,10 @@ fn names_in(text: &str) -> BTreeSet<String> {
             .iter()
             .position(|b| !(b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_'))
             .map_or(bytes.len(), |n| start + n);
-        names.insert(text[start..end].to_owned());
+        // `railhook_common::…` is a crate path, not a metric.
+        if !text[end..].starts_with("::") {
+            names.insert(text[start..end].to_owned());
+        }
         i = end;
     }
     names
@@ -43,13 +46,6 @@ pub(crate) fn exported() -> BTreeSet<String> {
         names_in(&std::fs::read_to_string(format!("{ROOT}/{f}")).expect("metrics source"))
     })
     .filter(|n| n.len() > "railhook_".len())
-    // The workspace's crate paths (`railhook_common::…`) are not metrics.
-    .filter(|n| {
-        !matches!(
-            n.as_str(),
-            "railhook_common" | "railhook_ingest" | "railhook_relay" | "railhook_worker"
-        )
-    })
     .collect()
 }
 
